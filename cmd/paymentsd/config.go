@@ -1,0 +1,229 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/upstream"
+)
+
+// secret is a value that must never be printed: every way of formatting or
+// logging it gives [REDACTED].
+type secret string
+
+const redacted = "[REDACTED]"
+
+func (secret) String() string               { return redacted }
+func (secret) GoString() string             { return redacted }
+func (secret) LogValue() slog.Value         { return slog.StringValue(redacted) }
+func (secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
+
+// config is paymentsd's whole configuration, from the environment and flags.
+type config struct {
+	Environment string // "sandbox" or "live"
+	BaseURL     string
+	APIKey      secret
+	// APIKeyFrom says where the key came from: a variable's name, or a
+	// variable's name and the file it names.
+	APIKeyFrom string
+	Simulate   bool
+
+	GRPCAddr string
+	HTTPAddr string
+
+	UpstreamMaxAttempts      int
+	UpstreamTimeout          time.Duration
+	UpstreamMaxResponseBytes int64
+	MaxRequestBytes          int
+	ShutdownTimeout          time.Duration
+
+	TLSCertFile     string
+	TLSKeyFile      string
+	TLSClientCAFile string
+
+	LogLevel slog.Level
+}
+
+func (c *config) env() paymentsv1.Environment {
+	if c.Environment == "live" {
+		return paymentsv1.Environment_ENVIRONMENT_LIVE
+	}
+	return paymentsv1.Environment_ENVIRONMENT_SANDBOX
+}
+
+// LogValue is the effective configuration as logged at start, key redacted.
+func (c *config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("environment", c.Environment),
+		slog.String("base_url", c.BaseURL),
+		slog.Any("api_key", c.APIKey),
+		slog.String("api_key_from", c.APIKeyFrom),
+		slog.Bool("simulate", c.Simulate),
+		slog.String("grpc_addr", c.GRPCAddr),
+		slog.String("http_addr", c.HTTPAddr),
+		slog.Int("upstream_max_attempts", c.UpstreamMaxAttempts),
+		slog.String("upstream_timeout", c.UpstreamTimeout.String()),
+		slog.Int64("upstream_max_response_bytes", c.UpstreamMaxResponseBytes),
+		slog.Int("max_request_bytes", c.MaxRequestBytes),
+		slog.String("shutdown_timeout", c.ShutdownTimeout.String()),
+		slog.Bool("tls", c.TLSCertFile != ""),
+		slog.Bool("mtls", c.TLSClientCAFile != ""),
+		slog.String("log_level", c.LogLevel.String()),
+	)
+}
+
+// loadConfig reads the configuration from args and getenv and validates it,
+// reporting every problem at once, each naming its setting. Only the
+// selected environment's variables are read.
+func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	fs := flag.NewFlagSet("paymentsd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	simulate := fs.Bool("simulate", false, "serve against a built-in simulated provider (sandbox only)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+
+	var problems []error
+	problem := func(format string, a ...any) { problems = append(problems, fmt.Errorf(format, a...)) }
+
+	c := &config{
+		Environment: strings.TrimSpace(getenv("PAYMENTS_ENVIRONMENT")),
+		Simulate:    *simulate,
+		GRPCAddr:    orDefault(getenv("PAYMENTS_GRPC_ADDR"), ":9090"),
+		HTTPAddr:    orDefault(getenv("PAYMENTS_HTTP_ADDR"), ":8080"),
+
+		TLSCertFile:     getenv("PAYMENTS_TLS_CERT_FILE"),
+		TLSKeyFile:      getenv("PAYMENTS_TLS_KEY_FILE"),
+		TLSClientCAFile: getenv("PAYMENTS_TLS_CLIENT_CA_FILE"),
+	}
+	if c.Environment == "" {
+		c.Environment = "sandbox"
+	}
+	if c.Environment != "sandbox" && c.Environment != "live" {
+		problem("PAYMENTS_ENVIRONMENT is %q: want sandbox or live", c.Environment)
+	}
+
+	c.UpstreamMaxAttempts = intVar(getenv, "PAYMENTS_UPSTREAM_MAX_ATTEMPTS", upstream.DefaultMaxAttempts, 1, 10, problem)
+	c.UpstreamTimeout = durationVar(getenv, "PAYMENTS_UPSTREAM_TIMEOUT", 15*time.Second, problem)
+	c.UpstreamMaxResponseBytes = int64(intVar(getenv, "PAYMENTS_UPSTREAM_MAX_RESPONSE_BYTES", upstream.DefaultMaxResponseBytes, 1024, 64<<20, problem))
+	c.MaxRequestBytes = intVar(getenv, "PAYMENTS_MAX_REQUEST_BYTES", 64<<10, 1024, 4<<20, problem)
+	c.ShutdownTimeout = durationVar(getenv, "PAYMENTS_SHUTDOWN_TIMEOUT", 20*time.Second, problem)
+
+	if err := c.LogLevel.UnmarshalText([]byte(orDefault(getenv("PAYMENTS_LOG_LEVEL"), "info"))); err != nil {
+		problem("PAYMENTS_LOG_LEVEL is %q: want debug, info, warn or error", getenv("PAYMENTS_LOG_LEVEL"))
+	}
+
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		problem("PAYMENTS_TLS_CERT_FILE and PAYMENTS_TLS_KEY_FILE must be set together")
+	}
+	if c.TLSClientCAFile != "" && c.TLSCertFile == "" {
+		problem("PAYMENTS_TLS_CLIENT_CA_FILE needs PAYMENTS_TLS_CERT_FILE and PAYMENTS_TLS_KEY_FILE")
+	}
+
+	switch {
+	case c.Simulate && c.Environment == "live":
+		problem("--simulate is refused in live: PAYMENTS_ENVIRONMENT is live")
+	case c.Simulate:
+		// The simulator provides its own URL and key; the sandbox
+		// settings, if any, are not used.
+	case c.Environment == "sandbox" || c.Environment == "live":
+		c.loadProvider(getenv, problem)
+	}
+
+	if err := errors.Join(problems...); err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return c, nil
+}
+
+// loadProvider reads the selected environment's base URL and key, and no
+// other environment's.
+func (c *config) loadProvider(getenv func(string) string, problem func(string, ...any)) {
+	prefix := "PAYMENTS_" + strings.ToUpper(c.Environment) + "_"
+	urlVar, keyVar, fileVar := prefix+"BASE_URL", prefix+"API_KEY", prefix+"API_KEY_FILE"
+
+	c.BaseURL = strings.TrimSpace(getenv(urlVar))
+	switch u, err := url.Parse(c.BaseURL); {
+	case c.BaseURL == "":
+		problem("%s is not set", urlVar)
+	case err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https"):
+		problem("%s is not an http or https URL", urlVar)
+	case u.User != nil || u.RawQuery != "" || u.Fragment != "":
+		// Never echo it: credentials in a URL are a key by another name.
+		c.BaseURL = u.Redacted()
+		problem("%s must not contain credentials, a query or a fragment", urlVar)
+	case c.Environment == "live" && u.Scheme != "https":
+		problem("%s must be https in live, got %q", urlVar, c.BaseURL)
+	case !strings.HasSuffix(u.Path, "/v1"):
+		problem("%s must end in /v1, got %q", urlVar, c.BaseURL)
+	}
+
+	key, file := getenv(keyVar), getenv(fileVar)
+	switch {
+	case key != "" && file != "":
+		problem("%s and %s are both set: set one", keyVar, fileVar)
+	case key == "" && file == "":
+		problem("%s or %s must be set", keyVar, fileVar)
+	case key != "":
+		c.APIKey, c.APIKeyFrom = secret(strings.TrimSpace(key)), keyVar
+		if c.APIKey == "" {
+			problem("%s is blank", keyVar)
+		}
+	default:
+		b, err := os.ReadFile(file)
+		if err != nil {
+			// The error names the file, never its contents.
+			problem("%s: cannot read the key file: %v", fileVar, err)
+			return
+		}
+		c.APIKey, c.APIKeyFrom = secret(strings.TrimSpace(string(b))), fileVar+"="+file
+		if c.APIKey == "" {
+			problem("%s names an empty key file", fileVar)
+		}
+	}
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+func intVar(getenv func(string) string, name string, def, lo, hi int, problem func(string, ...any)) int {
+	v := getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		problem("%s is %q: want a whole number from %d to %d", name, v, lo, hi)
+		return def
+	}
+	return n
+}
+
+func durationVar(getenv func(string) string, name string, def time.Duration, problem func(string, ...any)) time.Duration {
+	v := getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		problem("%s is %q: want a positive Go duration such as 15s", name, v)
+		return def
+	}
+	return d
+}

@@ -1,0 +1,248 @@
+// Command paymentsd serves payments.v1.PaymentsService over gRPC and REST,
+// forwarding payments to one environment of the payment provider.
+//
+// Configuration comes from PAYMENTS_* environment variables (see README.md);
+// --simulate serves against a built-in simulated provider instead.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"example.com/paymentsd/service"
+	"example.com/paymentsd/upstream"
+	"example.com/paymentsd/upstream/upstreamtest"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args, os.Getenv, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintf(os.Stderr, "paymentsd: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// run is the whole program: it returns when ctx ends or a signal arrives
+// and the service has drained, or when it cannot start.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	cfg, err := loadConfig(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).
+		With("environment", cfg.Environment)
+
+	tracerProvider, shutdownTracing, err := setupTracing(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer shutdownTracing(context.WithoutCancel(ctx))
+
+	return serve(ctx, cfg, logger, tracerProvider)
+}
+
+// serve runs the service with cfg until ctx ends, then drains it.
+func serve(ctx context.Context, cfg *config, logger *slog.Logger, tracerProvider trace.TracerProvider) error {
+	if cfg.Simulate {
+		sim := upstreamtest.NewServer()
+		defer sim.Close()
+		key := randomKey()
+		sim.AllowKey(key)
+		cfg.BaseURL, cfg.APIKey, cfg.APIKeyFrom = sim.URL, secret(key), "simulator"
+	}
+	logger.Info("starting", "config", cfg)
+
+	registry := prometheus.NewRegistry()
+	registerer := prometheus.WrapRegistererWith(prometheus.Labels{"environment": cfg.Environment}, registry)
+	registerer.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	propagator := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+	client, err := upstream.New(upstream.Config{
+		BaseURL:          cfg.BaseURL,
+		APIKey:           string(cfg.APIKey),
+		HTTPClient:       newHTTPClient(cfg, tracerProvider, propagator),
+		MaxAttempts:      cfg.UpstreamMaxAttempts,
+		Timeout:          cfg.UpstreamTimeout,
+		MaxResponseBytes: cfg.UpstreamMaxResponseBytes,
+		Metrics:          upstream.NewMetrics(registerer),
+	})
+	if err != nil {
+		return err
+	}
+	svc := service.New(client, cfg.env())
+
+	tlsConfig, err := loadTLS(cfg)
+	if err != nil {
+		return err
+	}
+	opts := service.Options{
+		Logger:          logger,
+		Registerer:      registerer,
+		Gatherer:        registry,
+		TracerProvider:  tracerProvider,
+		Propagator:      propagator,
+		MaxRequestBytes: cfg.MaxRequestBytes,
+	}
+	if tlsConfig != nil {
+		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(tlsConfig)))
+	}
+	srv, err := service.NewServer(svc, opts)
+	if err != nil {
+		return err
+	}
+
+	grpcLn, err := net.Listen("tcp", cfg.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("PAYMENTS_GRPC_ADDR: %w", err)
+	}
+	httpLn, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		grpcLn.Close()
+		return fmt.Errorf("PAYMENTS_HTTP_ADDR: %w", err)
+	}
+	httpSrv := &http.Server{
+		Handler:           srv.HTTP,
+		TLSConfig:         tlsConfig,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+
+	errc := make(chan error, 2)
+	go func() { errc <- srv.GRPC.Serve(grpcLn) }()
+	go func() {
+		if tlsConfig != nil {
+			errc <- httpSrv.ServeTLS(httpLn, "", "")
+			return
+		}
+		errc <- httpSrv.Serve(httpLn)
+	}()
+	srv.SetServing(true)
+	logger.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String())
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+
+	// Drain: readiness goes first, so probes and load balancers stop
+	// sending; then listeners close and in-flight calls finish, within the
+	// shutdown timeout.
+	logger.Info("draining", "timeout", cfg.ShutdownTimeout.String())
+	srv.SetServing(false)
+	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() {
+		srv.GRPC.GracefulStop()
+		close(stopped)
+	}()
+	httpErr := httpSrv.Shutdown(drainCtx)
+	select {
+	case <-stopped:
+	case <-drainCtx.Done():
+		srv.GRPC.Stop()
+		<-stopped
+	}
+	if httpErr != nil {
+		httpSrv.Close()
+		logger.Warn("shutdown timeout expired with REST calls in flight", "error", httpErr.Error())
+	}
+	logger.Info("stopped")
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return fmt.Errorf("serve: %w", serveErr)
+	}
+	return nil
+}
+
+// newHTTPClient is the client for the provider: a pooled transport sized
+// for many concurrent calls to one host, no redirects (a redirected POST
+// would become a GET), and a timeout as a backstop to the per-call context.
+func newHTTPClient(cfg *config, tp trace.TracerProvider, prop propagation.TextMapPropagator) *http.Client {
+	transport := &http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: (&net.Dialer{
+			Timeout:   5 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout: 5 * time.Second,
+		ForceAttemptHTTP2:   true,
+		MaxIdleConns:        512,
+		MaxIdleConnsPerHost: 512,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	var rt http.RoundTripper = transport
+	if tp != nil {
+		rt = otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(prop))
+	}
+	return &http.Client{
+		Transport: rt,
+		Timeout:   cfg.UpstreamTimeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+}
+
+// loadTLS returns the server TLS configuration, or nil for plaintext.
+func loadTLS(cfg *config) (*tls.Config, error) {
+	if cfg.TLSCertFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("PAYMENTS_TLS_CERT_FILE, PAYMENTS_TLS_KEY_FILE: %w", err)
+	}
+	tc := &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		MinVersion:   tls.VersionTLS12,
+		NextProtos:   []string{"h2", "http/1.1"},
+	}
+	if cfg.TLSClientCAFile != "" {
+		pem, err := os.ReadFile(cfg.TLSClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE: no PEM certificates in %s", cfg.TLSClientCAFile)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+func randomKey() string {
+	var b [24]byte
+	rand.Read(b[:])
+	return "sim_" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,146 @@
+package service
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// RequestIDHeader is the gRPC metadata key and HTTP header that carries a
+// call's request ID, in both directions.
+const RequestIDHeader = "x-request-id"
+
+// callInfo collects what the handler learns about a call for its log line.
+type callInfo struct {
+	requestID      string
+	providerStatus int
+	attempts       int
+}
+
+type callInfoKey struct{}
+
+// noteProvider records the provider's status and the attempts made, for the
+// call's log line.
+func noteProvider(ctx context.Context, status, attempts int) {
+	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
+		ci.providerStatus = status
+		ci.attempts = attempts
+	}
+}
+
+// requestID uses the caller's x-request-id, or makes one, and returns it to
+// the caller in the response header.
+func requestID(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	var id string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get(RequestIDHeader); len(v) > 0 && validRequestID(v[0]) {
+			id = v[0]
+		}
+	}
+	if id == "" {
+		id = newRequestID()
+	}
+	// The header goes out with the reply or the error; failing to set it
+	// (no transport stream) must not fail the call.
+	_ = grpc.SetHeader(ctx, metadata.Pairs(RequestIDHeader, id))
+	return handler(context.WithValue(ctx, callInfoKey{}, &callInfo{requestID: id}), req)
+}
+
+func validRequestID(id string) bool {
+	if len(id) == 0 || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x21 || c > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func newRequestID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// accessLog writes one line per call. It runs inside requestID and outside
+// recovery, so it sees the request ID and the final code of every call.
+func accessLog(logger *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := handler(ctx, req)
+		code := status.Code(err)
+		level := slog.LevelInfo
+		switch code {
+		case codes.OK, codes.InvalidArgument, codes.Canceled, codes.NotFound, codes.Aborted:
+		default:
+			level = slog.LevelWarn
+		}
+		if code == codes.Internal || code == codes.Unknown || code == codes.Unauthenticated || code == codes.PermissionDenied {
+			level = slog.LevelError
+		}
+		if !logger.Enabled(ctx, level) {
+			return resp, err
+		}
+		attrs := make([]slog.Attr, 0, 10)
+		attrs = append(attrs,
+			slog.String("method", info.FullMethod),
+			slog.String("code", code.String()),
+			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+		)
+		if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
+			attrs = append(attrs,
+				slog.String("request_id", ci.requestID),
+				slog.Int("provider_status", ci.providerStatus),
+				slog.Int("attempts", ci.attempts),
+			)
+		}
+		if k, ok := req.(interface{ GetIdempotencyKey() string }); ok {
+			attrs = append(attrs, slog.String("idempotency_key", k.GetIdempotencyKey()))
+		}
+		if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
+			attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()))
+		}
+		if err != nil {
+			attrs = append(attrs, slog.String("error", status.Convert(err).Message()))
+		}
+		logger.LogAttrs(ctx, level, "call", attrs...)
+		return resp, err
+	}
+}
+
+// recoverPanic turns a panic in a handler into Internal, logging it with its
+// stack, so one bad call cannot take the service down.
+func recoverPanic(logger *slog.Logger) func(ctx context.Context, p any) error {
+	return func(ctx context.Context, p any) error {
+		logger.ErrorContext(ctx, "panic in handler", slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
+		return status.Error(codes.Internal, "paymentsd failed while handling the call; if it reached the provider, a payment may have been created: retry with the same idempotency key")
+	}
+}
+
+// chainUnary combines interceptors into one, the first outermost, as
+// grpc.ChainUnaryInterceptor does. The REST gateway, which calls the service
+// in-process, goes through the same chain.
+func chainUnary(interceptors ...grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		next := handler
+		for i := len(interceptors) - 1; i >= 0; i-- {
+			next = bind(interceptors[i], info, next)
+		}
+		return next(ctx, req)
+	}
+}
+
+func bind(i grpc.UnaryServerInterceptor, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) grpc.UnaryHandler {
+	return func(ctx context.Context, req any) (any, error) { return i(ctx, req, info, next) }
+}

@@ -1,0 +1,232 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+
+	"buf.build/go/protovalidate"
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	validatemw "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/protovalidate"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+)
+
+// openAPI is gen/openapi/payments.swagger.json, copied here by .ci/gen.
+//
+//go:embed openapi.json
+var openAPI []byte
+
+// LivenessService is the grpc.health.v1 service name that answers SERVING
+// for as long as the process runs, draining or not. The empty name answers
+// for readiness.
+const LivenessService = "liveness"
+
+// Options configures NewServer.
+type Options struct {
+	// Logger gets the access log and panics.
+	Logger *slog.Logger
+	// Registerer and Gatherer hold the metrics; labels common to every
+	// series, such as the environment, belong on Registerer.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	// TracerProvider and Propagator configure server spans; nil disables.
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
+	// MaxRequestBytes caps a request: the gRPC message and the REST body.
+	MaxRequestBytes int
+	// GRPCOptions are added to the gRPC server's, for example credentials.
+	GRPCOptions []grpc.ServerOption
+}
+
+// Server is the gRPC server and the HTTP handler (REST gateway, health,
+// metrics, OpenAPI) for one PaymentsService, sharing one interceptor chain.
+type Server struct {
+	// GRPC serves PaymentsService, grpc.health.v1 and server reflection.
+	GRPC *grpc.Server
+	// HTTP serves REST, /healthz, /readyz, /metrics and /openapi.json.
+	HTTP http.Handler
+
+	health *health.Server
+	ready  atomic.Bool
+}
+
+// NewServer wires svc into a gRPC server and a REST gateway. Both start out
+// not ready; call SetServing once the listeners are up.
+func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, error) {
+	validator, err := protovalidate.New()
+	if err != nil {
+		return nil, fmt.Errorf("protovalidate: %w", err)
+	}
+	metrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+		grpcprom.WithHistogramBuckets([]float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}),
+	))
+	if err := opts.Registerer.Register(metrics); err != nil {
+		return nil, fmt.Errorf("register gRPC metrics: %w", err)
+	}
+
+	// Outermost first: metrics and the access log see the final code,
+	// including Internal from a recovered panic; validation runs before the
+	// handler, so an invalid request never reaches the provider.
+	chain := chainUnary(
+		metrics.UnaryServerInterceptor(),
+		requestID,
+		accessLog(opts.Logger),
+		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger))),
+		validatemw.UnaryServerInterceptor(validator),
+	)
+
+	grpcOpts := []grpc.ServerOption{
+		grpc.UnaryInterceptor(chain),
+		grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
+	}
+	if opts.TracerProvider != nil {
+		grpcOpts = append(grpcOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(opts.TracerProvider),
+			otelgrpc.WithPropagators(opts.Propagator),
+		)))
+	}
+	grpcOpts = append(grpcOpts, opts.GRPCOptions...)
+
+	s := &Server{GRPC: grpc.NewServer(grpcOpts...), health: health.NewServer()}
+	paymentsv1.RegisterPaymentsServiceServer(s.GRPC, svc)
+	healthpb.RegisterHealthServer(s.GRPC, s.health)
+	reflection.Register(s.GRPC)
+	metrics.InitializeMetrics(s.GRPC)
+	s.health.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
+	s.SetServing(false)
+
+	gateway := runtime.NewServeMux(
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
+			MarshalOptions: protojson.MarshalOptions{EmitUnpopulated: true},
+			// A misspelt field must not be silently dropped in a payments
+			// API: unknown fields are an error that names the field.
+			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+		}),
+		runtime.WithIncomingHeaderMatcher(func(h string) (string, bool) {
+			if http.CanonicalHeaderKey(h) == "X-Request-Id" {
+				return RequestIDHeader, true
+			}
+			return runtime.DefaultHeaderMatcher(h)
+		}),
+		runtime.WithOutgoingHeaderMatcher(func(h string) (string, bool) {
+			if h == RequestIDHeader {
+				return "X-Request-Id", true
+			}
+			return "", false
+		}),
+	)
+	// The gateway calls the service in-process, through the same chain as
+	// gRPC calls, rather than over a loopback connection.
+	if err := paymentsv1.RegisterPaymentsServiceHandlerServer(context.Background(), gateway, &chained{svc: svc, chain: chain}); err != nil {
+		return nil, fmt.Errorf("register gateway: %w", err)
+	}
+	var rest http.Handler = gateway
+	if opts.TracerProvider != nil {
+		rest = otelhttp.NewHandler(rest, "rest",
+			otelhttp.WithTracerProvider(opts.TracerProvider),
+			otelhttp.WithPropagators(opts.Propagator),
+		)
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", limitBody(int64(opts.MaxRequestBytes), rest))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(openAPI)
+	})
+	s.HTTP = mux
+	return s, nil
+}
+
+// SetServing flips readiness: grpc.health.v1 for the empty service name and
+// PaymentsService, and /readyz.
+func (s *Server) SetServing(serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.ready.Store(serving)
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(paymentsv1.PaymentsService_ServiceDesc.ServiceName, st)
+}
+
+// chained is the service as the REST gateway sees it: every call goes
+// through the interceptor chain, as a gRPC call would.
+type chained struct {
+	paymentsv1.UnimplementedPaymentsServiceServer
+	svc   paymentsv1.PaymentsServiceServer
+	chain grpc.UnaryServerInterceptor
+}
+
+var createInfo = &grpc.UnaryServerInfo{FullMethod: paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName}
+
+func (c *chained) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+	resp, err := c.chain(ctx, req, createInfo, func(ctx context.Context, req any) (any, error) {
+		return c.svc.CreateMultiCardPayment(ctx, req.(*paymentsv1.CreateMultiCardPaymentRequest))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.(*paymentsv1.CreateMultiCardPaymentResponse), nil
+}
+
+// limitBody reads the REST body up front, refusing one over max bytes with
+// 413 before it reaches the gateway.
+func limitBody(max int64, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > max {
+			writeStatusJSON(w, http.StatusRequestEntityTooLarge, 3, fmt.Sprintf("request body is over the limit of %d bytes", max))
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				writeStatusJSON(w, http.StatusRequestEntityTooLarge, 3, fmt.Sprintf("request body is over the limit of %d bytes", max))
+				return
+			}
+			writeStatusJSON(w, http.StatusBadRequest, 3, "could not read the request body")
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// writeStatusJSON writes an error in the gateway's google.rpc.Status shape.
+func writeStatusJSON(w http.ResponseWriter, httpStatus, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(httpStatus)
+	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"details\":[]}\n", code, msg)
+}

@@ -1,0 +1,218 @@
+// Package service implements payments.v1.PaymentsService over gRPC and, via
+// grpc-gateway, REST. It is the one place that speaks gRPC codes: it turns
+// the upstream package's failures into statuses that tell a caller what
+// happened to the money and what to do next.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/upstream"
+)
+
+// ErrorDomain is the domain of every google.rpc.ErrorInfo paymentsd returns.
+const ErrorDomain = "paymentsd.example.com"
+
+// ErrorInfo reasons: what an error means for the money.
+const (
+	// ReasonNotCreated: the provider certainly created no payment.
+	ReasonNotCreated = "PAYMENT_NOT_CREATED"
+	// ReasonOutcomeUnknown: a payment may exist; retry with the same key.
+	ReasonOutcomeUnknown = "PAYMENT_OUTCOME_UNKNOWN"
+)
+
+// Service implements paymentsv1.PaymentsServiceServer against one provider
+// environment.
+type Service struct {
+	paymentsv1.UnimplementedPaymentsServiceServer
+	client *upstream.Client
+	env    paymentsv1.Environment
+}
+
+// New returns a Service that creates payments through client, which talks
+// to the provider environment env.
+func New(client *upstream.Client, env paymentsv1.Environment) *Service {
+	return &Service{client: client, env: env}
+}
+
+// CreateMultiCardPayment implements paymentsv1.PaymentsServiceServer. The
+// request has been validated by the interceptor chain (see NewServer).
+func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+	money := req.GetAmountMoney()
+	reply, err := s.client.CreateMultiCardPayment(ctx, upstream.Payment{
+		Currency:       money.GetCurrency(),
+		Amount:         money.GetAmount(),
+		IdempotencyKey: req.GetIdempotencyKey(),
+	})
+	if err != nil {
+		return nil, s.errorStatus(ctx, err)
+	}
+	noteProvider(ctx, reply.Status, reply.Attempts)
+	return &paymentsv1.CreateMultiCardPaymentResponse{
+		Payment:            reply.Payment,
+		ProviderHttpStatus: int32(reply.Status),
+		Environment:        s.env,
+	}, nil
+}
+
+// errorStatus maps a failed provider call to a status whose message says
+// what happened and what to do, with ErrorInfo, RetryInfo and ProviderError
+// details. It is the only place provider failures become gRPC codes.
+func (s *Service) errorStatus(ctx context.Context, err error) error {
+	var uerr *upstream.Error
+	if !errors.As(err, &uerr) {
+		return status.Error(codes.Internal, "paymentsd failed before calling the payment provider; no payment was created")
+	}
+	var se *upstream.StatusError
+	hasStatus := errors.As(uerr.Err, &se)
+	providerStatus := 0
+	if hasStatus {
+		providerStatus = se.Status
+	}
+	noteProvider(ctx, providerStatus, uerr.Attempts)
+
+	code, what := describe(uerr.Err, se)
+	msg := what
+	if uerr.Attempts > 1 {
+		msg += fmt.Sprintf(" (after %d attempts)", uerr.Attempts)
+	}
+	reason := ReasonNotCreated
+	retryable := code == codes.Unavailable || code == codes.ResourceExhausted || code == codes.DeadlineExceeded
+	if uerr.MaybeCreated {
+		reason = ReasonOutcomeUnknown
+		retryable = true
+		msg += "; a payment may have been created: retry with the same idempotency key, never a new one, to learn the outcome"
+	} else {
+		msg += "; no payment was created"
+		if retryable {
+			msg += ": it is safe to retry with the same idempotency key"
+		}
+	}
+
+	info := &errdetails.ErrorInfo{
+		Reason: reason,
+		Domain: ErrorDomain,
+		Metadata: map[string]string{
+			"attempts":    strconv.Itoa(uerr.Attempts),
+			"environment": envName(s.env),
+		},
+	}
+	if hasStatus {
+		info.Metadata["provider_http_status"] = strconv.Itoa(se.Status)
+	}
+	st := status.New(code, msg)
+	details := []protoadapt.MessageV1{info}
+	if retryable {
+		delay := time.Second
+		if hasStatus && se.RetryAfter > 0 {
+			delay = se.RetryAfter
+		}
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
+	}
+	if hasStatus {
+		details = append(details, &paymentsv1.ProviderError{
+			HttpStatus:  int32(se.Status),
+			Body:        strings.ToValidUTF8(string(se.Body), "\uFFFD"),
+			Environment: s.env,
+			Attempts:    int32(uerr.Attempts),
+		})
+	}
+	if withDetails, err := st.WithDetails(details...); err == nil {
+		st = withDetails
+	}
+	return st.Err()
+}
+
+// describe returns the code for a provider failure and a sentence that says
+// what happened.
+func describe(err error, se *upstream.StatusError) (codes.Code, string) {
+	switch {
+	case se != nil:
+		return codeForHTTP(se.Status), fmt.Sprintf("the payment provider answered %d %s%s", se.Status, http.StatusText(se.Status), advice(se.Status))
+	case errors.Is(err, upstream.ErrCircuitOpen):
+		return codes.Unavailable, "the payment provider has been failing, so paymentsd is not calling it for a few seconds"
+	case errors.Is(err, upstream.ErrUnreachable):
+		return codes.Unavailable, "the payment provider could not be reached"
+	case errors.Is(err, upstream.ErrConnectionLost):
+		return codes.Unavailable, "the connection to the payment provider was lost before its reply was complete"
+	case errors.Is(err, upstream.ErrMalformedReply), errors.Is(err, upstream.ErrReplyTooLarge):
+		return codes.Unknown, "the payment provider accepted the request but its reply could not be read (" + err.Error() + ")"
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded, "the deadline expired before the payment provider answered"
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled, "the call was cancelled before the payment provider answered"
+	}
+	return codes.Internal, "paymentsd could not call the payment provider"
+}
+
+func advice(httpStatus int) string {
+	switch httpStatus {
+	case http.StatusUnauthorized:
+		return ": this deployment's API key is missing, unknown or revoked; an operator must fix its configuration"
+	case http.StatusForbidden:
+		return ": this deployment's API key is not permitted (it may belong to the other environment or be revoked); an operator must fix its configuration"
+	case http.StatusBadRequest:
+		return ": the provider refused the request as invalid; see the provider_error detail"
+	}
+	return ""
+}
+
+// codeForHTTP maps a provider HTTP status to the nearest canonical code,
+// the inverse of google/rpc/code.proto's HTTP mapping; unlisted statuses go
+// by their class.
+func codeForHTTP(s int) codes.Code {
+	switch s {
+	case http.StatusBadRequest:
+		return codes.InvalidArgument
+	case http.StatusUnauthorized:
+		return codes.Unauthenticated
+	case http.StatusForbidden:
+		return codes.PermissionDenied
+	case http.StatusNotFound:
+		return codes.NotFound
+	case http.StatusRequestTimeout:
+		return codes.DeadlineExceeded
+	case http.StatusConflict:
+		return codes.Aborted
+	case http.StatusTooManyRequests:
+		return codes.ResourceExhausted
+	case http.StatusInternalServerError:
+		return codes.Internal
+	case http.StatusNotImplemented:
+		return codes.Unimplemented
+	case http.StatusBadGateway, http.StatusServiceUnavailable:
+		return codes.Unavailable
+	case http.StatusGatewayTimeout:
+		return codes.DeadlineExceeded
+	}
+	switch {
+	case s >= 400 && s < 500:
+		return codes.InvalidArgument
+	case s >= 500 && s < 600:
+		return codes.Internal
+	}
+	return codes.Unknown
+}
+
+func envName(env paymentsv1.Environment) string {
+	switch env {
+	case paymentsv1.Environment_ENVIRONMENT_SANDBOX:
+		return "sandbox"
+	case paymentsv1.Environment_ENVIRONMENT_LIVE:
+		return "live"
+	}
+	return "unspecified"
+}

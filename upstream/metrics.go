@@ -1,0 +1,96 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics records the client's calls to the provider. A nil *Metrics records
+// nothing.
+type Metrics struct {
+	requests    *prometheus.CounterVec
+	duration    prometheus.Histogram
+	retries     prometheus.Counter
+	inFlight    prometheus.Gauge
+	connections prometheus.Counter
+}
+
+// NewMetrics registers the provider-call metrics with reg. Labels common to
+// every series, such as the environment, belong on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paymentsd_provider_requests_total",
+			Help: "Requests to the payment provider, by HTTP status or, when no reply came, by transport outcome (unreachable, connection_lost, deadline_exceeded, canceled, circuit_open).",
+		}, []string{"outcome"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "paymentsd_provider_request_duration_seconds",
+			Help:    "Time from sending a request to the payment provider to reading its whole reply, per attempt.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paymentsd_provider_retries_total",
+			Help: "Attempts after the first, with the same idempotency key and body.",
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paymentsd_provider_requests_in_flight",
+			Help: "Requests to the payment provider now under way.",
+		}),
+		connections: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paymentsd_provider_connections_opened_total",
+			Help: "New connections opened to the payment provider; reused ones are not counted.",
+		}),
+	}
+	reg.MustRegister(m.requests, m.duration, m.retries, m.inFlight, m.connections)
+	return m
+}
+
+func (m *Metrics) observe(outcome string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(outcome).Inc()
+	if d > 0 {
+		m.duration.Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) retry() {
+	if m != nil {
+		m.retries.Inc()
+	}
+}
+
+func (m *Metrics) start() {
+	if m != nil {
+		m.inFlight.Inc()
+	}
+}
+
+func (m *Metrics) end() {
+	if m != nil {
+		m.inFlight.Dec()
+	}
+}
+
+func (m *Metrics) connOpened() {
+	if m != nil {
+		m.connections.Inc()
+	}
+}
+
+func transportLabel(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline_exceeded"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, ErrUnreachable):
+		return "unreachable"
+	default:
+		return "connection_lost"
+	}
+}

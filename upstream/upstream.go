@@ -1,0 +1,493 @@
+// Package upstream is the payment provider's REST client: its base URL and
+// key, the one request shape the provider documents, and the vocabulary of
+// its failures.
+//
+// The client retries what is safe to retry, always with the caller's
+// idempotency key and a byte-identical body, and never past the caller's
+// deadline. Every failure is an *Error that says how many attempts were
+// made and whether a payment may exist.
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Path is the create-payment endpoint, relative to the base URL.
+const Path = "/multi-card-payments"
+
+// Defaults for the zero values of Config.
+const (
+	DefaultMaxAttempts      = 3
+	DefaultMaxResponseBytes = 1 << 20
+	DefaultBackoffBase      = 100 * time.Millisecond
+	DefaultBackoffMax       = 2 * time.Second
+	DefaultMaxRetryAfter    = 5 * time.Second
+	DefaultBreakerFailures  = 5
+	DefaultBreakerCooldown  = 5 * time.Second
+
+	// maxErrorBody bounds how much of a non-2xx reply is kept for callers.
+	maxErrorBody = 8 << 10
+)
+
+// Sentinel causes, found in an *Error with errors.Is.
+var (
+	// ErrUnreachable means no request reached the provider: the connection
+	// could not be made, or failed before the request was written.
+	ErrUnreachable = errors.New("provider unreachable")
+	// ErrConnectionLost means the request was written but no complete reply
+	// came back: the connection was reset or closed, or the reply was cut off.
+	ErrConnectionLost = errors.New("connection to provider lost")
+	// ErrMalformedReply means a 2xx reply body was not a JSON object.
+	ErrMalformedReply = errors.New("provider reply is not a JSON object")
+	// ErrReplyTooLarge means a 2xx reply body was over the size limit.
+	ErrReplyTooLarge = errors.New("provider reply too large")
+	// ErrCircuitOpen means the client refused to call a provider that keeps
+	// failing, without sending anything.
+	ErrCircuitOpen = errors.New("provider circuit breaker open")
+)
+
+// Config configures a Client. BaseURL, APIKey and HTTPClient are required.
+type Config struct {
+	// BaseURL is the environment's base URL, ending in /v1.
+	BaseURL string
+	// APIKey is the environment's key, sent as x-api-key. It is a password.
+	APIKey string
+	// HTTPClient makes the requests. Its transport's pool is what keeps
+	// connections to the provider open between calls.
+	HTTPClient *http.Client
+	// MaxAttempts counts the first try; 1 disables retries.
+	MaxAttempts int
+	// Timeout bounds a whole call, retries included, when the caller's
+	// context has no earlier deadline. Zero means no bound of its own.
+	Timeout time.Duration
+	// MaxResponseBytes bounds how much of a reply is read.
+	MaxResponseBytes int64
+	// BackoffBase and BackoffMax shape the exponential backoff between
+	// attempts, with full jitter.
+	BackoffBase, BackoffMax time.Duration
+	// MaxRetryAfter caps how long a provider's Retry-After is honoured.
+	MaxRetryAfter time.Duration
+	// BreakerFailures consecutive failed attempts (transport failures and
+	// 5xx) open the circuit; it stays open for BreakerCooldown, then lets one
+	// probe through.
+	BreakerFailures int
+	BreakerCooldown time.Duration
+	// Metrics, if not nil, records every attempt.
+	Metrics *Metrics
+}
+
+// Client calls the payment provider. It is safe for concurrent use.
+type Client struct {
+	url     string
+	key     string
+	http    *http.Client
+	cfg     Config
+	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
+	metrics *Metrics
+}
+
+// New returns a client for cfg. It fails if cfg is incomplete; the error
+// never contains the key.
+func New(cfg Config) (*Client, error) {
+	if cfg.HTTPClient == nil {
+		return nil, errors.New("upstream: no HTTP client")
+	}
+	if cfg.APIKey == "" {
+		return nil, errors.New("upstream: no API key")
+	}
+	u, err := url.Parse(cfg.BaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("upstream: base URL %q is not an http(s) URL", cfg.BaseURL)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("upstream: base URL must not carry credentials, a query or a fragment")
+	}
+	setDefaults(&cfg)
+	c := &Client{
+		url:     strings.TrimSuffix(cfg.BaseURL, "/") + Path,
+		key:     cfg.APIKey,
+		http:    cfg.HTTPClient,
+		cfg:     cfg,
+		metrics: cfg.Metrics,
+	}
+	c.breaker = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:    "provider",
+		Timeout: cfg.BreakerCooldown,
+		ReadyToTrip: func(counts gobreaker.Counts) bool {
+			return counts.ConsecutiveFailures >= uint32(cfg.BreakerFailures)
+		},
+		IsExcluded: func(err error) bool {
+			return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+		},
+	})
+	return c, nil
+}
+
+func setDefaults(cfg *Config) {
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.MaxResponseBytes <= 0 {
+		cfg.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = DefaultBackoffBase
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = DefaultBackoffMax
+	}
+	if cfg.MaxRetryAfter <= 0 {
+		cfg.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if cfg.BreakerFailures <= 0 {
+		cfg.BreakerFailures = DefaultBreakerFailures
+	}
+	if cfg.BreakerCooldown <= 0 {
+		cfg.BreakerCooldown = DefaultBreakerCooldown
+	}
+}
+
+// Payment is a create-payment request, in the provider's terms.
+type Payment struct {
+	Currency       string
+	Amount         int64
+	IdempotencyKey string
+}
+
+// Reply is the provider's answer to a payment that succeeded.
+type Reply struct {
+	// Status is the provider's 2xx status.
+	Status int
+	// Payment is the reply body, a JSON object, as the provider sent it.
+	Payment *structpb.Struct
+	// Attempts is how many requests were sent, counting the first.
+	Attempts int
+}
+
+// StatusError is a provider reply with a non-2xx status.
+type StatusError struct {
+	Status int
+	// Body is the start of the reply body, with the key redacted.
+	Body []byte
+	// RetryAfter is the provider's Retry-After, capped; zero if absent.
+	RetryAfter time.Duration
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("provider answered %d %s", e.Status, http.StatusText(e.Status))
+}
+
+// Error is the failure of a call, after every attempt it made.
+type Error struct {
+	// Attempts is how many requests were sent or tried, counting the first.
+	Attempts int
+	// MaybeCreated reports that some attempt may have created a payment: the
+	// request was written and no definite refusal came back. A retry with
+	// the same idempotency key settles it.
+	MaybeCreated bool
+	// Err is the last attempt's failure: a *StatusError, a sentinel of this
+	// package, or a context error.
+	Err error
+}
+
+func (e *Error) Error() string {
+	s := fmt.Sprintf("create multi-card payment: %d attempt(s): %v", e.Attempts, e.Err)
+	if e.MaybeCreated {
+		s += " (a payment may have been created)"
+	}
+	return s
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// CreateMultiCardPayment asks the provider to create a payment. Every
+// attempt carries p.IdempotencyKey and the same body. Transport failures and
+// the statuses 408, 429, 500, 502, 503 and 504 are retried, with backoff,
+// while the next wait fits in the context's deadline. On failure the error
+// is an *Error.
+func (c *Client) CreateMultiCardPayment(ctx context.Context, p Payment) (*Reply, error) {
+	body, err := encodeRequest(p)
+	if err != nil {
+		return nil, &Error{Err: err}
+	}
+	if c.cfg.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+
+	failure := &Error{}
+	for {
+		done, err := c.breaker.Allow()
+		if err != nil {
+			c.metrics.observe("circuit_open", 0)
+			if failure.Attempts == 0 {
+				failure.Err = ErrCircuitOpen
+			}
+			return nil, failure
+		}
+		failure.Attempts++
+		if failure.Attempts > 1 {
+			c.metrics.retry()
+		}
+		reply, sent, err := c.attempt(ctx, body)
+		done(breakerVerdict(err))
+		if err == nil {
+			reply.Attempts = failure.Attempts
+			return reply, nil
+		}
+		failure.Err = err
+		failure.MaybeCreated = failure.MaybeCreated || maybeCreated(err, sent)
+		if !retryable(err) || failure.Attempts >= c.cfg.MaxAttempts {
+			return nil, failure
+		}
+		wait := c.backoff(failure.Attempts, err)
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+			return nil, failure
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			failure.Err = ctx.Err()
+			return nil, failure
+		case <-t.C:
+		}
+	}
+}
+
+// attempt makes one request. sent reports that the whole request was
+// written, so the provider may have acted on it.
+func (c *Client) attempt(ctx context.Context, body []byte) (_ *Reply, sent bool, _ error) {
+	var wrote atomic.Bool
+	trace := &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			if !info.Reused {
+				c.metrics.connOpened()
+			}
+		},
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil {
+				wrote.Store(true)
+			}
+		},
+	}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, c.url, bytes.NewReader(body))
+	if err != nil {
+		return nil, false, fmt.Errorf("build request: %w", err)
+	}
+	req.Header = http.Header{
+		"X-Api-Key":    {c.key},
+		"Content-Type": {"application/json"},
+		"Accept":       {"application/json"},
+	}
+
+	start := time.Now()
+	c.metrics.start()
+	defer c.metrics.end()
+	resp, err := c.http.Do(req)
+	if err != nil {
+		err = c.transportError(ctx, err, wrote.Load())
+		c.metrics.observe(transportLabel(err), time.Since(start))
+		return nil, wrote.Load(), err
+	}
+	reply, err := c.readReply(ctx, resp)
+	c.metrics.observe(strconv.Itoa(resp.StatusCode), time.Since(start))
+	return reply, true, err
+}
+
+// readReply turns a response into a Reply or an error, and always closes
+// the body, draining what is left of it (up to the limit) so the connection
+// can be reused.
+func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, error) {
+	defer func() {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, c.cfg.MaxResponseBytes))
+		resp.Body.Close()
+	}()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		return nil, &StatusError{
+			Status:     resp.StatusCode,
+			Body:       c.redact(b),
+			RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now(), c.cfg.MaxRetryAfter),
+		}
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, c.cfg.MaxResponseBytes+1))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: reading %d reply: %v", ErrConnectionLost, resp.StatusCode, err)
+	}
+	if int64(len(b)) > c.cfg.MaxResponseBytes {
+		return nil, fmt.Errorf("%w: %d reply over %d bytes", ErrReplyTooLarge, resp.StatusCode, c.cfg.MaxResponseBytes)
+	}
+	payment, err := DecodeReply(b)
+	if err != nil {
+		return nil, err
+	}
+	return &Reply{Status: resp.StatusCode, Payment: payment}, nil
+}
+
+// DecodeReply decodes a 2xx reply body, which must be a JSON object.
+func DecodeReply(b []byte) (*structpb.Struct, error) {
+	var s structpb.Struct
+	if err := protojson.Unmarshal(b, &s); err != nil {
+		// protojson's message quotes part of the body, which is the
+		// provider's and harmless, but keep the error short and stable.
+		return nil, fmt.Errorf("%w (%d bytes)", ErrMalformedReply, len(b))
+	}
+	return &s, nil
+}
+
+// transportError classifies a failed round trip.
+func (c *Client) transportError(ctx context.Context, err error, wrote bool) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	// url.Error quotes the URL, which holds no secret; the key is in a
+	// header and never in an error.
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		err = uerr.Err
+	}
+	if !wrote {
+		return fmt.Errorf("%w: %v", ErrUnreachable, err)
+	}
+	return fmt.Errorf("%w: %v", ErrConnectionLost, err)
+}
+
+func (c *Client) redact(b []byte) []byte {
+	if c.key == "" || !bytes.Contains(b, []byte(c.key)) {
+		return b
+	}
+	return bytes.ReplaceAll(b, []byte(c.key), []byte("[REDACTED]"))
+}
+
+// backoff returns how long to wait before the attempt after the n-th: the
+// provider's Retry-After if it sent one, else exponential backoff with full
+// jitter.
+func (c *Client) backoff(n int, err error) time.Duration {
+	var se *StatusError
+	if errors.As(err, &se) && se.RetryAfter > 0 {
+		return se.RetryAfter
+	}
+	ceiling := c.cfg.BackoffBase << (n - 1)
+	if ceiling > c.cfg.BackoffMax || ceiling <= 0 {
+		ceiling = c.cfg.BackoffMax
+	}
+	return rand.N(ceiling) + 1
+}
+
+// retryAfter parses a Retry-After value, in seconds or as an HTTP date,
+// capped at limit.
+func retryAfter(v string, now time.Time, limit time.Duration) time.Duration {
+	if v == "" {
+		return 0
+	}
+	var d time.Duration
+	if secs, err := parseSeconds(v); err == nil {
+		d = secs
+	} else if t, err := http.ParseTime(v); err == nil {
+		d = t.Sub(now)
+	}
+	return min(max(d, 0), limit)
+}
+
+func parseSeconds(v string) (time.Duration, error) {
+	var n int64
+	if _, err := fmt.Sscanf(v, "%d", &n); err != nil || fmt.Sprint(n) != v || n < 0 {
+		return 0, errors.New("not seconds")
+	}
+	if n > int64(time.Hour/time.Second) {
+		n = int64(time.Hour / time.Second)
+	}
+	return time.Duration(n) * time.Second, nil
+}
+
+// retryable reports whether another attempt may succeed where this failed.
+func retryable(err error) bool {
+	var se *StatusError
+	if errors.As(err, &se) {
+		switch se.Status {
+		case http.StatusRequestTimeout, http.StatusTooManyRequests,
+			http.StatusInternalServerError, http.StatusBadGateway,
+			http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+			return true
+		}
+		return false
+	}
+	return errors.Is(err, ErrUnreachable) || errors.Is(err, ErrConnectionLost)
+}
+
+// maybeCreated reports whether a failed attempt may have created a payment.
+func maybeCreated(err error, sent bool) bool {
+	if !sent {
+		return false
+	}
+	var se *StatusError
+	if errors.As(err, &se) {
+		// A 4xx is the provider refusing the request; a 5xx may come after
+		// the work was done.
+		return se.Status >= 500
+	}
+	return true
+}
+
+// breakerVerdict is what an attempt tells the circuit breaker: transport
+// failures and 5xx count against the provider; refusals and the caller's
+// own deadline do not.
+func breakerVerdict(err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *StatusError
+	if errors.As(err, &se) {
+		if se.Status >= 500 {
+			return err
+		}
+		return nil
+	}
+	if errors.Is(err, ErrUnreachable) || errors.Is(err, ErrConnectionLost) {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err // excluded by the breaker's settings
+	}
+	return nil
+}
+
+// wireRequest is the provider's documented request body. encoding/json
+// writes Amount as a JSON integer, exact for every int64.
+type wireRequest struct {
+	AmountMoney struct {
+		Currency string `json:"currency"`
+		Amount   int64  `json:"amount"`
+	} `json:"amountMoney"`
+	IdempotencyKey string `json:"idempotencyKey"`
+}
+
+func encodeRequest(p Payment) ([]byte, error) {
+	var w wireRequest
+	w.AmountMoney.Currency = p.Currency
+	w.AmountMoney.Amount = p.Amount
+	w.IdempotencyKey = p.IdempotencyKey
+	return json.Marshal(&w)
+}

@@ -1,0 +1,366 @@
+// Package upstreamtest is a fake payment provider, in the style of
+// net/http/httptest. By default it behaves as the provider's documentation
+// says: it checks x-api-key (401 when missing or unknown, 403 when known but
+// not permitted), checks the request body (400 when it is not the documented
+// shape), and answers 200 with a body marked as simulated. Tests can script
+// any reply per request: a status, a delay, a malformed or cut-off body, or
+// a dropped connection.
+//
+// paymentsd --simulate runs the same server in-process.
+package upstreamtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Fault is a way for a reply to go wrong at the transport level.
+type Fault int
+
+const (
+	// NoFault sends the reply normally.
+	NoFault Fault = iota
+	// Reset resets the connection (TCP RST) instead of replying.
+	Reset
+	// Hangup closes the connection instead of replying: the client reads
+	// EOF before any response.
+	Hangup
+	// CutBody sends the status line, headers and a Content-Length for the
+	// whole body, then half the body, then closes the connection.
+	CutBody
+	// Dribble sends the body one byte at a time, DribbleInterval apart.
+	Dribble
+)
+
+// Reply is how the fake answers one request. The zero Reply means the
+// default behaviour: check the key and body, then answer success.
+type Reply struct {
+	// Status, if not zero, is sent without checking the key or body.
+	Status int
+	// Header is added to the reply.
+	Header http.Header
+	// Body is the reply body.
+	Body []byte
+	// Delay is waited before replying, or until the client goes away.
+	Delay time.Duration
+	// Fault, if set, replaces or spoils the reply.
+	Fault Fault
+	// DribbleInterval is the pause between bytes for Dribble.
+	DribbleInterval time.Duration
+}
+
+// Request is a request the fake received.
+type Request struct {
+	Method string
+	Path   string
+	Header http.Header
+	Body   []byte
+}
+
+// Script chooses the reply to the n-th request (counting from 1).
+type Script func(n int, r Request) Reply
+
+// Sequence replies to the n-th request with replies[n-1], then by default.
+func Sequence(replies ...Reply) Script {
+	return func(n int, _ Request) Reply {
+		if n <= len(replies) {
+			return replies[n-1]
+		}
+		return Reply{}
+	}
+}
+
+// Always replies to every request with r.
+func Always(r Reply) Script {
+	return func(int, Request) Reply { return r }
+}
+
+// Server is a fake payment provider listening on 127.0.0.1.
+type Server struct {
+	// URL is the base URL, ending in /v1, as the provider's are.
+	URL string
+
+	srv       *httptest.Server
+	conns     atomic.Int64
+	canceled  chan struct{}
+	mu        sync.Mutex
+	keys      map[string]bool // key → permitted
+	script    Script
+	requests  []Request
+	keepRequests bool
+}
+
+// NewServer starts a fake provider that knows no keys yet: every request is
+// answered 401 until AllowKey is called.
+func NewServer() *Server {
+	s := &Server{
+		keys:      make(map[string]bool),
+		canceled:  make(chan struct{}, 4096),
+		keepRequests: true,
+	}
+	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(s.serveHTTP))
+	s.srv.Config.ConnState = func(_ net.Conn, state http.ConnState) {
+		if state == http.StateNew {
+			s.conns.Add(1)
+		}
+	}
+	s.srv.Start()
+	s.URL = s.srv.URL + "/v1"
+	return s
+}
+
+// Close shuts the server down, closing its connections.
+func (s *Server) Close() {
+	s.srv.CloseClientConnections()
+	s.srv.Close()
+}
+
+// AllowKey makes key valid and permitted.
+func (s *Server) AllowKey(key string) { s.setKey(key, true) }
+
+// ForbidKey makes key known but not permitted, as a key of the other
+// environment or a revoked key is: requests with it get 403.
+func (s *Server) ForbidKey(key string) { s.setKey(key, false) }
+
+func (s *Server) setKey(key string, permitted bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keys[key] = permitted
+}
+
+// SetScript makes script choose the replies from now on; nil restores the
+// default behaviour.
+func (s *Server) SetScript(script Script) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.script = script
+}
+
+// KeepRequests sets whether received requests are recorded (the default).
+// Load tests turn it off to keep memory flat.
+func (s *Server) KeepRequests(keep bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keepRequests = keep
+}
+
+// Requests returns the requests received so far, in arrival order.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.requests...)
+}
+
+// Connections returns how many connections clients have opened.
+func (s *Server) Connections() int64 { return s.conns.Load() }
+
+// Canceled receives a value each time a client goes away while a Delay or
+// Dribble reply is pending, which is how a test sees that a caller's
+// cancellation reached the provider.
+func (s *Server) Canceled() <-chan struct{} { return s.canceled }
+
+// Client returns an HTTP client for the server, with no timeouts of its own.
+func (s *Server) Client() *http.Client { return s.srv.Client() }
+
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return
+	}
+	req := Request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body}
+
+	s.mu.Lock()
+	n := len(s.requests) + 1
+	if s.keepRequests {
+		s.requests = append(s.requests, req)
+	} else {
+		s.requests = append(s.requests, Request{})
+	}
+	script := s.script
+	s.mu.Unlock()
+
+	var reply Reply
+	if script != nil {
+		reply = script(n, req)
+	}
+	if reply.Delay > 0 {
+		t := time.NewTimer(reply.Delay)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			s.noteCanceled()
+			return
+		}
+	}
+	if reply.Status == 0 && reply.Fault == NoFault {
+		reply = s.simulate(req)
+	}
+	s.send(w, r, reply)
+}
+
+func (s *Server) noteCanceled() {
+	select {
+	case s.canceled <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Server) send(w http.ResponseWriter, r *http.Request, reply Reply) {
+	status := reply.Status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	switch reply.Fault {
+	case Reset, Hangup, CutBody:
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			panic(fmt.Sprintf("upstreamtest: hijack: %v", err))
+		}
+		defer conn.Close()
+		switch reply.Fault {
+		case Reset:
+			if tc, ok := conn.(*net.TCPConn); ok {
+				tc.SetLinger(0)
+			}
+		case CutBody:
+			fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
+				status, http.StatusText(status), len(reply.Body))
+			buf.Write(reply.Body[:len(reply.Body)/2])
+			buf.Flush()
+		}
+		return
+	}
+
+	for k, vs := range reply.Header {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	if w.Header().Get("Content-Type") == "" {
+		w.Header().Set("Content-Type", "application/json")
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(reply.Body)))
+	w.WriteHeader(status)
+	if reply.Fault != Dribble {
+		w.Write(reply.Body)
+		return
+	}
+	rc := http.NewResponseController(w)
+	for i := range reply.Body {
+		w.Write(reply.Body[i : i+1])
+		rc.Flush()
+		t := time.NewTimer(reply.DribbleInterval)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			s.noteCanceled()
+			return
+		}
+	}
+}
+
+var currencyPattern = regexp.MustCompile(`^[A-Z]+$`)
+
+// simulate is the documented behaviour: authenticate, check the body, and
+// succeed with a reply that says it is simulated.
+func (s *Server) simulate(r Request) Reply {
+	if r.Method != http.MethodPost || r.Path != "/v1/multi-card-payments" {
+		return errorReply(http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.Path)
+	}
+	key := r.Header.Get("X-Api-Key")
+	s.mu.Lock()
+	permitted, known := s.keys[key]
+	s.mu.Unlock()
+	switch {
+	case key == "" || !known:
+		return errorReply(http.StatusUnauthorized, "no valid API key was provided")
+	case !permitted:
+		return errorReply(http.StatusForbidden, "the API key is not authorized for this resource")
+	}
+	if err := checkBody(r); err != nil {
+		return errorReply(http.StatusBadRequest, err.Error())
+	}
+	var echo bytes.Buffer
+	json.Compact(&echo, r.Body)
+	body := fmt.Appendf(nil, `{"simulated":true,"note":"paymentsd simulator: no payment was made","request":%s}`, echo.Bytes())
+	return Reply{Status: http.StatusOK, Body: body}
+}
+
+func errorReply(status int, msg string) Reply {
+	b, _ := json.Marshal(map[string]any{"simulated": true, "error": msg})
+	return Reply{Status: status, Body: b}
+}
+
+// checkBody checks the documented request: exactly amountMoney (currency
+// in upper-case letters, amount an integer) and a non-empty idempotencyKey.
+func checkBody(r Request) error {
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+		return fmt.Errorf("Content-Type is %q, want application/json", ct)
+	}
+	var top map[string]json.RawMessage
+	if err := strictDecode(r.Body, &top); err != nil {
+		return fmt.Errorf("body is not a JSON object: %v", err)
+	}
+	var money map[string]json.RawMessage
+	var key string
+	if err := exactFields(top, "amountMoney", "idempotencyKey"); err != nil {
+		return err
+	}
+	if err := strictDecode(top["amountMoney"], &money); err != nil {
+		return fmt.Errorf("amountMoney is not an object: %v", err)
+	}
+	if err := exactFields(money, "currency", "amount"); err != nil {
+		return fmt.Errorf("amountMoney: %v", err)
+	}
+	var currency string
+	if err := json.Unmarshal(money["currency"], &currency); err != nil || !currencyPattern.MatchString(currency) {
+		return fmt.Errorf("amountMoney.currency must be upper-case letters")
+	}
+	var amount json.Number
+	if err := strictDecode(money["amount"], &amount); err != nil {
+		return fmt.Errorf("amountMoney.amount must be a number")
+	}
+	if _, err := strconv.ParseInt(amount.String(), 10, 64); err != nil {
+		return fmt.Errorf("amountMoney.amount must be a whole number, got %s", amount)
+	}
+	if err := json.Unmarshal(top["idempotencyKey"], &key); err != nil || key == "" {
+		return fmt.Errorf("idempotencyKey must be a non-empty string")
+	}
+	return nil
+}
+
+func strictDecode(b []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	if err := d.Decode(v); err != nil {
+		return err
+	}
+	if d.More() {
+		return fmt.Errorf("trailing data")
+	}
+	return nil
+}
+
+func exactFields(m map[string]json.RawMessage, names ...string) error {
+	for _, n := range names {
+		if _, ok := m[n]; !ok {
+			return fmt.Errorf("field %s is missing", n)
+		}
+	}
+	if len(m) != len(names) {
+		return fmt.Errorf("unexpected fields: want only %v", names)
+	}
+	return nil
+}
