@@ -40,9 +40,15 @@ type config struct {
 	GRPCAddr string
 	HTTPAddr string
 
+	// UpstreamCAFile, if set, holds extra PEM roots to trust for the
+	// provider's certificate (a private CA or a TLS-inspecting egress proxy).
+	UpstreamCAFile string
+
 	UpstreamMaxAttempts      int
 	UpstreamTimeout          time.Duration
 	UpstreamMaxResponseBytes int64
+	BreakerFailures          int
+	BreakerCooldown          time.Duration
 	MaxRequestBytes          int
 	ShutdownTimeout          time.Duration
 
@@ -70,9 +76,12 @@ func (c *config) LogValue() slog.Value {
 		slog.Bool("simulate", c.Simulate),
 		slog.String("grpc_addr", c.GRPCAddr),
 		slog.String("http_addr", c.HTTPAddr),
+		slog.String("upstream_ca_file", c.UpstreamCAFile),
 		slog.Int("upstream_max_attempts", c.UpstreamMaxAttempts),
 		slog.String("upstream_timeout", c.UpstreamTimeout.String()),
 		slog.Int64("upstream_max_response_bytes", c.UpstreamMaxResponseBytes),
+		slog.Int("upstream_breaker_failures", c.BreakerFailures),
+		slog.String("upstream_breaker_cooldown", c.BreakerCooldown.String()),
 		slog.Int("max_request_bytes", c.MaxRequestBytes),
 		slog.String("shutdown_timeout", c.ShutdownTimeout.String()),
 		slog.Bool("tls", c.TLSCertFile != ""),
@@ -104,6 +113,7 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		GRPCAddr:    orDefault(getenv("PAYMENTS_GRPC_ADDR"), ":9090"),
 		HTTPAddr:    orDefault(getenv("PAYMENTS_HTTP_ADDR"), ":8080"),
 
+		UpstreamCAFile:  getenv("PAYMENTS_UPSTREAM_CA_FILE"),
 		TLSCertFile:     getenv("PAYMENTS_TLS_CERT_FILE"),
 		TLSKeyFile:      getenv("PAYMENTS_TLS_KEY_FILE"),
 		TLSClientCAFile: getenv("PAYMENTS_TLS_CLIENT_CA_FILE"),
@@ -118,6 +128,8 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	c.UpstreamMaxAttempts = intVar(getenv, "PAYMENTS_UPSTREAM_MAX_ATTEMPTS", upstream.DefaultMaxAttempts, 1, 10, problem)
 	c.UpstreamTimeout = durationVar(getenv, "PAYMENTS_UPSTREAM_TIMEOUT", 15*time.Second, problem)
 	c.UpstreamMaxResponseBytes = int64(intVar(getenv, "PAYMENTS_UPSTREAM_MAX_RESPONSE_BYTES", upstream.DefaultMaxResponseBytes, 1024, 64<<20, problem))
+	c.BreakerFailures = intVar(getenv, "PAYMENTS_UPSTREAM_BREAKER_FAILURES", upstream.DefaultBreakerFailures, 1, 1000, problem)
+	c.BreakerCooldown = durationVar(getenv, "PAYMENTS_UPSTREAM_BREAKER_COOLDOWN", upstream.DefaultBreakerCooldown, problem)
 	c.MaxRequestBytes = intVar(getenv, "PAYMENTS_MAX_REQUEST_BYTES", 64<<10, 1024, 4<<20, problem)
 	c.ShutdownTimeout = durationVar(getenv, "PAYMENTS_SHUTDOWN_TIMEOUT", 20*time.Second, problem)
 

@@ -52,8 +52,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).
-		With("environment", cfg.Environment)
+	logger := newLogger(cfg, stderr)
 
 	tracerProvider, shutdownTracing, err := setupTracing(ctx, getenv)
 	if err != nil {
@@ -62,6 +61,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer shutdownTracing(context.WithoutCancel(ctx))
 
 	return serve(ctx, cfg, logger, tracerProvider)
+}
+
+// newLogger writes JSON lines to w, each labelled with the environment.
+func newLogger(cfg *config, w io.Writer) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: cfg.LogLevel})).
+		With("environment", cfg.Environment)
 }
 
 // serve runs the service with cfg until ctx ends, then drains it.
@@ -83,13 +88,20 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tracerProvider
 	)
 	propagator := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 
+	httpClient, err := newHTTPClient(cfg, tracerProvider, propagator)
+	if err != nil {
+		return err
+	}
+	defer httpClient.CloseIdleConnections()
 	client, err := upstream.New(upstream.Config{
 		BaseURL:          cfg.BaseURL,
 		APIKey:           string(cfg.APIKey),
-		HTTPClient:       newHTTPClient(cfg, tracerProvider, propagator),
+		HTTPClient:       httpClient,
 		MaxAttempts:      cfg.UpstreamMaxAttempts,
 		Timeout:          cfg.UpstreamTimeout,
 		MaxResponseBytes: cfg.UpstreamMaxResponseBytes,
+		BreakerFailures:  cfg.BreakerFailures,
+		BreakerCooldown:  cfg.BreakerCooldown,
 		Metrics:          upstream.NewMetrics(registerer),
 	})
 	if err != nil {
@@ -185,14 +197,29 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tracerProvider
 // newHTTPClient is the client for the provider: a pooled transport sized
 // for many concurrent calls to one host, no redirects (a redirected POST
 // would become a GET), and a timeout as a backstop to the per-call context.
-func newHTTPClient(cfg *config, tp trace.TracerProvider, prop propagation.TextMapPropagator) *http.Client {
+func newHTTPClient(cfg *config, tp trace.TracerProvider, prop propagation.TextMapPropagator) (*http.Client, error) {
+	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.UpstreamCAFile != "" {
+		roots, err := x509.SystemCertPool()
+		if err != nil {
+			roots = x509.NewCertPool()
+		}
+		pem, err := os.ReadFile(cfg.UpstreamCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("PAYMENTS_UPSTREAM_CA_FILE: %w", err)
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("PAYMENTS_UPSTREAM_CA_FILE: no PEM certificates in %s", cfg.UpstreamCAFile)
+		}
+		tlsConfig.RootCAs = roots
+	}
 	transport := &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
 		DialContext: (&net.Dialer{
 			Timeout:   5 * time.Second,
 			KeepAlive: 30 * time.Second,
 		}).DialContext,
-		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12},
+		TLSClientConfig:     tlsConfig,
 		TLSHandshakeTimeout: 5 * time.Second,
 		ForceAttemptHTTP2:   true,
 		MaxIdleConns:        512,
@@ -209,7 +236,7 @@ func newHTTPClient(cfg *config, tp trace.TracerProvider, prop propagation.TextMa
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		},
-	}
+	}, nil
 }
 
 // loadTLS returns the server TLS configuration, or nil for plaintext.

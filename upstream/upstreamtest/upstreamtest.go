@@ -11,6 +11,7 @@ package upstreamtest
 
 import (
 	"bytes"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -90,22 +91,28 @@ type Server struct {
 	// URL is the base URL, ending in /v1, as the provider's are.
 	URL string
 
-	srv       *httptest.Server
-	conns     atomic.Int64
-	canceled  chan struct{}
-	mu        sync.Mutex
-	keys      map[string]bool // key → permitted
-	script    Script
-	requests  []Request
+	srv          *httptest.Server
+	conns        atomic.Int64
+	canceled     chan struct{}
+	mu           sync.Mutex
+	keys         map[string]bool // key → permitted
+	script       Script
+	requests     []Request
 	keepRequests bool
 }
 
-// NewServer starts a fake provider that knows no keys yet: every request is
-// answered 401 until AllowKey is called.
-func NewServer() *Server {
+// NewServer starts a fake provider over plain HTTP that knows no keys yet:
+// every request is answered 401 until AllowKey is called.
+func NewServer() *Server { return newServer(false) }
+
+// NewTLSServer is NewServer over HTTPS, with a self-signed certificate
+// (see Certificate), as a live provider would be.
+func NewTLSServer() *Server { return newServer(true) }
+
+func newServer(useTLS bool) *Server {
 	s := &Server{
-		keys:      make(map[string]bool),
-		canceled:  make(chan struct{}, 4096),
+		keys:         make(map[string]bool),
+		canceled:     make(chan struct{}, 4096),
 		keepRequests: true,
 	}
 	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(s.serveHTTP))
@@ -114,7 +121,11 @@ func NewServer() *Server {
 			s.conns.Add(1)
 		}
 	}
-	s.srv.Start()
+	if useTLS {
+		s.srv.StartTLS()
+	} else {
+		s.srv.Start()
+	}
 	s.URL = s.srv.URL + "/v1"
 	return s
 }
@@ -168,6 +179,9 @@ func (s *Server) Connections() int64 { return s.conns.Load() }
 // Dribble reply is pending, which is how a test sees that a caller's
 // cancellation reached the provider.
 func (s *Server) Canceled() <-chan struct{} { return s.canceled }
+
+// Certificate returns the TLS server's certificate, or nil over plain HTTP.
+func (s *Server) Certificate() *x509.Certificate { return s.srv.Certificate() }
 
 // Client returns an HTTP client for the server, with no timeouts of its own.
 func (s *Server) Client() *http.Client { return s.srv.Client() }
@@ -328,8 +342,13 @@ func checkBody(r Request) error {
 	if err := json.Unmarshal(money["currency"], &currency); err != nil || !currencyPattern.MatchString(currency) {
 		return fmt.Errorf("amountMoney.currency must be upper-case letters")
 	}
-	var amount json.Number
-	if err := strictDecode(money["amount"], &amount); err != nil {
+	// Into any, not a json.Number, which would also take the string "12".
+	var v any
+	if err := strictDecode(money["amount"], &v); err != nil {
+		return fmt.Errorf("amountMoney.amount must be a number")
+	}
+	amount, ok := v.(json.Number)
+	if !ok {
 		return fmt.Errorf("amountMoney.amount must be a number")
 	}
 	if _, err := strconv.ParseInt(amount.String(), 10, 64); err != nil {
@@ -347,7 +366,8 @@ func strictDecode(b []byte, v any) error {
 	if err := d.Decode(v); err != nil {
 		return err
 	}
-	if d.More() {
+	// d.More would miss a stray ] or }.
+	if _, err := d.Token(); err != io.EOF {
 		return fmt.Errorf("trailing data")
 	}
 	return nil
