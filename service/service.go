@@ -51,6 +51,8 @@ func New(client *upstream.Client, env paymentsv1.Environment) *Service {
 // CreateMultiCardPayment implements paymentsv1.PaymentsServiceServer. The
 // request has been validated by the interceptor chain (see NewServer).
 func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+	ctx, cancel := answerBeforeDeadline(ctx)
+	defer cancel()
 	money := req.GetAmountMoney()
 	reply, err := s.client.CreateMultiCardPayment(ctx, upstream.Payment{
 		Currency:       money.GetCurrency(),
@@ -66,6 +68,19 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		ProviderHttpStatus: int32(reply.Status),
 		Environment:        s.env,
 	}, nil
+}
+
+// answerBeforeDeadline shortens the caller's deadline by a small margin, so
+// that when it is about to expire paymentsd can still send its own
+// DeadlineExceeded, with the details that say what happened to the money,
+// before the caller's side gives up with a bare one.
+func answerBeforeDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return ctx, func() {}
+	}
+	margin := min(time.Until(deadline)/10, 100*time.Millisecond)
+	return context.WithDeadline(ctx, deadline.Add(-margin))
 }
 
 // errorStatus maps a failed provider call to a status whose message says

@@ -51,6 +51,7 @@ type config struct {
 	BreakerCooldown          time.Duration
 	MaxRequestBytes          int
 	ShutdownTimeout          time.Duration
+	ShutdownDelay            time.Duration
 
 	TLSCertFile     string
 	TLSKeyFile      string
@@ -84,6 +85,7 @@ func (c *config) LogValue() slog.Value {
 		slog.String("upstream_breaker_cooldown", c.BreakerCooldown.String()),
 		slog.Int("max_request_bytes", c.MaxRequestBytes),
 		slog.String("shutdown_timeout", c.ShutdownTimeout.String()),
+		slog.String("shutdown_delay", c.ShutdownDelay.String()),
 		slog.Bool("tls", c.TLSCertFile != ""),
 		slog.Bool("mtls", c.TLSClientCAFile != ""),
 		slog.String("log_level", c.LogLevel.String()),
@@ -132,6 +134,9 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	c.BreakerCooldown = durationVar(getenv, "PAYMENTS_UPSTREAM_BREAKER_COOLDOWN", upstream.DefaultBreakerCooldown, problem)
 	c.MaxRequestBytes = intVar(getenv, "PAYMENTS_MAX_REQUEST_BYTES", 64<<10, 1024, 4<<20, problem)
 	c.ShutdownTimeout = durationVar(getenv, "PAYMENTS_SHUTDOWN_TIMEOUT", 20*time.Second, problem)
+	if v := getenv("PAYMENTS_SHUTDOWN_DELAY"); v != "" && v != "0" {
+		c.ShutdownDelay = durationVar(getenv, "PAYMENTS_SHUTDOWN_DELAY", 0, problem)
+	}
 
 	if err := c.LogLevel.UnmarshalText([]byte(orDefault(getenv("PAYMENTS_LOG_LEVEL"), "info"))); err != nil {
 		problem("PAYMENTS_LOG_LEVEL is %q: want debug, info, warn or error", getenv("PAYMENTS_LOG_LEVEL"))

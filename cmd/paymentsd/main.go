@@ -165,10 +165,13 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tracerProvider
 	}
 
 	// Drain: readiness goes first, so probes and load balancers stop
-	// sending; then listeners close and in-flight calls finish, within the
-	// shutdown timeout.
-	logger.Info("draining", "timeout", cfg.ShutdownTimeout.String())
+	// sending; after the shutdown delay (time for endpoints to update) the
+	// listeners close, and in-flight calls finish within the timeout.
+	logger.Info("draining", "delay", cfg.ShutdownDelay.String(), "timeout", cfg.ShutdownTimeout.String())
 	srv.SetServing(false)
+	if cfg.ShutdownDelay > 0 && serveErr == nil {
+		time.Sleep(cfg.ShutdownDelay)
+	}
 	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer cancel()
 	stopped := make(chan struct{})

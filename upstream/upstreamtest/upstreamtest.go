@@ -54,6 +54,9 @@ type Reply struct {
 	Body []byte
 	// Delay is waited before replying, or until the client goes away.
 	Delay time.Duration
+	// Wait, if not nil, holds the reply until it is closed or the client
+	// goes away, so a test can keep a call in flight as long as it likes.
+	Wait <-chan struct{}
 	// Fault, if set, replaces or spoils the reply.
 	Fault Fault
 	// DribbleInterval is the pause between bytes for Dribble.
@@ -213,6 +216,14 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-t.C:
 		case <-r.Context().Done():
 			t.Stop()
+			s.noteCanceled()
+			return
+		}
+	}
+	if reply.Wait != nil {
+		select {
+		case <-reply.Wait:
+		case <-r.Context().Done():
 			s.noteCanceled()
 			return
 		}

@@ -1,0 +1,416 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"example.com/paymentsd/upstream/upstreamtest"
+)
+
+// perKey scripts replies by attempt number within each idempotency key,
+// so a gRPC call and a REST call with different keys see the same script.
+// The last reply repeats.
+func perKey(replies ...upstreamtest.Reply) upstreamtest.Script {
+	var mu sync.Mutex
+	seen := map[string]int{}
+	return func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+		key := idempotencyKey(r.Body)
+		mu.Lock()
+		seen[key]++
+		n := seen[key]
+		mu.Unlock()
+		if n > len(replies) {
+			n = len(replies)
+		}
+		return replies[n-1]
+	}
+}
+
+func idempotencyKey(body []byte) string {
+	var b struct {
+		IdempotencyKey string `json:"idempotencyKey"`
+	}
+	json.Unmarshal(body, &b)
+	return b.IdempotencyKey
+}
+
+// attemptsFor returns the provider's requests with the idempotency key.
+func attemptsFor(p *upstreamtest.Server, key string) []upstreamtest.Request {
+	var out []upstreamtest.Request
+	for _, r := range p.Requests() {
+		if idempotencyKey(r.Body) == key {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func reasonOf(st *status.Status) string {
+	for _, d := range st.Details() {
+		if info, ok := d.(interface{ GetReason() string }); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+var (
+	okBody   = []byte(`{"id":"pay_1","status":"COMPLETED"}`)
+	big2xx   = []byte(`{"pad":"` + strings.Repeat("x", 4096) + `"}`)
+	htmlPage = []byte("<html><body>502 Bad Gateway</body></html>")
+)
+
+func TestFaults(t *testing.T) {
+	t.Parallel()
+	const notCreated, unknown = "PAYMENT_NOT_CREATED", "PAYMENT_OUTCOME_UNKNOWN"
+	type R = upstreamtest.Reply
+	tests := []struct {
+		name         string
+		replies      []R
+		env          []string      // extra configuration
+		deadline     time.Duration // the caller's; 0 for none
+		wantCode     codes.Code
+		wantREST     int
+		wantAttempts int
+		wantReason   string        // for errors
+		minElapsed   time.Duration // lower bound, where time is the point
+		maxElapsed   time.Duration
+		wantCanceled bool // the provider saw the caller go away
+	}{
+		{name: "503 then success", replies: []R{{Status: 503}, {Status: 200, Body: okBody}},
+			wantCode: codes.OK, wantREST: 200, wantAttempts: 2, maxElapsed: 3 * time.Second},
+		{name: "408 then success", replies: []R{{Status: 408}, {Status: 200, Body: okBody}},
+			wantCode: codes.OK, wantREST: 200, wantAttempts: 2, maxElapsed: 3 * time.Second},
+		{name: "500 502 504 then success", replies: []R{{Status: 500}, {Status: 502}, {Status: 504}, {Status: 200, Body: okBody}},
+			env:      []string{"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "4"},
+			wantCode: codes.OK, wantREST: 200, wantAttempts: 4, maxElapsed: 5 * time.Second},
+		{name: "503 on every attempt", replies: []R{{Status: 503, Body: []byte(`{"error":"down"}`)}},
+			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 3, wantReason: unknown, maxElapsed: 5 * time.Second},
+		{name: "retries disabled", replies: []R{{Status: 503}},
+			env:      []string{"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1"},
+			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+		{name: "429 with Retry-After seconds", replies: []R{{Status: 429, Header: http.Header{"Retry-After": {"1"}}}, {Status: 200, Body: okBody}},
+			wantCode: codes.OK, wantREST: 200, wantAttempts: 2, minElapsed: time.Second, maxElapsed: 4 * time.Second},
+		{name: "429 on every attempt", replies: []R{{Status: 429}},
+			wantCode: codes.ResourceExhausted, wantREST: 429, wantAttempts: 3, wantReason: notCreated, maxElapsed: 5 * time.Second},
+		{name: "Retry-After past the deadline", replies: []R{{Status: 503, Header: http.Header{"Retry-After": {"4"}}}, {Status: 200, Body: okBody}},
+			deadline: 1500 * time.Millisecond,
+			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 1, wantReason: unknown, maxElapsed: time.Second},
+		{name: "400 is tried once", replies: []R{{Status: 400, Body: []byte(`{"error":"bad"}`)}},
+			wantCode: codes.InvalidArgument, wantREST: 400, wantAttempts: 1, wantReason: notCreated, maxElapsed: 2 * time.Second},
+		{name: "401 is tried once", replies: []R{{Status: 401}},
+			wantCode: codes.Unauthenticated, wantREST: 401, wantAttempts: 1, wantReason: notCreated, maxElapsed: 2 * time.Second},
+		{name: "403 is tried once", replies: []R{{Status: 403}},
+			wantCode: codes.PermissionDenied, wantREST: 403, wantAttempts: 1, wantReason: notCreated, maxElapsed: 2 * time.Second},
+		{name: "reset then success", replies: []R{{Fault: upstreamtest.Reset}, {Status: 200, Body: okBody}},
+			wantCode: codes.OK, wantREST: 200, wantAttempts: 2, maxElapsed: 3 * time.Second},
+		{name: "reset on every attempt", replies: []R{{Fault: upstreamtest.Reset}},
+			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 3, wantReason: unknown, maxElapsed: 5 * time.Second},
+		{name: "EOF before a response", replies: []R{{Fault: upstreamtest.Hangup}},
+			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 3, wantReason: unknown, maxElapsed: 5 * time.Second},
+		{name: "reply cut off mid-body", replies: []R{{Status: 200, Body: okBody, Fault: upstreamtest.CutBody}},
+			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 3, wantReason: unknown, maxElapsed: 5 * time.Second},
+		{name: "cut off then whole", replies: []R{{Status: 200, Body: okBody, Fault: upstreamtest.CutBody}, {Status: 200, Body: okBody}},
+			wantCode: codes.OK, wantREST: 200, wantAttempts: 2, maxElapsed: 3 * time.Second},
+		{name: "2xx HTML page", replies: []R{{Status: 200, Body: htmlPage}},
+			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+		{name: "2xx JSON array", replies: []R{{Status: 200, Body: []byte(`[{"id":"pay_1"}]`)}},
+			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+		{name: "2xx malformed JSON", replies: []R{{Status: 201, Body: []byte(`{"id":"pay_1",`)}},
+			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+		{name: "2xx empty body", replies: []R{{Status: 200}},
+			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+		{name: "2xx over the size limit", replies: []R{{Status: 200, Body: big2xx}},
+			env:      []string{"PAYMENTS_UPSTREAM_MAX_RESPONSE_BYTES", "1024"},
+			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+		{name: "slow provider past the caller's deadline", replies: []R{{Delay: time.Minute}},
+			deadline: time.Second,
+			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown,
+			minElapsed: 800 * time.Millisecond, maxElapsed: 3 * time.Second, wantCanceled: true},
+		{name: "slow provider past the upstream timeout", replies: []R{{Delay: time.Minute}},
+			env:      []string{"PAYMENTS_UPSTREAM_TIMEOUT", "300ms"},
+			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown,
+			minElapsed: 300 * time.Millisecond, maxElapsed: 2 * time.Second, wantCanceled: true},
+		{name: "upstream timeout shorter than the caller's deadline", replies: []R{{Delay: time.Minute}},
+			env: []string{"PAYMENTS_UPSTREAM_TIMEOUT", "300ms"}, deadline: time.Minute,
+			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown,
+			minElapsed: 300 * time.Millisecond, maxElapsed: 2 * time.Second, wantCanceled: true},
+		{name: "provider dribbling its body", replies: []R{{Status: 200, Body: okBody, Fault: upstreamtest.Dribble, DribbleInterval: 100 * time.Millisecond}},
+			deadline: time.Second,
+			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown,
+			maxElapsed: 3 * time.Second, wantCanceled: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := fakeProvider(t, "sandbox")
+			p.SetScript(perKey(tt.replies...))
+			env := with(sandboxEnv(p), append([]string{"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000"}, tt.env...)...)
+			in := start(t, env)
+
+			check := func(t *testing.T, transport, key string, code codes.Code, reason string, elapsed time.Duration) {
+				t.Helper()
+				if code != tt.wantCode {
+					t.Errorf("%s: code = %v, want %v", transport, code, tt.wantCode)
+				}
+				if tt.wantCode != codes.OK && reason != tt.wantReason {
+					t.Errorf("%s: ErrorInfo reason = %q, want %q", transport, reason, tt.wantReason)
+				}
+				if elapsed < tt.minElapsed || elapsed > tt.maxElapsed {
+					t.Errorf("%s: took %v, want between %v and %v", transport, elapsed, tt.minElapsed, tt.maxElapsed)
+				}
+				attempts := attemptsFor(p, key)
+				if len(attempts) != tt.wantAttempts {
+					t.Errorf("%s: provider saw %d attempts, want %d", transport, len(attempts), tt.wantAttempts)
+				}
+				for i, a := range attempts {
+					if a.Header.Get("X-Api-Key") != sandboxKey || !bytes.Equal(a.Body, attempts[0].Body) {
+						t.Errorf("%s: attempt %d differs from the first: key or body changed", transport, i+1)
+					}
+				}
+				if tt.wantCanceled {
+					select {
+					case <-p.Canceled():
+					case <-time.After(10 * time.Second):
+						t.Errorf("%s: the provider never saw the request cancelled", transport)
+					}
+				}
+			}
+
+			t.Run("gRPC", func(t *testing.T) {
+				ctx := t.Context()
+				if tt.deadline > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, tt.deadline)
+					defer cancel()
+				}
+				begin := time.Now()
+				_, err := in.client.CreateMultiCardPayment(ctx, validRequest("grpc-"+tt.name))
+				st := status.Convert(err)
+				check(t, "gRPC", "grpc-"+tt.name, st.Code(), reasonOf(st), time.Since(begin))
+			})
+			t.Run("REST", func(t *testing.T) {
+				var header http.Header
+				if tt.deadline > 0 {
+					header = http.Header{"Grpc-Timeout": {fmt.Sprintf("%dm", tt.deadline.Milliseconds())}}
+				}
+				begin := time.Now()
+				r := in.rest(t, validBody("rest-"+tt.name), header)
+				elapsed := time.Since(begin)
+				if r.status != tt.wantREST {
+					t.Errorf("REST: status = %d, want %d (%s)", r.status, tt.wantREST, r.raw)
+				}
+				code := codes.OK
+				reason := ""
+				if r.status != 200 {
+					code = restCode(r)
+					reason = restReason(r)
+				}
+				check(t, "REST", "rest-"+tt.name, code, reason, elapsed)
+			})
+
+			// Whatever happened, the service still serves.
+			p.SetScript(nil)
+			if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("after-"+tt.name)); err != nil {
+				t.Errorf("a good call after the fault = %v, want OK", err)
+			}
+		})
+	}
+}
+
+// restCode and restReason read the gateway's google.rpc.Status body.
+func restCode(r restResult) codes.Code {
+	var s struct {
+		Code codes.Code `json:"code"`
+	}
+	json.Unmarshal(r.raw, &s)
+	return s.Code
+}
+
+func restReason(r restResult) string {
+	var s struct {
+		Details []struct {
+			Type   string `json:"@type"`
+			Reason string `json:"reason"`
+		} `json:"details"`
+	}
+	json.Unmarshal(r.raw, &s)
+	for _, d := range s.Details {
+		if strings.HasSuffix(d.Type, "google.rpc.ErrorInfo") {
+			return d.Reason
+		}
+	}
+	return ""
+}
+
+func TestProviderUnreachable(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String() + "/v1"
+	ln.Close()
+	in := start(t, map[string]string{
+		"PAYMENTS_SANDBOX_BASE_URL":          closed,
+		"PAYMENTS_SANDBOX_API_KEY":           sandboxKey,
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES": "1000",
+	})
+	begin := time.Now()
+	_, err = in.client.CreateMultiCardPayment(t.Context(), validRequest("k-refused"))
+	st := status.Convert(err)
+	if st.Code() != codes.Unavailable || reasonOf(st) != "PAYMENT_NOT_CREATED" {
+		t.Errorf("connection refused: code, reason = %v, %q, want Unavailable, PAYMENT_NOT_CREATED", st.Code(), reasonOf(st))
+	}
+	if elapsed := time.Since(begin); elapsed > 5*time.Second {
+		t.Errorf("connection refused took %v, want fast failure", elapsed)
+	}
+	if r := in.rest(t, validBody("k-refused-rest"), nil); r.status != http.StatusServiceUnavailable {
+		t.Errorf("connection refused: REST status = %d, want 503", r.status)
+	}
+}
+
+func TestCircuitBreaker(t *testing.T) {
+	t.Parallel()
+	p := fakeProvider(t, "sandbox")
+	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Status: 503}))
+	in := start(t, with(sandboxEnv(p),
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "3",
+		"PAYMENTS_UPSTREAM_BREAKER_COOLDOWN", "1h",
+	))
+	for i := range 3 {
+		in.client.CreateMultiCardPayment(t.Context(), validRequest(fmt.Sprint("k-brk-", i)))
+	}
+	seen := len(p.Requests())
+	begin := time.Now()
+	_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-brk-open"))
+	st := status.Convert(err)
+	if st.Code() != codes.Unavailable || reasonOf(st) != "PAYMENT_NOT_CREATED" {
+		t.Errorf("with the circuit open: code, reason = %v, %q, want Unavailable, PAYMENT_NOT_CREATED", st.Code(), reasonOf(st))
+	}
+	if n := len(p.Requests()) - seen; n != 0 {
+		t.Errorf("with the circuit open the provider saw %d requests, want 0", n)
+	}
+	if elapsed := time.Since(begin); elapsed > time.Second {
+		t.Errorf("with the circuit open the call took %v, want it to fail fast", elapsed)
+	}
+}
+
+// TestBurst sends several hundred concurrent payments over gRPC and REST
+// with failures mixed in: each must end with a definite answer, and no
+// reply may cross between calls.
+func TestBurst(t *testing.T) {
+	t.Parallel()
+	p := fakeProvider(t, "sandbox")
+	p.KeepRequests(false)
+	// The simulated success echoes the request, so each caller can check
+	// that the reply is its own.
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+		key := idempotencyKey(r.Body)
+		mu.Lock()
+		attempts[key]++
+		n := attempts[key]
+		mu.Unlock()
+		var i int
+		fmt.Sscanf(key[strings.LastIndex(key, "-")+1:], "%d", &i)
+		switch i % 6 {
+		case 0:
+			if n == 1 {
+				return upstreamtest.Reply{Status: 503}
+			}
+		case 1:
+			if n == 1 {
+				return upstreamtest.Reply{Fault: upstreamtest.Reset}
+			}
+		case 2:
+			return upstreamtest.Reply{Status: 400, Body: []byte(`{"error":"scripted"}`)}
+		case 3:
+			return upstreamtest.Reply{Status: 200, Body: []byte(`[]`)}
+		case 4:
+			return upstreamtest.Reply{Delay: 20 * time.Millisecond}
+		}
+		return upstreamtest.Reply{}
+	})
+	in := start(t, with(sandboxEnv(p), "PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000"))
+
+	const calls = 400
+	var wg sync.WaitGroup
+	errs := make(chan error, calls)
+	for i := range calls {
+		wg.Go(func() {
+			key := fmt.Sprintf("burst-%d", i)
+			want := map[int]codes.Code{0: codes.OK, 1: codes.OK, 2: codes.InvalidArgument, 3: codes.Unknown, 4: codes.OK, 5: codes.OK}[i%6]
+			var code codes.Code
+			var echoed string
+			if i%2 == 0 {
+				resp, err := in.client.CreateMultiCardPayment(context.Background(), validRequest(key))
+				code = status.Code(err)
+				echoed = resp.GetPayment().GetFields()["request"].GetStructValue().GetFields()["idempotencyKey"].GetStringValue()
+			} else {
+				r := postRESTNoFatal(in, validBody(key))
+				if r.err != nil {
+					errs <- fmt.Errorf("%s: %v", key, r.err)
+					return
+				}
+				code = codes.OK
+				if r.status != 200 {
+					code = restCode(r.restResult)
+				}
+				var reply struct {
+					Payment struct {
+						Request struct {
+							IdempotencyKey string `json:"idempotencyKey"`
+						} `json:"request"`
+					} `json:"payment"`
+				}
+				json.Unmarshal(r.raw, &reply)
+				echoed = reply.Payment.Request.IdempotencyKey
+			}
+			if code != want {
+				errs <- fmt.Errorf("%s: code = %v, want %v", key, code, want)
+			}
+			if code == codes.OK && echoed != key {
+				errs <- fmt.Errorf("%s: reply belongs to %q", key, echoed)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+type restOutcome struct {
+	restResult
+	err error
+}
+
+// postRESTNoFatal is postREST for goroutines other than the test's.
+func postRESTNoFatal(in *instance, body string) restOutcome {
+	resp, err := in.http.Post("http://"+in.httpAddr+"/v1/multi-card-payments", "application/json", strings.NewReader(body))
+	if err != nil {
+		return restOutcome{err: err}
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
+		return restOutcome{err: err}
+	}
+	return restOutcome{restResult: restResult{status: resp.StatusCode, header: resp.Header, raw: buf.Bytes()}}
+}
+
