@@ -413,4 +413,3 @@ func postRESTNoFatal(in *instance, body string) restOutcome {
 	}
 	return restOutcome{restResult: restResult{status: resp.StatusCode, header: resp.Header, raw: buf.Bytes()}}
 }
-

@@ -134,7 +134,7 @@ func startWith(t *testing.T, env map[string]string, tp trace.TracerProvider, arg
 				done <- err
 				return
 			}
-			done <- serve(ctx, cfg, newLogger(cfg, logs), tp)
+			done <- serve(ctx, cfg, logs, tp)
 		}()
 	}
 	serving := logs.waitFor(t, "serving", done)

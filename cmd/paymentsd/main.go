@@ -52,7 +52,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	logger := newLogger(cfg, stderr)
 
 	tracerProvider, shutdownTracing, err := setupTracing(ctx, getenv)
 	if err != nil {
@@ -60,17 +59,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer shutdownTracing(context.WithoutCancel(ctx))
 
-	return serve(ctx, cfg, logger, tracerProvider)
+	return serve(ctx, cfg, stderr, tracerProvider)
 }
 
-// newLogger writes JSON lines to w, each labelled with the environment.
-func newLogger(cfg *config, w io.Writer) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: cfg.LogLevel})).
+// newLogger writes JSON lines to w at level and above, each labelled with
+// the environment.
+func newLogger(cfg *config, w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})).
 		With("environment", cfg.Environment)
 }
 
-// serve runs the service with cfg until ctx ends, then drains it.
-func serve(ctx context.Context, cfg *config, logger *slog.Logger, tracerProvider trace.TracerProvider) error {
+// serve runs the service with cfg until ctx ends, then drains it, logging to
+// logw.
+func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trace.TracerProvider) error {
+	// Calls and problems are logged at PAYMENTS_LOG_LEVEL; the lifecycle
+	// lines (effective config, serving, draining, stopped) always are.
+	logger := newLogger(cfg, logw, cfg.LogLevel)
+	lifecycle := newLogger(cfg, logw, min(cfg.LogLevel, slog.LevelInfo))
+
 	if cfg.Simulate {
 		sim := upstreamtest.NewServer()
 		defer sim.Close()
@@ -78,7 +84,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tracerProvider
 		sim.AllowKey(key)
 		cfg.BaseURL, cfg.APIKey, cfg.APIKeyFrom = sim.URL, secret(key), "simulator"
 	}
-	logger.Info("starting", "config", cfg)
+	lifecycle.Info("starting", "config", cfg)
 
 	registry := prometheus.NewRegistry()
 	registerer := prometheus.WrapRegistererWith(prometheus.Labels{"environment": cfg.Environment}, registry)
@@ -156,7 +162,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tracerProvider
 		errc <- httpSrv.Serve(httpLn)
 	}()
 	srv.SetServing(true)
-	logger.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String())
+	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String())
 
 	var serveErr error
 	select {
@@ -167,7 +173,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tracerProvider
 	// Drain: readiness goes first, so probes and load balancers stop
 	// sending; after the shutdown delay (time for endpoints to update) the
 	// listeners close, and in-flight calls finish within the timeout.
-	logger.Info("draining", "delay", cfg.ShutdownDelay.String(), "timeout", cfg.ShutdownTimeout.String())
+	lifecycle.Info("draining", "delay", cfg.ShutdownDelay.String(), "timeout", cfg.ShutdownTimeout.String())
 	srv.SetServing(false)
 	if cfg.ShutdownDelay > 0 && serveErr == nil {
 		time.Sleep(cfg.ShutdownDelay)
@@ -190,7 +196,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tracerProvider
 		httpSrv.Close()
 		logger.Warn("shutdown timeout expired with REST calls in flight", "error", httpErr.Error())
 	}
-	logger.Info("stopped")
+	lifecycle.Info("stopped")
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) && !errors.Is(serveErr, grpc.ErrServerStopped) {
 		return fmt.Errorf("serve: %w", serveErr)
 	}

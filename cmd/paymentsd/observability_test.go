@@ -1,0 +1,368 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"example.com/paymentsd/upstream/upstreamtest"
+)
+
+func scrape(t *testing.T, in *instance) (map[string]*dto.MetricFamily, string) {
+	t.Helper()
+	resp, err := in.http.Get("http://" + in.httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(string(raw)))
+	if err != nil {
+		t.Fatalf("/metrics is not Prometheus text: %v", err)
+	}
+	return families, string(raw)
+}
+
+// sample returns the value of the series in family with the labels.
+func sample(families map[string]*dto.MetricFamily, family string, labels map[string]string) (float64, bool) {
+	f, ok := families[family]
+	if !ok {
+		return 0, false
+	}
+next:
+	for _, m := range f.GetMetric() {
+		have := map[string]string{}
+		for _, l := range m.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		for k, v := range labels {
+			if have[k] != v {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), true
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
+		}
+	}
+	return 0, false
+}
+
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	p := fakeProvider(t, "sandbox")
+	p.SetScript(perKey(upstreamtest.Reply{Status: 503}, upstreamtest.Reply{}))
+	in := start(t, sandboxEnv(p))
+	if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-metrics")); err != nil {
+		t.Fatalf("CreateMultiCardPayment() = %v", err)
+	}
+	in.rest(t, `{}`, nil) // InvalidArgument, through the REST gateway
+
+	families, raw := scrape(t, in)
+	method := map[string]string{"grpc_service": "payments.v1.PaymentsService", "grpc_method": "CreateMultiCardPayment", "environment": "sandbox"}
+	checks := []struct {
+		family string
+		labels map[string]string
+		want   float64 // at least
+	}{
+		{"grpc_server_handled_total", with(method, "grpc_code", "OK"), 1},
+		{"grpc_server_handled_total", with(method, "grpc_code", "InvalidArgument"), 1},
+		{"grpc_server_handling_seconds", method, 2},
+		{"paymentsd_provider_requests_total", map[string]string{"outcome": "503", "environment": "sandbox"}, 1},
+		{"paymentsd_provider_requests_total", map[string]string{"outcome": "200", "environment": "sandbox"}, 1},
+		{"paymentsd_provider_request_duration_seconds", map[string]string{"environment": "sandbox"}, 2},
+		{"paymentsd_provider_retries_total", map[string]string{"environment": "sandbox"}, 1},
+		{"paymentsd_provider_requests_in_flight", map[string]string{"environment": "sandbox"}, 0},
+		{"paymentsd_provider_connections_opened_total", map[string]string{"environment": "sandbox"}, 1},
+	}
+	for _, c := range checks {
+		got, ok := sample(families, c.family, c.labels)
+		if !ok || got < c.want {
+			t.Errorf("%s%v = %v (present %v), want at least %v", c.family, c.labels, got, ok, c.want)
+		}
+	}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			found := false
+			for _, l := range m.GetLabel() {
+				found = found || (l.GetName() == "environment" && l.GetValue() == "sandbox")
+			}
+			if !found {
+				t.Errorf("series of %s has no environment label", name)
+				break
+			}
+		}
+	}
+	if strings.Contains(raw, sandboxKey) {
+		t.Errorf("/metrics contains the API key")
+	}
+}
+
+func TestHealth(t *testing.T) {
+	t.Parallel()
+	in := start(t, nil, "--simulate")
+	health := healthpb.NewHealthClient(in.conn)
+	for _, service := range []string{"", "payments.v1.PaymentsService", "liveness"} {
+		resp, err := health.Check(t.Context(), &healthpb.HealthCheckRequest{Service: service})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health %q = %v, %v, want SERVING", service, resp.GetStatus(), err)
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := in.http.Get("http://" + in.httpAddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s = %d, want 200", path, resp.StatusCode)
+		}
+	}
+}
+
+// TestReadyzWhileDraining holds a payment in flight during shutdown, with a
+// shutdown delay, and checks that readiness fails while liveness holds.
+func TestReadyzWhileDraining(t *testing.T) {
+	t.Parallel()
+	p := fakeProvider(t, "sandbox")
+	release, arrived := make(chan struct{}), make(chan struct{}, 1)
+	p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+		arrived <- struct{}{}
+		return upstreamtest.Reply{Wait: release}
+	})
+	in := start(t, with(sandboxEnv(p), "PAYMENTS_SHUTDOWN_DELAY", "3s", "PAYMENTS_SHUTDOWN_TIMEOUT", "30s"))
+	go in.client.CreateMultiCardPayment(context.Background(), validRequest("k-drain"))
+	<-arrived
+	go in.stop()
+	in.logs.waitFor(t, "draining", nil)
+
+	// During the shutdown delay the listeners are still open.
+	get := func(path string) int {
+		resp, err := in.http.Get("http://" + in.httpAddr + path)
+		if err != nil {
+			t.Fatalf("GET %s while draining: %v", path, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := get("/readyz"); got != http.StatusServiceUnavailable {
+		t.Errorf("GET /readyz while draining = %d, want 503", got)
+	}
+	if got := get("/healthz"); got != http.StatusOK {
+		t.Errorf("GET /healthz while draining = %d, want 200", got)
+	}
+	health := healthpb.NewHealthClient(in.conn)
+	if resp, err := health.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("gRPC health while draining = %v, %v, want NOT_SERVING", resp.GetStatus(), err)
+	}
+	if resp, err := health.Check(t.Context(), &healthpb.HealthCheckRequest{Service: "liveness"}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("gRPC liveness while draining = %v, %v, want SERVING", resp.GetStatus(), err)
+	}
+	close(release)
+}
+
+func TestAccessLog(t *testing.T) {
+	t.Parallel()
+	p := fakeProvider(t, "sandbox")
+	p.SetScript(perKey(upstreamtest.Reply{Status: 502}, upstreamtest.Reply{Status: 201, Body: okBody}))
+	in := start(t, sandboxEnv(p))
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-request-id", "rid-log-1")
+	if _, err := in.client.CreateMultiCardPayment(ctx, validRequest("k-log-line")); err != nil {
+		t.Fatal(err)
+	}
+	lines := in.logs.lines("call")
+	if len(lines) != 1 {
+		t.Fatalf("logged %d call lines, want 1", len(lines))
+	}
+	got := lines[0]
+	want := map[string]any{
+		"method":          "/payments.v1.PaymentsService/CreateMultiCardPayment",
+		"code":            "OK",
+		"provider_status": float64(201),
+		"attempts":        float64(2),
+		"idempotency_key": "k-log-line",
+		"request_id":      "rid-log-1",
+		"environment":     "sandbox",
+		"level":           "INFO",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("call line %s = %v, want %v", k, got[k], v)
+		}
+	}
+	if d, ok := got["duration_ms"].(float64); !ok || d <= 0 {
+		t.Errorf("call line duration_ms = %v, want a positive number", got["duration_ms"])
+	}
+}
+
+func TestLogLevel(t *testing.T) {
+	t.Parallel()
+	in := start(t, map[string]string{"PAYMENTS_LOG_LEVEL": "error"}, "--simulate")
+	in.client.CreateMultiCardPayment(t.Context(), validRequest("k-quiet"))
+	if n := len(in.logs.lines("call")); n != 0 {
+		t.Errorf("at level error, logged %d info call lines, want 0", n)
+	}
+}
+
+// TestTracing checks the span tree of a gRPC call and a REST call with an
+// in-memory exporter: a server span, a client span for each provider
+// attempt as its child, the W3C traceparent sent to the provider, and no
+// key in any span.
+func TestTracing(t *testing.T) {
+	t.Parallel()
+	exporter := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter))
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+
+	p := fakeProvider(t, "sandbox")
+	p.SetScript(perKey(upstreamtest.Reply{Status: 503}, upstreamtest.Reply{}))
+	in := startWith(t, sandboxEnv(p), tp)
+
+	if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-trace")); err != nil {
+		t.Fatal(err)
+	}
+	if r := in.rest(t, validBody("k-trace-rest"), nil); r.status != http.StatusOK {
+		t.Fatalf("REST status = %d", r.status)
+	}
+
+	spans := exporter.GetSpans()
+	servers := map[trace.TraceID]tracetest.SpanStub{}
+	for _, s := range spans {
+		if s.SpanKind == trace.SpanKindServer {
+			servers[s.SpanContext.TraceID()] = s
+		}
+	}
+	if len(servers) != 2 {
+		t.Fatalf("got %d server spans in %d traces, want one per call (gRPC and REST)", len(servers), len(servers))
+	}
+	clients := map[trace.TraceID]int{}
+	for _, s := range spans {
+		if s.SpanKind != trace.SpanKindClient {
+			continue
+		}
+		server, ok := servers[s.SpanContext.TraceID()]
+		if !ok || s.Parent.SpanID() != server.SpanContext.SpanID() {
+			t.Errorf("client span %q is not a child of its call's server span", s.Name)
+		}
+		clients[s.SpanContext.TraceID()]++
+	}
+	for id, server := range servers {
+		if clients[id] != 2 {
+			t.Errorf("server span %q has %d provider client spans, want 2 (503, then success)", server.Name, clients[id])
+		}
+	}
+	if s := servers[firstKey(servers)]; s.Name == "" {
+		t.Errorf("server span has no name")
+	}
+
+	// The provider received traceparent for the same traces.
+	for _, r := range p.Requests() {
+		tp := r.Header.Get("Traceparent")
+		parts := strings.Split(tp, "-")
+		if len(parts) != 4 {
+			t.Errorf("provider request traceparent = %q, want W3C trace context", tp)
+			continue
+		}
+		id, _ := trace.TraceIDFromHex(parts[1])
+		if _, ok := servers[id]; !ok {
+			t.Errorf("provider request traceparent %q names no traced call", tp)
+		}
+	}
+
+	// The call log line carries the trace ID.
+	for _, line := range in.logs.lines("call") {
+		id, _ := trace.TraceIDFromHex(fmt.Sprint(line["trace_id"]))
+		if _, ok := servers[id]; !ok {
+			t.Errorf("call log line trace_id = %v, want a traced call's", line["trace_id"])
+		}
+	}
+	if dump := fmt.Sprintf("%+v", spans); strings.Contains(dump, sandboxKey) {
+		t.Errorf("a span contains the API key")
+	}
+}
+
+func firstKey[K comparable, V any](m map[K]V) K {
+	for k := range m {
+		return k
+	}
+	var zero K
+	return zero
+}
+
+// TestKeyNeverLeaks runs fault scenarios with a sentinel key, tracing on,
+// and checks that the key appears in none of the output: logs, gRPC
+// errors and their details, REST bodies, metrics and spans. The provider
+// even echoes the key in its error body.
+func TestKeyNeverLeaks(t *testing.T) {
+	t.Parallel()
+	exporter := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter))
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+
+	p := fakeProvider(t, "sandbox")
+	echo := []byte(`{"error":"key ` + sandboxKey + ` is not allowed here"}`)
+	replies := []upstreamtest.Reply{
+		{Status: 400, Body: echo},
+		{Status: 401, Body: echo},
+		{Status: 403, Body: echo},
+		{Status: 503, Body: echo},
+		{Status: 200, Body: echo[:10]},
+		{Fault: upstreamtest.Reset},
+		{Fault: upstreamtest.CutBody, Status: 200, Body: okBody},
+		{Delay: time.Minute},
+		{},
+	}
+	p.SetScript(func(n int, _ upstreamtest.Request) upstreamtest.Reply { return replies[(n-1)%len(replies)] })
+	in := startWith(t, with(sandboxEnv(p),
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
+		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
+		"PAYMENTS_LOG_LEVEL", "debug",
+	), tp)
+
+	var out strings.Builder
+	for i := range len(replies) {
+		_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest(fmt.Sprint("k-leak-", i)))
+		if st, ok := status.FromError(err); ok && err != nil {
+			b, _ := protojson.Marshal(st.Proto())
+			out.Write(b)
+			out.WriteString(err.Error())
+		}
+	}
+	for i := range len(replies) {
+		out.Write(in.rest(t, validBody(fmt.Sprint("k-leak-rest-", i)), nil).raw)
+	}
+	_, raw := scrape(t, in)
+	out.WriteString(raw)
+	if err := in.stop(); err != nil {
+		t.Errorf("run() = %v", err)
+	}
+	out.WriteString(in.logs.String())
+	out.WriteString(fmt.Sprintf("%+v", exporter.GetSpans()))
+
+	if strings.Contains(out.String(), sandboxKey) {
+		t.Errorf("the API key appears in paymentsd's output")
+	}
+	if !strings.Contains(out.String(), "[REDACTED]") {
+		t.Errorf("the provider's echo of the key was not passed through redacted")
+	}
+}
