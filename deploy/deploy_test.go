@@ -519,12 +519,19 @@ func checkGracefulShutdown(t *testing.T, r *rendered, _ string) {
 	if err != nil {
 		t.Fatalf("PAYMENTS_SHUTDOWN_TIMEOUT = %q: %v", v, err)
 	}
+	// The shutdown delay, if set, comes before the drain.
+	var delay time.Duration
+	if v, ok := envValue(c, "PAYMENTS_SHUTDOWN_DELAY"); ok {
+		if delay, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("PAYMENTS_SHUTDOWN_DELAY = %q: %v", v, err)
+		}
+	}
 	grace := int64(30) // the API default
 	if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g != nil {
 		grace = *g
 	}
-	if time.Duration(grace)*time.Second <= shutdown {
-		t.Errorf("terminationGracePeriodSeconds = %d, want > PAYMENTS_SHUTDOWN_TIMEOUT (%v), or draining gets SIGKILLed", grace, shutdown)
+	if time.Duration(grace)*time.Second <= delay+shutdown {
+		t.Errorf("terminationGracePeriodSeconds = %d, want > PAYMENTS_SHUTDOWN_DELAY + PAYMENTS_SHUTDOWN_TIMEOUT (%v + %v), or draining gets SIGKILLed", grace, delay, shutdown)
 	}
 }
 
