@@ -114,16 +114,21 @@ func New(cfg Config) (*Client, error) {
 	}
 	u, err := url.Parse(cfg.BaseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("upstream: base URL %q is not an http(s) URL", cfg.BaseURL)
+		// The key may be where the URL should be, as when the two are swapped.
+		return nil, fmt.Errorf("upstream: base URL %q is not an http(s) URL", strings.ReplaceAll(cfg.BaseURL, cfg.APIKey, "[REDACTED]"))
 	}
 	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("upstream: base URL must not carry credentials, a query or a fragment")
 	}
 	setDefaults(&cfg)
+	// Never follow a redirect: a redirected POST may become a GET, and Go
+	// would resend x-api-key to wherever the redirect points.
+	hc := *cfg.HTTPClient
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	c := &Client{
 		url:     strings.TrimSuffix(cfg.BaseURL, "/") + Path,
 		key:     cfg.APIKey,
-		http:    cfg.HTTPClient,
+		http:    &hc,
 		cfg:     cfg,
 		metrics: cfg.Metrics,
 	}
@@ -322,10 +327,13 @@ func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, er
 		resp.Body.Close()
 	}()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		// Read past the limit by a key's length, so that a key across the
+		// cut is redacted whole rather than left in part.
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+int64(len(c.key))))
+		b = c.redact(b)
 		return nil, &StatusError{
 			Status:     resp.StatusCode,
-			Body:       c.redact(b),
+			Body:       b[:min(len(b), maxErrorBody)],
 			RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now(), c.cfg.MaxRetryAfter),
 		}
 	}
@@ -412,11 +420,13 @@ func retryAfter(v string, now time.Time, limit time.Duration) time.Duration {
 }
 
 func parseSeconds(v string) (time.Duration, error) {
-	var n int64
-	if _, err := fmt.Sscanf(v, "%d", &n); err != nil || fmt.Sprint(n) != v || n < 0 {
+	// RFC 9110 delay-seconds: 1*DIGIT, so "01" is one second, and a number
+	// too big for ParseInt is a long wait.
+	if v == "" || strings.Trim(v, "0123456789") != "" {
 		return 0, errors.New("not seconds")
 	}
-	if n > int64(time.Hour/time.Second) {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n > int64(time.Hour/time.Second) {
 		n = int64(time.Hour / time.Second)
 	}
 	return time.Duration(n) * time.Second, nil

@@ -80,6 +80,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if cfg.Simulate {
 		sim := upstreamtest.NewServer()
 		defer sim.Close()
+		sim.KeepRequests(false)
 		key := randomKey()
 		sim.AllowKey(key)
 		cfg.BaseURL, cfg.APIKey, cfg.APIKeyFrom = sim.URL, secret(key), "simulator"

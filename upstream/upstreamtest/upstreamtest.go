@@ -11,6 +11,7 @@ package upstreamtest
 
 import (
 	"bytes"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
@@ -101,6 +102,7 @@ type Server struct {
 	keys         map[string]bool // key → permitted
 	script       Script
 	requests     []Request
+	received     int // requests received, recorded or not
 	keepRequests bool
 }
 
@@ -197,11 +199,10 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	req := Request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body}
 
 	s.mu.Lock()
-	n := len(s.requests) + 1
+	s.received++
+	n := s.received
 	if s.keepRequests {
 		s.requests = append(s.requests, req)
-	} else {
-		s.requests = append(s.requests, Request{})
 	}
 	script := s.script
 	s.mu.Unlock()
@@ -255,8 +256,15 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request, reply Reply) {
 		defer conn.Close()
 		switch reply.Fault {
 		case Reset:
-			if tc, ok := conn.(*net.TCPConn); ok {
+			// Under TLS, reset the TCP connection beneath: closing the
+			// tls.Conn would first send close_notify, a clean end.
+			raw := conn
+			if tc, ok := conn.(*tls.Conn); ok {
+				raw = tc.NetConn()
+			}
+			if tc, ok := raw.(*net.TCPConn); ok {
 				tc.SetLinger(0)
+				tc.Close()
 			}
 		case CutBody:
 			fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
