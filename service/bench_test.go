@@ -1,0 +1,130 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/upstream"
+)
+
+// benchReply is the provider's reply in these benchmarks, about 300 bytes.
+const benchReply = `{"payment":{"id":"pay_8f2b61c4d0e9","status":"COMPLETED",` +
+	`"amountMoney":{"amount":1250,"currency":"USD"},` +
+	`"cards":[{"brand":"VISA","last4":"4242","amountMoney":{"amount":750,"currency":"USD"}},` +
+	`{"brand":"MASTERCARD","last4":"4444","amountMoney":{"amount":500,"currency":"USD"}}],` +
+	`"idempotencyKey":"order-1234-attempt-1"}}`
+
+// replyTransport answers every request with 200 and benchReply, without a
+// network, so that the benchmarks measure paymentsd's own work.
+type replyTransport struct{}
+
+func (replyTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body != nil {
+		io.Copy(io.Discard, req.Body)
+		req.Body.Close()
+	}
+	return &http.Response{
+		StatusCode:    http.StatusOK,
+		Header:        http.Header{"Content-Type": {"application/json"}},
+		Body:          io.NopCloser(strings.NewReader(benchReply)),
+		ContentLength: int64(len(benchReply)),
+		Request:       req,
+	}, nil
+}
+
+func newBenchService(b *testing.B) *Service {
+	b.Helper()
+	client, err := upstream.New(upstream.Config{
+		BaseURL:    "http://provider.invalid/v1",
+		APIKey:     "sk_bench",
+		HTTPClient: &http.Client{Transport: replyTransport{}},
+		Metrics:    upstream.NewMetrics(prometheus.NewRegistry()),
+	})
+	if err != nil {
+		b.Fatalf("upstream.New: %v", err)
+	}
+	return New(client, paymentsv1.Environment_ENVIRONMENT_SANDBOX)
+}
+
+func benchRequest() *paymentsv1.CreateMultiCardPaymentRequest {
+	return &paymentsv1.CreateMultiCardPaymentRequest{
+		AmountMoney:    &paymentsv1.Money{Currency: "USD", Amount: 1250},
+		IdempotencyKey: "order-1234-attempt-1",
+	}
+}
+
+// BenchmarkCreateMultiCardPayment is the handler alone: request
+// translation, the provider request and reply (in memory), and the
+// response.
+func BenchmarkCreateMultiCardPayment(b *testing.B) {
+	svc := newBenchService(b)
+	req := benchRequest()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := svc.CreateMultiCardPayment(ctx, req); err != nil {
+			b.Fatalf("CreateMultiCardPayment(%v): %v", req, err)
+		}
+	}
+}
+
+// BenchmarkREST is a REST call through the whole HTTP handler: body
+// limit, gateway, the interceptor chain with its info-level access log
+// (to io.Discard), the handler, and the gateway's JSON response. Only the
+// HTTP server and the network are left out.
+func BenchmarkREST(b *testing.B) {
+	registry := prometheus.NewRegistry()
+	srv, err := NewServer(newBenchService(b), Options{
+		Logger:          slog.New(slog.NewJSONHandler(io.Discard, nil)),
+		Registerer:      registry,
+		Gatherer:        registry,
+		MaxRequestBytes: 64 << 10,
+	})
+	if err != nil {
+		b.Fatalf("NewServer: %v", err)
+	}
+	body := []byte(`{"amountMoney":{"currency":"USD","amount":1250},"idempotencyKey":"order-1234-attempt-1"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		req := httptest.NewRequest(http.MethodPost, "/v1/multi-card-payments", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		srv.HTTP.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			b.Fatalf("POST /v1/multi-card-payments: %d %s", rec.Code, rec.Body)
+		}
+	}
+}
+
+// BenchmarkMarshalResponse is the gateway's marshalling of a response, with
+// the marshaller options NewServer gives it.
+func BenchmarkMarshalResponse(b *testing.B) {
+	payment := &structpb.Struct{}
+	if err := protojson.Unmarshal([]byte(benchReply), payment); err != nil {
+		b.Fatalf("unmarshal benchReply: %v", err)
+	}
+	resp := &paymentsv1.CreateMultiCardPaymentResponse{
+		Payment:            payment,
+		ProviderHttpStatus: http.StatusOK,
+		Environment:        paymentsv1.Environment_ENVIRONMENT_SANDBOX,
+	}
+	m := &runtime.JSONPb{MarshalOptions: protojson.MarshalOptions{EmitUnpopulated: true}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.Marshal(resp); err != nil {
+			b.Fatalf("Marshal: %v", err)
+		}
+	}
+}

@@ -1,0 +1,31 @@
+package upstream
+
+import "testing"
+
+// benchReply is a realistic provider reply of about 300 bytes: a payment
+// with nested money, two cards and a few strings.
+var benchReply = []byte(`{"payment":{"id":"pay_8f2b61c4d0e9","status":"COMPLETED",` +
+	`"amountMoney":{"amount":1250,"currency":"USD"},` +
+	`"cards":[{"brand":"VISA","last4":"4242","amountMoney":{"amount":750,"currency":"USD"}},` +
+	`{"brand":"MASTERCARD","last4":"4444","amountMoney":{"amount":500,"currency":"USD"}}],` +
+	`"idempotencyKey":"order-1234-attempt-1"}}`)
+
+func BenchmarkEncodeRequest(b *testing.B) {
+	p := Payment{Currency: "USD", Amount: 1250, IdempotencyKey: "order-1234-attempt-1"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := encodeRequest(p); err != nil {
+			b.Fatalf("encodeRequest(%+v): %v", p, err)
+		}
+	}
+}
+
+func BenchmarkDecodeReply(b *testing.B) {
+	b.ReportAllocs()
+	b.SetBytes(int64(len(benchReply)))
+	for b.Loop() {
+		if _, err := DecodeReply(benchReply); err != nil {
+			b.Fatalf("DecodeReply(%d bytes): %v", len(benchReply), err)
+		}
+	}
+}
