@@ -23,9 +23,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sony/gobreaker/v2"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -355,14 +355,25 @@ func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, er
 }
 
 // DecodeReply decodes a 2xx reply body, which must be a JSON object.
+// encoding/json then structpb is about twice as fast as protojson here, and
+// gives the same Struct for every valid JSON object without duplicate keys
+// (where protojson refuses the reply and this keeps the last value).
+// Invalid UTF-8 is refused rather than silently replaced.
 func DecodeReply(b []byte) (*structpb.Struct, error) {
-	var s structpb.Struct
-	if err := protojson.Unmarshal(b, &s); err != nil {
-		// protojson's message quotes part of the body, which is the
+	var m map[string]any
+	if !utf8.Valid(b) {
+		return nil, fmt.Errorf("%w (%d bytes): invalid UTF-8", ErrMalformedReply, len(b))
+	}
+	if err := json.Unmarshal(b, &m); err != nil || m == nil {
+		// The decoder's message quotes part of the body, which is the
 		// provider's and harmless, but keep the error short and stable.
 		return nil, fmt.Errorf("%w (%d bytes)", ErrMalformedReply, len(b))
 	}
-	return &s, nil
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		return nil, fmt.Errorf("%w (%d bytes): %v", ErrMalformedReply, len(b), err)
+	}
+	return s, nil
 }
 
 // transportError classifies a failed round trip.
