@@ -53,7 +53,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 
-	tracerProvider, shutdownTracing, err := setupTracing(ctx, getenv)
+	tracerProvider, shutdownTracing, err := setupTracing(ctx, getenv, stdout)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -365,4 +366,60 @@ func TestKeyNeverLeaks(t *testing.T) {
 	if !strings.Contains(out.String(), "[REDACTED]") {
 		t.Errorf("the provider's echo of the key was not passed through redacted")
 	}
+}
+
+// TestTracingFromEnvironment checks that OTEL_* configures tracing through
+// run: console spans on stdout, and a refusal for an unknown exporter.
+func TestTracingFromEnvironment(t *testing.T) {
+	t.Parallel()
+	var stdout syncWriter
+	logs := newLogBuffer()
+	ctx, cancel := context.WithCancel(t.Context())
+	env := map[string]string{
+		"PAYMENTS_GRPC_ADDR": "127.0.0.1:0", "PAYMENTS_HTTP_ADDR": "127.0.0.1:0",
+		"OTEL_TRACES_EXPORTER": "console",
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"paymentsd", "--simulate"}, func(k string) string { return env[k] }, &stdout, logs)
+	}()
+	serving := logs.waitFor(t, "serving", done)
+	transport := &http.Transport{}
+	defer transport.CloseIdleConnections()
+	r := postREST(t, &http.Client{Transport: transport}, "http://"+serving["http_addr"].(string), validBody("k-console"), nil)
+	if r.status != http.StatusOK {
+		t.Fatalf("REST status = %d", r.status)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run() = %v", err)
+	}
+	if out := stdout.String(); !strings.Contains(out, `"SpanKind":2`) || !strings.Contains(out, `"SpanKind":3`) {
+		t.Errorf("console exporter wrote no server and client spans:\n%.500s", out)
+	}
+
+	err := run(t.Context(), []string{"paymentsd", "--simulate"}, func(k string) string {
+		return map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}[k]
+	}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "OTEL_TRACES_EXPORTER") {
+		t.Errorf("run() with OTEL_TRACES_EXPORTER=zipkin = %v, want a refusal naming it", err)
+	}
+}
+
+// syncWriter is a strings.Builder safe for concurrent writes.
+type syncWriter struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }

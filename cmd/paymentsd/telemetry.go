@@ -3,29 +3,56 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 
-	"go.opentelemetry.io/contrib/exporters/autoexport"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
 
 // setupTracing returns a tracer provider configured by the standard OTEL_*
 // variables, or nil, with no exporter at all, when none of them asks for
-// traces.
-func setupTracing(ctx context.Context, getenv func(string) string) (trace.TracerProvider, func(context.Context) error, error) {
+// traces. OTEL_TRACES_EXPORTER is otlp (the default once an OTLP endpoint
+// is set), console (spans on stdout) or none; the OTLP exporters and the SDK
+// read the rest themselves (endpoint, headers, protocol-specific settings,
+// sampler, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES).
+//
+// Only the trace exporters are linked in, rather than autoexport with its
+// metric and log exporters: that keeps the binary, and so paymentsd's
+// resident set, smaller.
+func setupTracing(ctx context.Context, getenv func(string) string, stdout io.Writer) (trace.TracerProvider, func(context.Context) error, error) {
 	noop := func(context.Context) error { return nil }
-	exporter := getenv("OTEL_TRACES_EXPORTER")
-	if exporter == "none" || (exporter == "" &&
-		getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" &&
-		getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "") {
+	var exporter sdktrace.SpanExporter
+	var err error
+	switch kind := getenv("OTEL_TRACES_EXPORTER"); kind {
+	case "none":
 		return nil, noop, nil
+	case "console":
+		exporter, err = stdouttrace.New(stdouttrace.WithWriter(stdout))
+	case "", "otlp":
+		if kind == "" && getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" && getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
+			return nil, noop, nil
+		}
+		protocol := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+		if protocol == "" {
+			protocol = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+		}
+		switch protocol {
+		case "", "http/protobuf":
+			exporter, err = otlptracehttp.New(ctx)
+		case "grpc":
+			exporter, err = otlptracegrpc.New(ctx)
+		default:
+			return nil, noop, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL is %q: want grpc or http/protobuf", protocol)
+		}
+	default:
+		return nil, noop, fmt.Errorf("OTEL_TRACES_EXPORTER is %q: want otlp, console or none", kind)
 	}
-	// autoexport and the SDK read the OTEL_* variables themselves
-	// (exporter, endpoint, headers, sampler, resource attributes).
-	exp, err := autoexport.NewSpanExporter(ctx)
 	if err != nil {
-		return nil, noop, fmt.Errorf("OTEL_TRACES_EXPORTER: %w", err)
+		return nil, noop, fmt.Errorf("trace exporter: %w", err)
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter))
 	return tp, tp.Shutdown, nil
 }
