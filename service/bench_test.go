@@ -95,6 +95,7 @@ func BenchmarkREST(b *testing.B) {
 	if err != nil {
 		b.Fatalf("NewServer: %v", err)
 	}
+	b.Cleanup(srv.GRPC.Stop)
 	body := []byte(`{"amountMoney":{"currency":"USD","amount":1250},"idempotencyKey":"order-1234-attempt-1"}`)
 	b.ReportAllocs()
 	for b.Loop() {

@@ -93,7 +93,9 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
-	propagator := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	// W3C trace context only: baggage from internal callers must not
+	// travel on to the external provider.
+	propagator := propagation.TraceContext{}
 
 	httpClient, err := newHTTPClient(cfg, tracerProvider, propagator)
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -372,8 +371,7 @@ func TestKeyNeverLeaks(t *testing.T) {
 // run: console spans on stdout, and a refusal for an unknown exporter.
 func TestTracingFromEnvironment(t *testing.T) {
 	t.Parallel()
-	var stdout syncWriter
-	logs := newLogBuffer()
+	stdout, logs := newLogBuffer(), newLogBuffer()
 	ctx, cancel := context.WithCancel(t.Context())
 	env := map[string]string{
 		"PAYMENTS_GRPC_ADDR": "127.0.0.1:0", "PAYMENTS_HTTP_ADDR": "127.0.0.1:0",
@@ -381,7 +379,7 @@ func TestTracingFromEnvironment(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"paymentsd", "--simulate"}, func(k string) string { return env[k] }, &stdout, logs)
+		done <- run(ctx, []string{"paymentsd", "--simulate"}, func(k string) string { return env[k] }, stdout, logs)
 	}()
 	serving := logs.waitFor(t, "serving", done)
 	transport := &http.Transport{}
@@ -404,22 +402,4 @@ func TestTracingFromEnvironment(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "OTEL_TRACES_EXPORTER") {
 		t.Errorf("run() with OTEL_TRACES_EXPORTER=zipkin = %v, want a refusal naming it", err)
 	}
-}
-
-// syncWriter is a strings.Builder safe for concurrent writes.
-type syncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }
