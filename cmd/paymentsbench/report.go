@@ -163,9 +163,9 @@ func printReport(w io.Writer, r *results) {
 
 	fmt.Fprintln(w, "\ntargets:")
 	for _, c := range r.Checks {
-		verdict := "FAIL"
+		verdict := "not met"
 		if c.Pass {
-			verdict = "PASS"
+			verdict = "met    "
 		}
 		fmt.Fprintf(w, "  %s  %s: %.2f%s (%s)\n", verdict, c.Target, c.Measured, c.Unit, c.Detail)
 	}
