@@ -14,6 +14,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	structpb "google.golang.org/protobuf/types/known/structpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -25,6 +26,75 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// PaymentState is what paymentsd's record says about a payment's money.
+type PaymentState int32
+
+const (
+	// PAYMENT_STATE_UNSPECIFIED is never returned.
+	PaymentState_PAYMENT_STATE_UNSPECIFIED PaymentState = 0
+	// PAYMENT_STATE_IN_PROGRESS: a request for this key is being sent to the
+	// provider now (by a caller or by settlement). A payment may exist.
+	PaymentState_PAYMENT_STATE_IN_PROGRESS PaymentState = 1
+	// PAYMENT_STATE_SUCCEEDED: the provider answered 2xx; the payment exists
+	// and its reply is recorded. Calls with this key replay it.
+	PaymentState_PAYMENT_STATE_SUCCEEDED PaymentState = 2
+	// PAYMENT_STATE_NOT_CREATED: every attempt for this key certainly created
+	// nothing (refused before it was sent, or refused by the provider before
+	// any attempt could have created it). Calling again makes a new attempt.
+	PaymentState_PAYMENT_STATE_NOT_CREATED PaymentState = 3
+	// PAYMENT_STATE_OUTCOME_UNKNOWN: some attempt may have created a payment
+	// and no 2xx has confirmed it. paymentsd re-sends the recorded request
+	// in the background, within its settlement window, until the provider
+	// answers 2xx. After the window it stays unknown: ask the provider's
+	// dashboard, and never retry with a new key.
+	PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN PaymentState = 4
+)
+
+// Enum value maps for PaymentState.
+var (
+	PaymentState_name = map[int32]string{
+		0: "PAYMENT_STATE_UNSPECIFIED",
+		1: "PAYMENT_STATE_IN_PROGRESS",
+		2: "PAYMENT_STATE_SUCCEEDED",
+		3: "PAYMENT_STATE_NOT_CREATED",
+		4: "PAYMENT_STATE_OUTCOME_UNKNOWN",
+	}
+	PaymentState_value = map[string]int32{
+		"PAYMENT_STATE_UNSPECIFIED":     0,
+		"PAYMENT_STATE_IN_PROGRESS":     1,
+		"PAYMENT_STATE_SUCCEEDED":       2,
+		"PAYMENT_STATE_NOT_CREATED":     3,
+		"PAYMENT_STATE_OUTCOME_UNKNOWN": 4,
+	}
+)
+
+func (x PaymentState) Enum() *PaymentState {
+	p := new(PaymentState)
+	*p = x
+	return p
+}
+
+func (x PaymentState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PaymentState) Descriptor() protoreflect.EnumDescriptor {
+	return file_payments_v1_payments_proto_enumTypes[0].Descriptor()
+}
+
+func (PaymentState) Type() protoreflect.EnumType {
+	return &file_payments_v1_payments_proto_enumTypes[0]
+}
+
+func (x PaymentState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PaymentState.Descriptor instead.
+func (PaymentState) EnumDescriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{0}
+}
 
 // Environment is a provider environment. Each has its own base URL and keys.
 type Environment int32
@@ -63,11 +133,11 @@ func (x Environment) String() string {
 }
 
 func (Environment) Descriptor() protoreflect.EnumDescriptor {
-	return file_payments_v1_payments_proto_enumTypes[0].Descriptor()
+	return file_payments_v1_payments_proto_enumTypes[1].Descriptor()
 }
 
 func (Environment) Type() protoreflect.EnumType {
-	return &file_payments_v1_payments_proto_enumTypes[0]
+	return &file_payments_v1_payments_proto_enumTypes[1]
 }
 
 func (x Environment) Number() protoreflect.EnumNumber {
@@ -76,7 +146,7 @@ func (x Environment) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Environment.Descriptor instead.
 func (Environment) EnumDescriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{0}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{1}
 }
 
 // Money is an amount in a currency, as the provider defines it.
@@ -147,8 +217,14 @@ type CreateMultiCardPaymentRequest struct {
 	AmountMoney *Money `protobuf:"bytes,1,opt,name=amount_money,json=amountMoney,proto3" json:"amount_money,omitempty"`
 	// idempotency_key is a unique random string chosen by the caller for each
 	// payment. Required and non-empty. Reusing it for a retry of the same
-	// payment is safe; reusing it for a different payment has whatever effect
-	// the provider gives it, which it does not document.
+	// payment is safe (see CreateMultiCardPayment); reusing it for a different
+	// payment is refused with IDEMPOTENCY_KEY_REUSED.
+	//
+	// The provider documents no format or length, so paymentsd refuses only
+	// what it can't carry faithfully through its record store, logs and
+	// headers: ASCII control characters (U+0000 to U+001F and U+007F, NUL,
+	// CR and LF among them). Keys are stored and compared exactly, byte for
+	// byte; the request size limit bounds their length.
 	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -201,16 +277,29 @@ func (x *CreateMultiCardPaymentRequest) GetIdempotencyKey() string {
 // CreateMultiCardPaymentResponse is the provider's reply.
 type CreateMultiCardPaymentResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// payment is the provider's reply body, a JSON object, passed through
-	// unchanged: every field the provider sent, and nothing else. Its shape is
-	// not documented by the provider. As with any google.protobuf.Struct,
-	// numbers are carried as doubles, so integers beyond 2^53 lose precision.
+	// payment is the provider's reply body, a JSON object: every field the
+	// provider sent, and nothing else. Its shape is not documented by the
+	// provider.
+	//
+	// Over gRPC it is a google.protobuf.Struct, which carries numbers as
+	// doubles: integers beyond 2^53 lose precision, and duplicate keys keep
+	// the last value. Read payment_json when exact values matter. Over REST,
+	// payment is the provider's JSON object exactly as received, every
+	// number digit for digit, and payment_json is left out.
 	Payment *structpb.Struct `protobuf:"bytes,1,opt,name=payment,proto3" json:"payment,omitempty"`
 	// provider_http_status is the provider's HTTP status for the reply, for
 	// example 200 or 201: the provider does not document which it uses.
 	ProviderHttpStatus int32 `protobuf:"varint,2,opt,name=provider_http_status,json=providerHttpStatus,proto3" json:"provider_http_status,omitempty"`
 	// environment is the provider environment that handled the payment.
-	Environment   Environment `protobuf:"varint,3,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
+	Environment Environment `protobuf:"varint,3,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
+	// replayed is true when the answer came from paymentsd's record of an
+	// earlier call with the same idempotency_key, without calling the
+	// provider again; false when the provider answered this call.
+	Replayed bool `protobuf:"varint,4,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// payment_json is the provider's reply body exactly as received (with
+	// this deployment's API key redacted, should the provider echo it): a
+	// JSON object, UTF-8. Unlike payment, it keeps every number exact.
+	PaymentJson   []byte `protobuf:"bytes,5,opt,name=payment_json,json=paymentJson,proto3" json:"payment_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -266,6 +355,201 @@ func (x *CreateMultiCardPaymentResponse) GetEnvironment() Environment {
 	return Environment_ENVIRONMENT_UNSPECIFIED
 }
 
+func (x *CreateMultiCardPaymentResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+func (x *CreateMultiCardPaymentResponse) GetPaymentJson() []byte {
+	if x != nil {
+		return x.PaymentJson
+	}
+	return nil
+}
+
+// GetMultiCardPaymentRequest names a payment by its idempotency key.
+type GetMultiCardPaymentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// idempotency_key is the key the payment was created with, exactly.
+	IdempotencyKey string `protobuf:"bytes,1,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GetMultiCardPaymentRequest) Reset() {
+	*x = GetMultiCardPaymentRequest{}
+	mi := &file_payments_v1_payments_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMultiCardPaymentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMultiCardPaymentRequest) ProtoMessage() {}
+
+func (x *GetMultiCardPaymentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMultiCardPaymentRequest.ProtoReflect.Descriptor instead.
+func (*GetMultiCardPaymentRequest) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GetMultiCardPaymentRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+// GetMultiCardPaymentResponse is paymentsd's record of one payment.
+type GetMultiCardPaymentResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state is what the record says about the money.
+	State PaymentState `protobuf:"varint,1,opt,name=state,proto3,enum=payments.v1.PaymentState" json:"state,omitempty"`
+	// request is the request as first recorded for this key.
+	Request *CreateMultiCardPaymentRequest `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	// payment is the provider's reply body when state is
+	// PAYMENT_STATE_SUCCEEDED, with the same limits as in
+	// CreateMultiCardPaymentResponse; unset otherwise.
+	Payment *structpb.Struct `protobuf:"bytes,3,opt,name=payment,proto3" json:"payment,omitempty"`
+	// payment_json is the provider's last reply body exactly as received,
+	// whatever its status: the payment when it succeeded, the provider's
+	// error body otherwise. Empty when the provider never answered. Over
+	// REST it is left out, and payment holds the exact JSON when the
+	// payment succeeded.
+	PaymentJson []byte `protobuf:"bytes,4,opt,name=payment_json,json=paymentJson,proto3" json:"payment_json,omitempty"`
+	// provider_http_status is the provider's last HTTP status for this key;
+	// 0 when it never answered.
+	ProviderHttpStatus int32 `protobuf:"varint,5,opt,name=provider_http_status,json=providerHttpStatus,proto3" json:"provider_http_status,omitempty"`
+	// attempts is how many requests paymentsd has sent to the provider for
+	// this key, across every call and the background settlement.
+	Attempts int32 `protobuf:"varint,6,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// create_time is when the record was first written.
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// update_time is when the record last changed.
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// last_error says why the last attempt failed; empty after a success.
+	LastError string `protobuf:"bytes,9,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// environment is the provider environment the record belongs to.
+	Environment   Environment `protobuf:"varint,10,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMultiCardPaymentResponse) Reset() {
+	*x = GetMultiCardPaymentResponse{}
+	mi := &file_payments_v1_payments_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMultiCardPaymentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMultiCardPaymentResponse) ProtoMessage() {}
+
+func (x *GetMultiCardPaymentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMultiCardPaymentResponse.ProtoReflect.Descriptor instead.
+func (*GetMultiCardPaymentResponse) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GetMultiCardPaymentResponse) GetState() PaymentState {
+	if x != nil {
+		return x.State
+	}
+	return PaymentState_PAYMENT_STATE_UNSPECIFIED
+}
+
+func (x *GetMultiCardPaymentResponse) GetRequest() *CreateMultiCardPaymentRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *GetMultiCardPaymentResponse) GetPayment() *structpb.Struct {
+	if x != nil {
+		return x.Payment
+	}
+	return nil
+}
+
+func (x *GetMultiCardPaymentResponse) GetPaymentJson() []byte {
+	if x != nil {
+		return x.PaymentJson
+	}
+	return nil
+}
+
+func (x *GetMultiCardPaymentResponse) GetProviderHttpStatus() int32 {
+	if x != nil {
+		return x.ProviderHttpStatus
+	}
+	return 0
+}
+
+func (x *GetMultiCardPaymentResponse) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *GetMultiCardPaymentResponse) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *GetMultiCardPaymentResponse) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *GetMultiCardPaymentResponse) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *GetMultiCardPaymentResponse) GetEnvironment() Environment {
+	if x != nil {
+		return x.Environment
+	}
+	return Environment_ENVIRONMENT_UNSPECIFIED
+}
+
 // ProviderError is attached as a status detail to every error that comes from
 // a provider reply, so callers can see what the provider said.
 type ProviderError struct {
@@ -285,7 +569,7 @@ type ProviderError struct {
 
 func (x *ProviderError) Reset() {
 	*x = ProviderError{}
-	mi := &file_payments_v1_payments_proto_msgTypes[3]
+	mi := &file_payments_v1_payments_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +581,7 @@ func (x *ProviderError) String() string {
 func (*ProviderError) ProtoMessage() {}
 
 func (x *ProviderError) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[3]
+	mi := &file_payments_v1_payments_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +594,7 @@ func (x *ProviderError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderError.ProtoReflect.Descriptor instead.
 func (*ProviderError) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{3}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ProviderError) GetHttpStatus() int32 {
@@ -341,34 +625,474 @@ func (x *ProviderError) GetAttempts() int32 {
 	return 0
 }
 
+// ListProviderEventsRequest pages through the webhook inbox.
+type ListProviderEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// after_sequence: return events with a greater sequence. 0 starts at the
+	// oldest event kept.
+	AfterSequence int64 `protobuf:"varint,1,opt,name=after_sequence,json=afterSequence,proto3" json:"after_sequence,omitempty"`
+	// page_size is the most events to return: 1 to 1000; 0 means 100.
+	PageSize      int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProviderEventsRequest) Reset() {
+	*x = ListProviderEventsRequest{}
+	mi := &file_payments_v1_payments_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProviderEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProviderEventsRequest) ProtoMessage() {}
+
+func (x *ListProviderEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProviderEventsRequest.ProtoReflect.Descriptor instead.
+func (*ListProviderEventsRequest) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ListProviderEventsRequest) GetAfterSequence() int64 {
+	if x != nil {
+		return x.AfterSequence
+	}
+	return 0
+}
+
+func (x *ListProviderEventsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+// ListProviderEventsResponse is one page of the webhook inbox.
+type ListProviderEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// events are in sequence order.
+	Events []*ProviderEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// next_after_sequence is the after_sequence for the next page: the last
+	// event's sequence, or the request's after_sequence when there were none.
+	NextAfterSequence int64 `protobuf:"varint,2,opt,name=next_after_sequence,json=nextAfterSequence,proto3" json:"next_after_sequence,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ListProviderEventsResponse) Reset() {
+	*x = ListProviderEventsResponse{}
+	mi := &file_payments_v1_payments_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProviderEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProviderEventsResponse) ProtoMessage() {}
+
+func (x *ListProviderEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProviderEventsResponse.ProtoReflect.Descriptor instead.
+func (*ListProviderEventsResponse) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListProviderEventsResponse) GetEvents() []*ProviderEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListProviderEventsResponse) GetNextAfterSequence() int64 {
+	if x != nil {
+		return x.NextAfterSequence
+	}
+	return 0
+}
+
+// WatchProviderEventsRequest opens a stream of webhook events.
+type WatchProviderEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// after_sequence: send stored events with a greater sequence first. 0
+	// starts at the oldest event kept.
+	AfterSequence int64 `protobuf:"varint,1,opt,name=after_sequence,json=afterSequence,proto3" json:"after_sequence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchProviderEventsRequest) Reset() {
+	*x = WatchProviderEventsRequest{}
+	mi := &file_payments_v1_payments_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchProviderEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchProviderEventsRequest) ProtoMessage() {}
+
+func (x *WatchProviderEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchProviderEventsRequest.ProtoReflect.Descriptor instead.
+func (*WatchProviderEventsRequest) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *WatchProviderEventsRequest) GetAfterSequence() int64 {
+	if x != nil {
+		return x.AfterSequence
+	}
+	return 0
+}
+
+// WatchProviderEventsResponse carries one event.
+type WatchProviderEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// event is the next event in sequence order.
+	Event         *ProviderEvent `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchProviderEventsResponse) Reset() {
+	*x = WatchProviderEventsResponse{}
+	mi := &file_payments_v1_payments_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchProviderEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchProviderEventsResponse) ProtoMessage() {}
+
+func (x *WatchProviderEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchProviderEventsResponse.ProtoReflect.Descriptor instead.
+func (*WatchProviderEventsResponse) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *WatchProviderEventsResponse) GetEvent() *ProviderEvent {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+// ProviderEvent is one webhook delivery from the provider, stored before
+// paymentsd acknowledged it.
+type ProviderEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sequence orders events as they were committed: it increases with every
+	// delivery, and no event ever appears behind a reader's cursor.
+	Sequence int64 `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// receive_time is when paymentsd received the delivery.
+	ReceiveTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=receive_time,json=receiveTime,proto3" json:"receive_time,omitempty"`
+	// content_type is the delivery's Content-Type header as sent, or empty.
+	ContentType string `protobuf:"bytes,3,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
+	// headers are the delivery's HTTP headers as received, less hop-by-hop
+	// ones, in the order they came.
+	Headers []*HttpHeader `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"`
+	// body is the delivery's body, byte for byte.
+	Body []byte `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
+	// body_sha256 is the SHA-256 of body, in lower-case hex.
+	BodySha256 string `protobuf:"bytes,6,opt,name=body_sha256,json=bodySha256,proto3" json:"body_sha256,omitempty"`
+	// duplicate_of is the sequence of an earlier stored event with the same
+	// body, or 0. The provider documents no event ID, so an identical body is
+	// stored again and marked rather than dropped.
+	DuplicateOf int64 `protobuf:"varint,7,opt,name=duplicate_of,json=duplicateOf,proto3" json:"duplicate_of,omitempty"`
+	// verified is always false: the provider documents no signature scheme,
+	// so paymentsd can't verify who sent an event. It proves only that the
+	// sender held the webhook URL; never move money on an event alone.
+	Verified bool `protobuf:"varint,8,opt,name=verified,proto3" json:"verified,omitempty"`
+	// environment is the provider environment whose webhook URL received it.
+	Environment   Environment `protobuf:"varint,9,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProviderEvent) Reset() {
+	*x = ProviderEvent{}
+	mi := &file_payments_v1_payments_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderEvent) ProtoMessage() {}
+
+func (x *ProviderEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderEvent.ProtoReflect.Descriptor instead.
+func (*ProviderEvent) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ProviderEvent) GetSequence() int64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *ProviderEvent) GetReceiveTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReceiveTime
+	}
+	return nil
+}
+
+func (x *ProviderEvent) GetContentType() string {
+	if x != nil {
+		return x.ContentType
+	}
+	return ""
+}
+
+func (x *ProviderEvent) GetHeaders() []*HttpHeader {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *ProviderEvent) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *ProviderEvent) GetBodySha256() string {
+	if x != nil {
+		return x.BodySha256
+	}
+	return ""
+}
+
+func (x *ProviderEvent) GetDuplicateOf() int64 {
+	if x != nil {
+		return x.DuplicateOf
+	}
+	return 0
+}
+
+func (x *ProviderEvent) GetVerified() bool {
+	if x != nil {
+		return x.Verified
+	}
+	return false
+}
+
+func (x *ProviderEvent) GetEnvironment() Environment {
+	if x != nil {
+		return x.Environment
+	}
+	return Environment_ENVIRONMENT_UNSPECIFIED
+}
+
+// HttpHeader is one HTTP header field.
+type HttpHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the header's name in canonical form, e.g. "Content-Type".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// value is the header's value as received.
+	Value         string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HttpHeader) Reset() {
+	*x = HttpHeader{}
+	mi := &file_payments_v1_payments_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HttpHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HttpHeader) ProtoMessage() {}
+
+func (x *HttpHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HttpHeader.ProtoReflect.Descriptor instead.
+func (*HttpHeader) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *HttpHeader) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HttpHeader) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
 var File_payments_v1_payments_proto protoreflect.FileDescriptor
 
 const file_payments_v1_payments_proto_rawDesc = "" +
 	"\n" +
-	"\x1apayments/v1/payments.proto\x12\vpayments.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\"L\n" +
+	"\x1apayments/v1/payments.proto\x12\vpayments.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"L\n" +
 	"\x05Money\x12+\n" +
 	"\bcurrency\x18\x01 \x01(\tB\x0f\xbaH\fr\n" +
 	"2\b^[A-Z]+$R\bcurrency\x12\x16\n" +
-	"\x06amount\x18\x02 \x01(\x03R\x06amount\"\x90\x01\n" +
+	"\x06amount\x18\x02 \x01(\x03R\x06amount\"\xa5\x01\n" +
 	"\x1dCreateMultiCardPaymentRequest\x12=\n" +
-	"\famount_money\x18\x01 \x01(\v2\x12.payments.v1.MoneyB\x06\xbaH\x03\xc8\x01\x01R\vamountMoney\x120\n" +
-	"\x0fidempotency_key\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x0eidempotencyKey\"\xc1\x01\n" +
+	"\famount_money\x18\x01 \x01(\v2\x12.payments.v1.MoneyB\x06\xbaH\x03\xc8\x01\x01R\vamountMoney\x12E\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\x80\x02\n" +
 	"\x1eCreateMultiCardPaymentResponse\x121\n" +
 	"\apayment\x18\x01 \x01(\v2\x17.google.protobuf.StructR\apayment\x120\n" +
 	"\x14provider_http_status\x18\x02 \x01(\x05R\x12providerHttpStatus\x12:\n" +
-	"\venvironment\x18\x03 \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\"\x9c\x01\n" +
+	"\venvironment\x18\x03 \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\x12\x1a\n" +
+	"\breplayed\x18\x04 \x01(\bR\breplayed\x12!\n" +
+	"\fpayment_json\x18\x05 \x01(\fR\vpaymentJson\"c\n" +
+	"\x1aGetMultiCardPaymentRequest\x12E\n" +
+	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\x8d\x04\n" +
+	"\x1bGetMultiCardPaymentResponse\x12/\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x19.payments.v1.PaymentStateR\x05state\x12D\n" +
+	"\arequest\x18\x02 \x01(\v2*.payments.v1.CreateMultiCardPaymentRequestR\arequest\x121\n" +
+	"\apayment\x18\x03 \x01(\v2\x17.google.protobuf.StructR\apayment\x12!\n" +
+	"\fpayment_json\x18\x04 \x01(\fR\vpaymentJson\x120\n" +
+	"\x14provider_http_status\x18\x05 \x01(\x05R\x12providerHttpStatus\x12\x1a\n" +
+	"\battempts\x18\x06 \x01(\x05R\battempts\x12;\n" +
+	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vupdate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\t \x01(\tR\tlastError\x12:\n" +
+	"\venvironment\x18\n" +
+	" \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\"\x9c\x01\n" +
 	"\rProviderError\x12\x1f\n" +
 	"\vhttp_status\x18\x01 \x01(\x05R\n" +
 	"httpStatus\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\tR\x04body\x12:\n" +
 	"\venvironment\x18\x03 \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\x12\x1a\n" +
-	"\battempts\x18\x04 \x01(\x05R\battempts*Y\n" +
+	"\battempts\x18\x04 \x01(\x05R\battempts\"t\n" +
+	"\x19ListProviderEventsRequest\x12.\n" +
+	"\x0eafter_sequence\x18\x01 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\rafterSequence\x12'\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\"\x80\x01\n" +
+	"\x1aListProviderEventsResponse\x122\n" +
+	"\x06events\x18\x01 \x03(\v2\x1a.payments.v1.ProviderEventR\x06events\x12.\n" +
+	"\x13next_after_sequence\x18\x02 \x01(\x03R\x11nextAfterSequence\"L\n" +
+	"\x1aWatchProviderEventsRequest\x12.\n" +
+	"\x0eafter_sequence\x18\x01 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\rafterSequence\"O\n" +
+	"\x1bWatchProviderEventsResponse\x120\n" +
+	"\x05event\x18\x01 \x01(\v2\x1a.payments.v1.ProviderEventR\x05event\"\xf0\x02\n" +
+	"\rProviderEvent\x12\x1a\n" +
+	"\bsequence\x18\x01 \x01(\x03R\bsequence\x12=\n" +
+	"\freceive_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vreceiveTime\x12!\n" +
+	"\fcontent_type\x18\x03 \x01(\tR\vcontentType\x121\n" +
+	"\aheaders\x18\x04 \x03(\v2\x17.payments.v1.HttpHeaderR\aheaders\x12\x12\n" +
+	"\x04body\x18\x05 \x01(\fR\x04body\x12\x1f\n" +
+	"\vbody_sha256\x18\x06 \x01(\tR\n" +
+	"bodySha256\x12!\n" +
+	"\fduplicate_of\x18\a \x01(\x03R\vduplicateOf\x12\x1a\n" +
+	"\bverified\x18\b \x01(\bR\bverified\x12:\n" +
+	"\venvironment\x18\t \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\"6\n" +
+	"\n" +
+	"HttpHeader\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value*\xab\x01\n" +
+	"\fPaymentState\x12\x1d\n" +
+	"\x19PAYMENT_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19PAYMENT_STATE_IN_PROGRESS\x10\x01\x12\x1b\n" +
+	"\x17PAYMENT_STATE_SUCCEEDED\x10\x02\x12\x1d\n" +
+	"\x19PAYMENT_STATE_NOT_CREATED\x10\x03\x12!\n" +
+	"\x1dPAYMENT_STATE_OUTCOME_UNKNOWN\x10\x04*Y\n" +
 	"\vEnvironment\x12\x1b\n" +
 	"\x17ENVIRONMENT_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13ENVIRONMENT_SANDBOX\x10\x01\x12\x14\n" +
-	"\x10ENVIRONMENT_LIVE\x10\x022\x84\x01\n" +
+	"\x10ENVIRONMENT_LIVE\x10\x022\xee\x01\n" +
 	"\x0fPaymentsService\x12q\n" +
-	"\x16CreateMultiCardPayment\x12*.payments.v1.CreateMultiCardPaymentRequest\x1a+.payments.v1.CreateMultiCardPaymentResponseB2Z0example.com/paymentsd/gen/payments/v1;paymentsv1b\x06proto3"
+	"\x16CreateMultiCardPayment\x12*.payments.v1.CreateMultiCardPaymentRequest\x1a+.payments.v1.CreateMultiCardPaymentResponse\x12h\n" +
+	"\x13GetMultiCardPayment\x12'.payments.v1.GetMultiCardPaymentRequest\x1a(.payments.v1.GetMultiCardPaymentResponse2\xea\x01\n" +
+	"\x15ProviderEventsService\x12e\n" +
+	"\x12ListProviderEvents\x12&.payments.v1.ListProviderEventsRequest\x1a'.payments.v1.ListProviderEventsResponse\x12j\n" +
+	"\x13WatchProviderEvents\x12'.payments.v1.WatchProviderEventsRequest\x1a(.payments.v1.WatchProviderEventsResponse0\x01B2Z0example.com/paymentsd/gen/payments/v1;paymentsv1b\x06proto3"
 
 var (
 	file_payments_v1_payments_proto_rawDescOnce sync.Once
@@ -382,28 +1106,55 @@ func file_payments_v1_payments_proto_rawDescGZIP() []byte {
 	return file_payments_v1_payments_proto_rawDescData
 }
 
-var file_payments_v1_payments_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_payments_v1_payments_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_payments_v1_payments_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_payments_v1_payments_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_payments_v1_payments_proto_goTypes = []any{
-	(Environment)(0),                       // 0: payments.v1.Environment
-	(*Money)(nil),                          // 1: payments.v1.Money
-	(*CreateMultiCardPaymentRequest)(nil),  // 2: payments.v1.CreateMultiCardPaymentRequest
-	(*CreateMultiCardPaymentResponse)(nil), // 3: payments.v1.CreateMultiCardPaymentResponse
-	(*ProviderError)(nil),                  // 4: payments.v1.ProviderError
-	(*structpb.Struct)(nil),                // 5: google.protobuf.Struct
+	(PaymentState)(0),                      // 0: payments.v1.PaymentState
+	(Environment)(0),                       // 1: payments.v1.Environment
+	(*Money)(nil),                          // 2: payments.v1.Money
+	(*CreateMultiCardPaymentRequest)(nil),  // 3: payments.v1.CreateMultiCardPaymentRequest
+	(*CreateMultiCardPaymentResponse)(nil), // 4: payments.v1.CreateMultiCardPaymentResponse
+	(*GetMultiCardPaymentRequest)(nil),     // 5: payments.v1.GetMultiCardPaymentRequest
+	(*GetMultiCardPaymentResponse)(nil),    // 6: payments.v1.GetMultiCardPaymentResponse
+	(*ProviderError)(nil),                  // 7: payments.v1.ProviderError
+	(*ListProviderEventsRequest)(nil),      // 8: payments.v1.ListProviderEventsRequest
+	(*ListProviderEventsResponse)(nil),     // 9: payments.v1.ListProviderEventsResponse
+	(*WatchProviderEventsRequest)(nil),     // 10: payments.v1.WatchProviderEventsRequest
+	(*WatchProviderEventsResponse)(nil),    // 11: payments.v1.WatchProviderEventsResponse
+	(*ProviderEvent)(nil),                  // 12: payments.v1.ProviderEvent
+	(*HttpHeader)(nil),                     // 13: payments.v1.HttpHeader
+	(*structpb.Struct)(nil),                // 14: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil),          // 15: google.protobuf.Timestamp
 }
 var file_payments_v1_payments_proto_depIdxs = []int32{
-	1, // 0: payments.v1.CreateMultiCardPaymentRequest.amount_money:type_name -> payments.v1.Money
-	5, // 1: payments.v1.CreateMultiCardPaymentResponse.payment:type_name -> google.protobuf.Struct
-	0, // 2: payments.v1.CreateMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
-	0, // 3: payments.v1.ProviderError.environment:type_name -> payments.v1.Environment
-	2, // 4: payments.v1.PaymentsService.CreateMultiCardPayment:input_type -> payments.v1.CreateMultiCardPaymentRequest
-	3, // 5: payments.v1.PaymentsService.CreateMultiCardPayment:output_type -> payments.v1.CreateMultiCardPaymentResponse
-	5, // [5:6] is the sub-list for method output_type
-	4, // [4:5] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	2,  // 0: payments.v1.CreateMultiCardPaymentRequest.amount_money:type_name -> payments.v1.Money
+	14, // 1: payments.v1.CreateMultiCardPaymentResponse.payment:type_name -> google.protobuf.Struct
+	1,  // 2: payments.v1.CreateMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
+	0,  // 3: payments.v1.GetMultiCardPaymentResponse.state:type_name -> payments.v1.PaymentState
+	3,  // 4: payments.v1.GetMultiCardPaymentResponse.request:type_name -> payments.v1.CreateMultiCardPaymentRequest
+	14, // 5: payments.v1.GetMultiCardPaymentResponse.payment:type_name -> google.protobuf.Struct
+	15, // 6: payments.v1.GetMultiCardPaymentResponse.create_time:type_name -> google.protobuf.Timestamp
+	15, // 7: payments.v1.GetMultiCardPaymentResponse.update_time:type_name -> google.protobuf.Timestamp
+	1,  // 8: payments.v1.GetMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
+	1,  // 9: payments.v1.ProviderError.environment:type_name -> payments.v1.Environment
+	12, // 10: payments.v1.ListProviderEventsResponse.events:type_name -> payments.v1.ProviderEvent
+	12, // 11: payments.v1.WatchProviderEventsResponse.event:type_name -> payments.v1.ProviderEvent
+	15, // 12: payments.v1.ProviderEvent.receive_time:type_name -> google.protobuf.Timestamp
+	13, // 13: payments.v1.ProviderEvent.headers:type_name -> payments.v1.HttpHeader
+	1,  // 14: payments.v1.ProviderEvent.environment:type_name -> payments.v1.Environment
+	3,  // 15: payments.v1.PaymentsService.CreateMultiCardPayment:input_type -> payments.v1.CreateMultiCardPaymentRequest
+	5,  // 16: payments.v1.PaymentsService.GetMultiCardPayment:input_type -> payments.v1.GetMultiCardPaymentRequest
+	8,  // 17: payments.v1.ProviderEventsService.ListProviderEvents:input_type -> payments.v1.ListProviderEventsRequest
+	10, // 18: payments.v1.ProviderEventsService.WatchProviderEvents:input_type -> payments.v1.WatchProviderEventsRequest
+	4,  // 19: payments.v1.PaymentsService.CreateMultiCardPayment:output_type -> payments.v1.CreateMultiCardPaymentResponse
+	6,  // 20: payments.v1.PaymentsService.GetMultiCardPayment:output_type -> payments.v1.GetMultiCardPaymentResponse
+	9,  // 21: payments.v1.ProviderEventsService.ListProviderEvents:output_type -> payments.v1.ListProviderEventsResponse
+	11, // 22: payments.v1.ProviderEventsService.WatchProviderEvents:output_type -> payments.v1.WatchProviderEventsResponse
+	19, // [19:23] is the sub-list for method output_type
+	15, // [15:19] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_payments_v1_payments_proto_init() }
@@ -416,10 +1167,10 @@ func file_payments_v1_payments_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_payments_v1_payments_proto_rawDesc), len(file_payments_v1_payments_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   4,
+			NumEnums:      2,
+			NumMessages:   12,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_payments_v1_payments_proto_goTypes,
 		DependencyIndexes: file_payments_v1_payments_proto_depIdxs,

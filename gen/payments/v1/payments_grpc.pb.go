@@ -23,6 +23,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	PaymentsService_CreateMultiCardPayment_FullMethodName = "/payments.v1.PaymentsService/CreateMultiCardPayment"
+	PaymentsService_GetMultiCardPayment_FullMethodName    = "/payments.v1.PaymentsService/GetMultiCardPayment"
 )
 
 // PaymentsServiceClient is the client API for PaymentsService service.
@@ -37,10 +38,31 @@ const (
 type PaymentsServiceClient interface {
 	// CreateMultiCardPayment creates a multi-card payment with the provider.
 	//
-	// The request's idempotency_key is sent to the provider unchanged on every
-	// attempt, with a byte-identical body; paymentsd never mints a key of its
-	// own. Retrying a call with the same idempotency_key is always safe and is
-	// the way to settle an uncertain outcome.
+	// paymentsd keeps a durable record per idempotency_key, committed before
+	// anything is sent to the provider:
+	//
+	//   - The request's idempotency_key is sent to the provider unchanged on
+	//     every attempt, with a byte-identical body; paymentsd never mints a
+	//     key of its own.
+	//   - Replay: a key whose payment succeeded is answered from the record,
+	//     with the provider's original reply and status, without calling the
+	//     provider again; the response has replayed = true.
+	//   - Reuse: the same key with a different amount_money is refused before
+	//     the provider is called: FAILED_PRECONDITION (422), reason
+	//     IDEMPOTENCY_KEY_REUSED.
+	//   - One at a time: while a call for a key is in flight, another call
+	//     with that key waits for its outcome (within its own deadline) and
+	//     gets the same answer; if its deadline runs out first it gets
+	//     ABORTED (409), reason PAYMENT_IN_PROGRESS, with a RetryInfo.
+	//   - A key whose attempts certainly created nothing is not replayed:
+	//     calling again makes a new attempt.
+	//   - A key whose outcome is unknown is settled by paymentsd itself in the
+	//     background, and calling again with it re-sends the recorded body.
+	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
+	//     PAYMENT_NOT_CREATED.
+	//
+	// Retrying a call with the same idempotency_key is always safe and is the
+	// way to learn an uncertain outcome.
 	//
 	// REST: POST /v1/multi-card-payments with the request as the JSON body.
 	//
@@ -50,6 +72,12 @@ type PaymentsServiceClient interface {
 	//   - PAYMENT_NOT_CREATED: the provider certainly did not create a payment.
 	//   - PAYMENT_OUTCOME_UNKNOWN: a payment may have been created. Retry with
 	//     the same idempotency_key to learn the outcome; never with a new one.
+	//   - IDEMPOTENCY_KEY_REUSED: the key was first used for a different
+	//     request; nothing was sent for this one.
+	//   - PAYMENT_IN_PROGRESS: another call with this key is in flight; retry
+	//     with the same key after the RetryInfo's delay.
+	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
+	//     deployment's allowlist; nothing was sent.
 	//
 	// Retryable errors also carry a google.rpc.RetryInfo, and errors that come
 	// from a provider reply carry a ProviderError with its HTTP status and body.
@@ -77,7 +105,28 @@ type PaymentsServiceClient interface {
 	//     read (not a JSON object, cut off, or too large), or answered with an
 	//     unexpected 1xx or 3xx status.
 	//   - CANCELLED (499): the caller gave up.
+	//   - FAILED_PRECONDITION (422): the idempotency_key was first used for a
+	//     different request (IDEMPOTENCY_KEY_REUSED).
+	//   - ABORTED (409): another call with this key is still in flight
+	//     (PAYMENT_IN_PROGRESS); or the provider answered 409, which does not
+	//     prove the payment absent (PAYMENT_OUTCOME_UNKNOWN).
+	//   - UNAVAILABLE (503) with PAYMENT_NOT_CREATED: also when paymentsd could
+	//     not write its record; nothing was sent to the provider.
+	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
+	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
 	CreateMultiCardPayment(ctx context.Context, in *CreateMultiCardPaymentRequest, opts ...grpc.CallOption) (*CreateMultiCardPaymentResponse, error)
+	// GetMultiCardPayment returns paymentsd's record of the payment made with
+	// an idempotency key. It answers from the record only and never calls the
+	// provider, which documents no read endpoint.
+	//
+	// REST: GET /v1/multi-card-payments/{idempotency_key}, with the key
+	// percent-encoded as a path segment.
+	//
+	// Codes: NOT_FOUND (404) when paymentsd has no record of the key (never
+	// used with this deployment's environment, or older than the retention
+	// period); INVALID_ARGUMENT (400) for a key that could not be a key;
+	// UNAVAILABLE (503) when the record store can't be read.
+	GetMultiCardPayment(ctx context.Context, in *GetMultiCardPaymentRequest, opts ...grpc.CallOption) (*GetMultiCardPaymentResponse, error)
 }
 
 type paymentsServiceClient struct {
@@ -98,6 +147,16 @@ func (c *paymentsServiceClient) CreateMultiCardPayment(ctx context.Context, in *
 	return out, nil
 }
 
+func (c *paymentsServiceClient) GetMultiCardPayment(ctx context.Context, in *GetMultiCardPaymentRequest, opts ...grpc.CallOption) (*GetMultiCardPaymentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetMultiCardPaymentResponse)
+	err := c.cc.Invoke(ctx, PaymentsService_GetMultiCardPayment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PaymentsServiceServer is the server API for PaymentsService service.
 // All implementations must embed UnimplementedPaymentsServiceServer
 // for forward compatibility.
@@ -110,10 +169,31 @@ func (c *paymentsServiceClient) CreateMultiCardPayment(ctx context.Context, in *
 type PaymentsServiceServer interface {
 	// CreateMultiCardPayment creates a multi-card payment with the provider.
 	//
-	// The request's idempotency_key is sent to the provider unchanged on every
-	// attempt, with a byte-identical body; paymentsd never mints a key of its
-	// own. Retrying a call with the same idempotency_key is always safe and is
-	// the way to settle an uncertain outcome.
+	// paymentsd keeps a durable record per idempotency_key, committed before
+	// anything is sent to the provider:
+	//
+	//   - The request's idempotency_key is sent to the provider unchanged on
+	//     every attempt, with a byte-identical body; paymentsd never mints a
+	//     key of its own.
+	//   - Replay: a key whose payment succeeded is answered from the record,
+	//     with the provider's original reply and status, without calling the
+	//     provider again; the response has replayed = true.
+	//   - Reuse: the same key with a different amount_money is refused before
+	//     the provider is called: FAILED_PRECONDITION (422), reason
+	//     IDEMPOTENCY_KEY_REUSED.
+	//   - One at a time: while a call for a key is in flight, another call
+	//     with that key waits for its outcome (within its own deadline) and
+	//     gets the same answer; if its deadline runs out first it gets
+	//     ABORTED (409), reason PAYMENT_IN_PROGRESS, with a RetryInfo.
+	//   - A key whose attempts certainly created nothing is not replayed:
+	//     calling again makes a new attempt.
+	//   - A key whose outcome is unknown is settled by paymentsd itself in the
+	//     background, and calling again with it re-sends the recorded body.
+	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
+	//     PAYMENT_NOT_CREATED.
+	//
+	// Retrying a call with the same idempotency_key is always safe and is the
+	// way to learn an uncertain outcome.
 	//
 	// REST: POST /v1/multi-card-payments with the request as the JSON body.
 	//
@@ -123,6 +203,12 @@ type PaymentsServiceServer interface {
 	//   - PAYMENT_NOT_CREATED: the provider certainly did not create a payment.
 	//   - PAYMENT_OUTCOME_UNKNOWN: a payment may have been created. Retry with
 	//     the same idempotency_key to learn the outcome; never with a new one.
+	//   - IDEMPOTENCY_KEY_REUSED: the key was first used for a different
+	//     request; nothing was sent for this one.
+	//   - PAYMENT_IN_PROGRESS: another call with this key is in flight; retry
+	//     with the same key after the RetryInfo's delay.
+	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
+	//     deployment's allowlist; nothing was sent.
 	//
 	// Retryable errors also carry a google.rpc.RetryInfo, and errors that come
 	// from a provider reply carry a ProviderError with its HTTP status and body.
@@ -150,7 +236,28 @@ type PaymentsServiceServer interface {
 	//     read (not a JSON object, cut off, or too large), or answered with an
 	//     unexpected 1xx or 3xx status.
 	//   - CANCELLED (499): the caller gave up.
+	//   - FAILED_PRECONDITION (422): the idempotency_key was first used for a
+	//     different request (IDEMPOTENCY_KEY_REUSED).
+	//   - ABORTED (409): another call with this key is still in flight
+	//     (PAYMENT_IN_PROGRESS); or the provider answered 409, which does not
+	//     prove the payment absent (PAYMENT_OUTCOME_UNKNOWN).
+	//   - UNAVAILABLE (503) with PAYMENT_NOT_CREATED: also when paymentsd could
+	//     not write its record; nothing was sent to the provider.
+	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
+	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
 	CreateMultiCardPayment(context.Context, *CreateMultiCardPaymentRequest) (*CreateMultiCardPaymentResponse, error)
+	// GetMultiCardPayment returns paymentsd's record of the payment made with
+	// an idempotency key. It answers from the record only and never calls the
+	// provider, which documents no read endpoint.
+	//
+	// REST: GET /v1/multi-card-payments/{idempotency_key}, with the key
+	// percent-encoded as a path segment.
+	//
+	// Codes: NOT_FOUND (404) when paymentsd has no record of the key (never
+	// used with this deployment's environment, or older than the retention
+	// period); INVALID_ARGUMENT (400) for a key that could not be a key;
+	// UNAVAILABLE (503) when the record store can't be read.
+	GetMultiCardPayment(context.Context, *GetMultiCardPaymentRequest) (*GetMultiCardPaymentResponse, error)
 	mustEmbedUnimplementedPaymentsServiceServer()
 }
 
@@ -163,6 +270,9 @@ type UnimplementedPaymentsServiceServer struct{}
 
 func (UnimplementedPaymentsServiceServer) CreateMultiCardPayment(context.Context, *CreateMultiCardPaymentRequest) (*CreateMultiCardPaymentResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateMultiCardPayment not implemented")
+}
+func (UnimplementedPaymentsServiceServer) GetMultiCardPayment(context.Context, *GetMultiCardPaymentRequest) (*GetMultiCardPaymentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetMultiCardPayment not implemented")
 }
 func (UnimplementedPaymentsServiceServer) mustEmbedUnimplementedPaymentsServiceServer() {}
 func (UnimplementedPaymentsServiceServer) testEmbeddedByValue()                         {}
@@ -203,6 +313,24 @@ func _PaymentsService_CreateMultiCardPayment_Handler(srv interface{}, ctx contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PaymentsService_GetMultiCardPayment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetMultiCardPaymentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PaymentsServiceServer).GetMultiCardPayment(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PaymentsService_GetMultiCardPayment_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PaymentsServiceServer).GetMultiCardPayment(ctx, req.(*GetMultiCardPaymentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PaymentsService_ServiceDesc is the grpc.ServiceDesc for PaymentsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -214,7 +342,197 @@ var PaymentsService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "CreateMultiCardPayment",
 			Handler:    _PaymentsService_CreateMultiCardPayment_Handler,
 		},
+		{
+			MethodName: "GetMultiCardPayment",
+			Handler:    _PaymentsService_GetMultiCardPayment_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
+	Metadata: "payments/v1/payments.proto",
+}
+
+const (
+	ProviderEventsService_ListProviderEvents_FullMethodName  = "/payments.v1.ProviderEventsService/ListProviderEvents"
+	ProviderEventsService_WatchProviderEvents_FullMethodName = "/payments.v1.ProviderEventsService/WatchProviderEvents"
+)
+
+// ProviderEventsServiceClient is the client API for ProviderEventsService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// ProviderEventsService reads the provider's webhook deliveries, which
+// paymentsd stores durably in an inbox as they arrive on its webhook
+// listener.
+//
+// The provider documents no kinds of event, no payload shape and no
+// signature scheme, so an event is an opaque delivery: its bytes exactly as
+// received, and the headers that came with them. An event proves only that
+// someone who held the webhook URL sent it. Never move money, or mark a
+// payment as paid, on an event alone: confirm with the payment's record
+// (GetMultiCardPayment) or the provider's dashboard.
+type ProviderEventsServiceClient interface {
+	// ListProviderEvents returns stored events with a sequence greater than
+	// after_sequence, in sequence order. Page through with
+	// after_sequence = next_after_sequence. A reader that keeps its cursor
+	// never misses an event, including one that committed late.
+	//
+	// REST: GET /v1/provider-events?afterSequence=&pageSize=
+	ListProviderEvents(ctx context.Context, in *ListProviderEventsRequest, opts ...grpc.CallOption) (*ListProviderEventsResponse, error)
+	// WatchProviderEvents first sends every stored event with a sequence
+	// greater than after_sequence, then each new event as it is committed,
+	// until the caller cancels or paymentsd shuts down. Resume after a broken
+	// stream with the last sequence received.
+	WatchProviderEvents(ctx context.Context, in *WatchProviderEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchProviderEventsResponse], error)
+}
+
+type providerEventsServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewProviderEventsServiceClient(cc grpc.ClientConnInterface) ProviderEventsServiceClient {
+	return &providerEventsServiceClient{cc}
+}
+
+func (c *providerEventsServiceClient) ListProviderEvents(ctx context.Context, in *ListProviderEventsRequest, opts ...grpc.CallOption) (*ListProviderEventsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListProviderEventsResponse)
+	err := c.cc.Invoke(ctx, ProviderEventsService_ListProviderEvents_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *providerEventsServiceClient) WatchProviderEvents(ctx context.Context, in *WatchProviderEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchProviderEventsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ProviderEventsService_ServiceDesc.Streams[0], ProviderEventsService_WatchProviderEvents_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchProviderEventsRequest, WatchProviderEventsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ProviderEventsService_WatchProviderEventsClient = grpc.ServerStreamingClient[WatchProviderEventsResponse]
+
+// ProviderEventsServiceServer is the server API for ProviderEventsService service.
+// All implementations must embed UnimplementedProviderEventsServiceServer
+// for forward compatibility.
+//
+// ProviderEventsService reads the provider's webhook deliveries, which
+// paymentsd stores durably in an inbox as they arrive on its webhook
+// listener.
+//
+// The provider documents no kinds of event, no payload shape and no
+// signature scheme, so an event is an opaque delivery: its bytes exactly as
+// received, and the headers that came with them. An event proves only that
+// someone who held the webhook URL sent it. Never move money, or mark a
+// payment as paid, on an event alone: confirm with the payment's record
+// (GetMultiCardPayment) or the provider's dashboard.
+type ProviderEventsServiceServer interface {
+	// ListProviderEvents returns stored events with a sequence greater than
+	// after_sequence, in sequence order. Page through with
+	// after_sequence = next_after_sequence. A reader that keeps its cursor
+	// never misses an event, including one that committed late.
+	//
+	// REST: GET /v1/provider-events?afterSequence=&pageSize=
+	ListProviderEvents(context.Context, *ListProviderEventsRequest) (*ListProviderEventsResponse, error)
+	// WatchProviderEvents first sends every stored event with a sequence
+	// greater than after_sequence, then each new event as it is committed,
+	// until the caller cancels or paymentsd shuts down. Resume after a broken
+	// stream with the last sequence received.
+	WatchProviderEvents(*WatchProviderEventsRequest, grpc.ServerStreamingServer[WatchProviderEventsResponse]) error
+	mustEmbedUnimplementedProviderEventsServiceServer()
+}
+
+// UnimplementedProviderEventsServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedProviderEventsServiceServer struct{}
+
+func (UnimplementedProviderEventsServiceServer) ListProviderEvents(context.Context, *ListProviderEventsRequest) (*ListProviderEventsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListProviderEvents not implemented")
+}
+func (UnimplementedProviderEventsServiceServer) WatchProviderEvents(*WatchProviderEventsRequest, grpc.ServerStreamingServer[WatchProviderEventsResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchProviderEvents not implemented")
+}
+func (UnimplementedProviderEventsServiceServer) mustEmbedUnimplementedProviderEventsServiceServer() {}
+func (UnimplementedProviderEventsServiceServer) testEmbeddedByValue()                               {}
+
+// UnsafeProviderEventsServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to ProviderEventsServiceServer will
+// result in compilation errors.
+type UnsafeProviderEventsServiceServer interface {
+	mustEmbedUnimplementedProviderEventsServiceServer()
+}
+
+func RegisterProviderEventsServiceServer(s grpc.ServiceRegistrar, srv ProviderEventsServiceServer) {
+	// If the following call panics, it indicates UnimplementedProviderEventsServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&ProviderEventsService_ServiceDesc, srv)
+}
+
+func _ProviderEventsService_ListProviderEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListProviderEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ProviderEventsServiceServer).ListProviderEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ProviderEventsService_ListProviderEvents_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ProviderEventsServiceServer).ListProviderEvents(ctx, req.(*ListProviderEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ProviderEventsService_WatchProviderEvents_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchProviderEventsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ProviderEventsServiceServer).WatchProviderEvents(m, &grpc.GenericServerStream[WatchProviderEventsRequest, WatchProviderEventsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ProviderEventsService_WatchProviderEventsServer = grpc.ServerStreamingServer[WatchProviderEventsResponse]
+
+// ProviderEventsService_ServiceDesc is the grpc.ServiceDesc for ProviderEventsService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var ProviderEventsService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "payments.v1.ProviderEventsService",
+	HandlerType: (*ProviderEventsServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ListProviderEvents",
+			Handler:    _ProviderEventsService_ListProviderEvents_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchProviderEvents",
+			Handler:       _ProviderEventsService_WatchProviderEvents_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "payments/v1/payments.proto",
 }
