@@ -14,8 +14,8 @@ func BenchmarkEncodeRequest(b *testing.B) {
 	p := Payment{Currency: "USD", Amount: 1250, IdempotencyKey: "order-1234-attempt-1"}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := encodeRequest(p); err != nil {
-			b.Fatalf("encodeRequest(%+v): %v", p, err)
+		if _, err := EncodeRequest(p); err != nil {
+			b.Fatalf("EncodeRequest(%+v): %v", p, err)
 		}
 	}
 }

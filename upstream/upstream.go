@@ -181,7 +181,10 @@ type Reply struct {
 	// Status is the provider's 2xx status.
 	Status int
 	// Payment is the reply body, a JSON object, as the provider sent it.
+	// Numbers in it are doubles; Body is exact.
 	Payment *structpb.Struct
+	// Body is the reply body exactly as received (key redacted).
+	Body []byte
 	// Attempts is how many requests were sent, counting the first.
 	Attempts int
 }
@@ -228,10 +231,17 @@ func (e *Error) Unwrap() error { return e.Err }
 // while the next wait fits in the context's deadline. On failure the error
 // is an *Error.
 func (c *Client) CreateMultiCardPayment(ctx context.Context, p Payment) (*Reply, error) {
-	body, err := encodeRequest(p)
+	body, err := EncodeRequest(p)
 	if err != nil {
 		return nil, &Error{Err: err}
 	}
+	return c.Send(ctx, body)
+}
+
+// Send is CreateMultiCardPayment with a body already encoded by
+// EncodeRequest, sent byte for byte: the way to re-send a recorded request
+// with its idempotency key.
+func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 	if c.cfg.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
@@ -351,7 +361,7 @@ func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, er
 	if err != nil {
 		return nil, err
 	}
-	return &Reply{Status: resp.StatusCode, Payment: payment}, nil
+	return &Reply{Status: resp.StatusCode, Payment: payment, Body: b}, nil
 }
 
 // DecodeReply decodes a 2xx reply body, which must be a JSON object.
@@ -505,7 +515,10 @@ type wireRequest struct {
 	IdempotencyKey string `json:"idempotencyKey"`
 }
 
-func encodeRequest(p Payment) ([]byte, error) {
+// EncodeRequest returns the provider's request body for p: the documented
+// JSON shape, with Amount as an exact JSON integer. The same p always gives
+// the same bytes.
+func EncodeRequest(p Payment) ([]byte, error) {
 	var w wireRequest
 	w.AmountMoney.Currency = p.Currency
 	w.AmountMoney.Amount = p.Amount
