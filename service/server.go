@@ -25,10 +25,12 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -137,6 +139,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 			}
 			return runtime.DefaultHeaderMatcher(h)
 		}),
+		runtime.WithErrorHandler(restError),
 		runtime.WithOutgoingHeaderMatcher(func(h string) (string, bool) {
 			if h == RequestIDHeader {
 				return "X-Request-Id", true
@@ -308,4 +311,38 @@ func writeStatusJSON(w http.ResponseWriter, httpStatus, code int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(httpStatus)
 	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"details\":[]}\n", code, msg)
+}
+
+// restError is the gateway's error handler with one change: a reused
+// idempotency key is 422 Unprocessable Content, as the IETF Idempotency-Key
+// draft has it, rather than FAILED_PRECONDITION's usual 400.
+func restError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	if hasReason(err, ReasonKeyReused) {
+		w = statusOverride{ResponseWriter: w, status: http.StatusUnprocessableEntity}
+	}
+	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+}
+
+// statusOverride writes status instead of the status it is given.
+type statusOverride struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w statusOverride) WriteHeader(int) { w.ResponseWriter.WriteHeader(w.status) }
+
+func (w statusOverride) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// hasReason reports whether err's status carries an ErrorInfo with reason.
+func hasReason(err error, reason string) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == reason {
+			return true
+		}
+	}
+	return false
 }

@@ -434,7 +434,7 @@ func TestEnvironmentStamp(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		name string
-		db   func(t *testing.T) string
+		db   func(t testing.TB) string
 	}{
 		{"sqlite", storetest.SQLiteURL},
 		{"postgres", storetest.PostgresURL},
