@@ -179,4 +179,3 @@ func TestAllowlistNeedsClientCA(t *testing.T) {
 		t.Errorf("loadConfig(PAYMENTS_ALLOWED_CALLERS without PAYMENTS_TLS_CLIENT_CA_FILE) = %v, want an error naming both", err)
 	}
 }
-
