@@ -1,10 +1,8 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -61,6 +60,18 @@ type Options struct {
 	MaxRequestBytes int
 	// GRPCOptions are added to the gRPC server's, for example credentials.
 	GRPCOptions []grpc.ServerOption
+	// MaxInFlight caps calls in progress over both ports together; past it
+	// gRPC callers get RESOURCE_EXHAUSTED and REST callers 429. Health
+	// checks, reflection and the HTTP port's other endpoints are exempt.
+	// Zero means DefaultMaxInFlight.
+	MaxInFlight int
+	// ReadTimeout bounds reading a REST request's body; zero means
+	// DefaultReadTimeout. (The header's bound is the http.Server's.)
+	ReadTimeout time.Duration
+	// AllowedCallers, when not empty, are the only caller identities (mTLS
+	// client certificate URI or DNS SANs, matched exactly) that may call
+	// anything but health checks and reflection.
+	AllowedCallers []string
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -76,6 +87,11 @@ type Server struct {
 	serving bool // the listeners are up and not draining
 	storeOK bool // the record store answers
 	ready   atomic.Bool
+
+	// stopCtx ends when HardStop is called; in-flight handlers' contexts
+	// end with it.
+	stopCtx context.Context
+	stop    context.CancelFunc
 }
 
 // NewServer wires svc into a gRPC server and a REST gateway. Both start out
@@ -92,24 +108,45 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		return nil, fmt.Errorf("register gRPC metrics: %w", err)
 	}
 
+	maxInFlight := opts.MaxInFlight
+	if maxInFlight <= 0 {
+		maxInFlight = DefaultMaxInFlight
+	}
+	readTimeout := opts.ReadTimeout
+	if readTimeout <= 0 {
+		readTimeout = DefaultReadTimeout
+	}
+	limit := &limiter{max: int64(maxInFlight)}
+	allowed := newAllowlist(opts.AllowedCallers)
+	s := &Server{health: health.NewServer(), storeOK: true}
+	s.stopCtx, s.stop = context.WithCancel(context.Background())
+
 	// Outermost first: metrics and the access log see the final code,
-	// including Internal from a recovered panic; validation runs before the
-	// handler, so an invalid request never reaches the provider.
+	// including Internal from a recovered panic; the caller's identity is
+	// known to the access log, which records refusals too; validation runs
+	// before the handler, so an invalid request never reaches the provider.
+	// The in-flight cap is not here: it admits gRPC streams as their
+	// headers arrive (InTapHandle) and REST requests before their bodies.
 	chain := chainUnary(
 		metrics.UnaryServerInterceptor(),
 		requestID,
+		identify,
 		accessLog(opts.Logger),
+		allowed.unary,
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger))),
 		validatemw.UnaryServerInterceptor(validator),
+		s.hardStopUnary,
 	)
 
 	grpcOpts := []grpc.ServerOption{
 		grpc.UnaryInterceptor(chain),
+		grpc.ChainStreamInterceptor(allowed.stream, s.hardStopStream),
 		grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
 		// Reuse handler goroutines, whose stacks have already grown to what
 		// a call needs, instead of starting (and growing) one per call.
 		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))),
 	}
+	grpcOpts = append(grpcOpts, limit.grpcOptions()...)
 	if opts.TracerProvider != nil {
 		grpcOpts = append(grpcOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
 			otelgrpc.WithTracerProvider(opts.TracerProvider),
@@ -118,7 +155,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	}
 	grpcOpts = append(grpcOpts, opts.GRPCOptions...)
 
-	s := &Server{GRPC: grpc.NewServer(grpcOpts...), health: health.NewServer(), storeOK: true}
+	s.GRPC = grpc.NewServer(grpcOpts...)
 	paymentsv1.RegisterPaymentsServiceServer(s.GRPC, svc)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
 	reflection.Register(s.GRPC)
@@ -126,7 +163,16 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	s.health.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
 	s.SetServing(false)
 
+	rs, err := routesFromOpenAPI(openAPI)
+	if err != nil {
+		return nil, err
+	}
 	gateway := runtime.NewServeMux(
+		runtime.WithRoutingErrorHandler(rs.routingError),
+		runtime.WithMiddlewares(requireJSON),
+		// A form-encoded POST must not turn into a GET, nor a header
+		// change the method.
+		runtime.WithDisablePathLengthFallback(),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, restMarshaler{&runtime.JSONPb{
 			MarshalOptions: protojson.MarshalOptions{EmitUnpopulated: true},
 			// A misspelt field must not be silently dropped in a payments
@@ -161,7 +207,16 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", limitBody(int64(opts.MaxRequestBytes), rest))
+	mux.Handle("/v1/", limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, rest)))
+	// The lookup route takes keys with slashes ({idempotency_key=**}),
+	// which would also match the bare collection with an empty key; there
+	// is no list, so only POST is allowed there.
+	collection := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Allow", http.MethodPost)
+		writeStatusJSON(w, http.StatusMethodNotAllowed, int(codes.Unimplemented), "only POST is allowed on /v1/multi-card-payments")
+	}
+	mux.HandleFunc("GET /v1/multi-card-payments", collection)
+	mux.HandleFunc("GET /v1/multi-card-payments/{$}", collection)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})
@@ -177,7 +232,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(openAPI)
 	})
-	s.HTTP = mux
+	s.HTTP = identifyHTTP(mux)
 	return s, nil
 }
 
@@ -281,36 +336,6 @@ func callChain[Req, Resp any](ctx context.Context, chain grpc.UnaryServerInterce
 		return zero, err
 	}
 	return resp.(Resp), nil
-}
-
-// limitBody reads the REST body up front, refusing one over max bytes with
-// 413 before it reaches the gateway.
-func limitBody(max int64, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength > max {
-			writeStatusJSON(w, http.StatusRequestEntityTooLarge, 3, fmt.Sprintf("request body is over the limit of %d bytes", max))
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
-		if err != nil {
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
-				writeStatusJSON(w, http.StatusRequestEntityTooLarge, 3, fmt.Sprintf("request body is over the limit of %d bytes", max))
-				return
-			}
-			writeStatusJSON(w, http.StatusBadRequest, 3, "could not read the request body")
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		next.ServeHTTP(w, r)
-	})
-}
-
-// writeStatusJSON writes an error in the gateway's google.rpc.Status shape.
-func writeStatusJSON(w http.ResponseWriter, httpStatus, code int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(httpStatus)
-	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"details\":[]}\n", code, msg)
 }
 
 // restError is the gateway's error handler with one change: a reused

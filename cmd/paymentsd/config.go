@@ -13,6 +13,7 @@ import (
 	"time"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/service"
 	"example.com/paymentsd/upstream"
 )
 
@@ -61,6 +62,15 @@ type config struct {
 	DatabaseShown    string
 	SettlementWindow time.Duration
 	RecordRetention  time.Duration
+	// MaxInFlight caps calls in progress over both ports; MaxConnections
+	// caps open connections on each port; HTTPReadTimeout bounds reading a
+	// REST request's header, and then its body.
+	MaxInFlight     int
+	MaxConnections  int
+	HTTPReadTimeout time.Duration
+	// AllowedCallers, when set, are the mTLS identities (URI or DNS SANs)
+	// that may call the payments services.
+	AllowedCallers []string
 
 	TLSCertFile     string
 	TLSKeyFile      string
@@ -99,6 +109,10 @@ func (c *config) LogValue() slog.Value {
 		slog.String("database_from", c.DatabaseFrom),
 		slog.String("settlement_window", c.SettlementWindow.String()),
 		slog.String("record_retention", c.RecordRetention.String()),
+		slog.Int("max_in_flight", c.MaxInFlight),
+		slog.Int("max_connections", c.MaxConnections),
+		slog.String("http_read_timeout", c.HTTPReadTimeout.String()),
+		slog.Any("allowed_callers", c.AllowedCallers),
 		slog.Bool("tls", c.TLSCertFile != ""),
 		slog.Bool("mtls", c.TLSClientCAFile != ""),
 		slog.String("log_level", c.LogLevel.String()),
@@ -157,6 +171,19 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		problem("PAYMENTS_RECORD_RETENTION must be at least PAYMENTS_SETTLEMENT_WINDOW: a record can't be deleted while it may still be settled")
 	}
 	c.loadDatabase(getenv, problem)
+	c.MaxInFlight = intVar(getenv, "PAYMENTS_MAX_IN_FLIGHT", service.DefaultMaxInFlight, 1, 100000, problem)
+	c.MaxConnections = intVar(getenv, "PAYMENTS_MAX_CONNECTIONS", service.DefaultMaxConnections, 1, 100000, problem)
+	c.HTTPReadTimeout = durationVar(getenv, "PAYMENTS_HTTP_READ_TIMEOUT", service.DefaultReadTimeout, problem)
+	for _, caller := range strings.Split(getenv("PAYMENTS_ALLOWED_CALLERS"), ",") {
+		caller = strings.TrimSpace(caller)
+		switch {
+		case caller == "":
+		case strings.ContainsFunc(caller, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+			problem("PAYMENTS_ALLOWED_CALLERS has %q: an identity has no spaces or control characters", caller)
+		default:
+			c.AllowedCallers = append(c.AllowedCallers, caller)
+		}
+	}
 
 	if err := c.LogLevel.UnmarshalText([]byte(orDefault(getenv("PAYMENTS_LOG_LEVEL"), "info"))); err != nil {
 		problem("PAYMENTS_LOG_LEVEL is %q: want debug, info, warn or error", getenv("PAYMENTS_LOG_LEVEL"))
@@ -167,6 +194,11 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	}
 	if c.TLSClientCAFile != "" && c.TLSCertFile == "" {
 		problem("PAYMENTS_TLS_CLIENT_CA_FILE needs PAYMENTS_TLS_CERT_FILE and PAYMENTS_TLS_KEY_FILE")
+	}
+	if len(c.AllowedCallers) > 0 && c.TLSClientCAFile == "" {
+		// Without client certificates no caller has an identity, and the
+		// allowlist would refuse everyone.
+		problem("PAYMENTS_ALLOWED_CALLERS needs PAYMENTS_TLS_CLIENT_CA_FILE: callers are identified by their client certificates")
 	}
 
 	switch {

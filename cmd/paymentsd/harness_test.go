@@ -24,7 +24,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) {
+		if buildOnce.dir != "" {
+			os.RemoveAll(buildOnce.dir)
+		}
+	}))
 }
 
 // sandboxKey and liveKey are the keys the tests' fake providers know.
