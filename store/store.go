@@ -489,6 +489,11 @@ func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 	if !s.d.storable(f.Key) {
 		return Record{}, fmt.Errorf("finish %.64q: %w", f.Key, ErrLeaseLost)
 	}
+	switch f.State {
+	case StateSucceeded, StateNotCreated, StateOutcomeUnknown:
+	default:
+		return Record{}, fmt.Errorf("finish %.64q: state %v is not an outcome", f.Key, f.State)
+	}
 	d := s.d
 	settle := 0
 	if f.Settlement {

@@ -193,6 +193,9 @@ func testStore(t *testing.T, b backend) {
 		if _, err := s.Finish(ctx, store.Finish{Key: "nope", Owner: "a", State: store.StateSucceeded, Now: t0}); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("Finish(no record) error = %v, want ErrLeaseLost", err)
 		}
+		if _, err := s.Finish(ctx, store.Finish{Key: "k", Owner: "a", State: store.StateInProgress, Now: t0}); err == nil {
+			t.Errorf("Finish(InProgress) error = nil, want a refusal")
+		}
 
 		// Expired lease: taken over, Prior InProgress, window kept.
 		later := t0.Add(lease)
