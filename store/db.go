@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -32,6 +33,10 @@ type dialect struct {
 	intTimes bool
 	// textKeysOnly: the key column can't hold NUL or invalid UTF-8.
 	textKeysOnly bool
+	// keyCol is the records column that identifies a key: key itself in
+	// SQLite, or key_hash (SHA-256 of the key) in PostgreSQL, whose btree
+	// indexes can't hold a long key.
+	keyCol string
 }
 
 var (
@@ -39,12 +44,14 @@ var (
 		name:          "sqlite",
 		questionMarks: true,
 		intTimes:      true,
+		keyCol:        "key",
 	}
 	postgresDialect = dialect{
 		name:         "postgres",
 		lockRows:     "FOR UPDATE",
 		skipLocked:   "FOR UPDATE SKIP LOCKED",
 		textKeysOnly: true,
+		keyCol:       "key_hash",
 	}
 )
 
@@ -65,6 +72,15 @@ func (d dialect) t(t time.Time) any {
 		return t.UnixMicro()
 	}
 	return t.Truncate(time.Microsecond).UTC()
+}
+
+// k returns the value of keyCol for key.
+func (d dialect) k(key string) any {
+	if d.keyCol == "key" {
+		return key
+	}
+	h := sha256.Sum256([]byte(key))
+	return h[:]
 }
 
 // storable reports whether the backend can store key exactly.

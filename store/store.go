@@ -376,7 +376,7 @@ func scanRecords(rows *sql.Rows) ([]Record, error) {
 // It returns ErrKeyNotStorable for a key the backend can't hold exactly.
 func (s *Store) Begin(ctx context.Context, c Claim) (Began, error) {
 	if !s.d.storable(c.Key) {
-		return Began{}, fmt.Errorf("begin %q: %w", c.Key, ErrKeyNotStorable)
+		return Began{}, fmt.Errorf("begin %.64q: %w", c.Key, ErrKeyNotStorable)
 	}
 	var b Began
 	err := s.transact(ctx, func(tx *sql.Tx) error {
@@ -385,7 +385,7 @@ func (s *Store) Begin(ctx context.Context, c Claim) (Began, error) {
 		return err
 	})
 	if err != nil {
-		return Began{}, s.wrap(fmt.Errorf("begin %q: %w", c.Key, err))
+		return Began{}, s.wrap(fmt.Errorf("begin %.64q: %w", c.Key, err))
 	}
 	return b, nil
 }
@@ -397,15 +397,20 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim) (Began, error) {
 	// locks the committed row. A row deleted in between (DeleteBefore) sends
 	// us round again.
 	for range 3 {
+		cols, vals := "", ""
+		args := []any{c.Key, c.Body, c.BodySHA256[:], c.Currency, c.Amount, int(StateInProgress),
+			c.RequestID, c.TraceID, c.Caller, d.t(c.Now), d.t(c.SettleBy),
+			d.t(time.Time{}), c.Owner, d.t(c.LeaseUntil)}
+		if d.keyCol != "key" {
+			cols, vals = ", "+d.keyCol, ", $15"
+			args = append(args, d.k(c.Key))
+		}
 		res, err := tx.ExecContext(ctx, d.q(`
 			INSERT INTO records (key, body, body_sha256, currency, amount, state,
 				request_id, trace_id, caller, created_at, updated_at, settle_by,
-				next_settle_at, lease_owner, lease_expires_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14)
-			ON CONFLICT (key) DO NOTHING`),
-			c.Key, c.Body, c.BodySHA256[:], c.Currency, c.Amount, int(StateInProgress),
-			c.RequestID, c.TraceID, c.Caller, d.t(c.Now), d.t(c.SettleBy),
-			d.t(time.Time{}), c.Owner, d.t(c.LeaseUntil))
+				next_settle_at, lease_owner, lease_expires_at`+cols+`)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14`+vals+`)
+			ON CONFLICT (`+d.keyCol+`) DO NOTHING`), args...)
 		if err != nil {
 			return Began{}, err
 		}
@@ -463,16 +468,18 @@ func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record) (Bega
 func getRecord(ctx context.Context, q interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
 }, d dialect, key, lock string) (Record, error) {
-	r, err := scanRecord(q.QueryRowContext(ctx, d.q(`SELECT `+recordColumns+` FROM records WHERE key = $1 `+lock), key))
+	r, err := scanRecord(q.QueryRowContext(ctx, d.q(`SELECT `+recordColumns+` FROM records WHERE `+d.keyCol+` = $1 `+lock), d.k(key)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, ErrNotFound
 	}
 	return r, err
 }
 
-// updateRecord sets columns (with $1 the key) and returns the record.
-func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, set string, args ...any) (Record, error) {
-	return scanRecord(tx.QueryRowContext(ctx, d.q(`UPDATE records SET `+set+` WHERE key = $1 RETURNING `+recordColumns), args...))
+// updateRecord sets columns ($2 onwards are args) on key's record and
+// returns it.
+func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, set string, key string, args ...any) (Record, error) {
+	args = append([]any{d.k(key)}, args...)
+	return scanRecord(tx.QueryRowContext(ctx, d.q(`UPDATE records SET `+set+` WHERE `+d.keyCol+` = $1 RETURNING `+recordColumns), args...))
 }
 
 // Finish records f's outcome if f.Owner still holds the lease, clearing it,
@@ -480,7 +487,12 @@ func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, set string, args .
 // nothing.
 func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 	if !s.d.storable(f.Key) {
-		return Record{}, fmt.Errorf("finish %q: %w", f.Key, ErrLeaseLost)
+		return Record{}, fmt.Errorf("finish %.64q: %w", f.Key, ErrLeaseLost)
+	}
+	switch f.State {
+	case StateSucceeded, StateNotCreated, StateOutcomeUnknown:
+	default:
+		return Record{}, fmt.Errorf("finish %.64q: state %v is not an outcome", f.Key, f.State)
 	}
 	d := s.d
 	settle := 0
@@ -493,9 +505,9 @@ func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 			UPDATE records SET state = $3, attempts = attempts + $4, provider_status = $5,
 				reply = $6, last_error = $7, code = $8, updated_at = $9, next_settle_at = $10,
 				settle_attempts = settle_attempts + $11, lease_owner = '', lease_expires_at = $12
-			WHERE key = $1 AND lease_owner = $2 AND state = $13
+			WHERE `+d.keyCol+` = $1 AND lease_owner = $2 AND state = $13
 			RETURNING `+recordColumns),
-			f.Key, f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
+			d.k(f.Key), f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
 			f.Reply, f.LastError, f.Code, d.t(f.Now), d.t(f.NextSettleAt),
 			settle, d.t(time.Time{}), int(StateInProgress))
 		if err != nil {
@@ -512,7 +524,7 @@ func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 		return nil
 	})
 	if err != nil {
-		return Record{}, s.wrap(fmt.Errorf("finish %q: %w", f.Key, err))
+		return Record{}, s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err))
 	}
 	return r, nil
 }
@@ -520,11 +532,11 @@ func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 // Get returns the record for key, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, key string) (Record, error) {
 	if !s.d.storable(key) {
-		return Record{}, fmt.Errorf("get %q: %w", key, ErrNotFound)
+		return Record{}, fmt.Errorf("get %.64q: %w", key, ErrNotFound)
 	}
 	r, err := getRecord(ctx, s.r, s.d, key, "")
 	if err != nil {
-		return Record{}, s.wrap(fmt.Errorf("get %q: %w", key, err))
+		return Record{}, s.wrap(fmt.Errorf("get %.64q: %w", key, err))
 	}
 	return r, nil
 }
@@ -543,8 +555,8 @@ func (s *Store) ClaimDue(ctx context.Context, owner string, now, leaseUntil time
 	err := s.transact(ctx, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, d.q(`
 			UPDATE records SET state = $1, lease_owner = $2, lease_expires_at = $3, updated_at = $4
-			WHERE key IN (
-				SELECT key FROM records
+			WHERE `+d.keyCol+` IN (
+				SELECT `+d.keyCol+` FROM records
 				WHERE ((state = $5 AND next_settle_at <= $4) OR (state = $1 AND lease_expires_at <= $4))
 					AND settle_by > $4
 				ORDER BY next_settle_at, key
@@ -578,8 +590,8 @@ func (s *Store) GiveUp(ctx context.Context, now time.Time, limit int) ([]Record,
 			UPDATE records SET state = $1, gave_up = $2, updated_at = $3,
 				lease_owner = CASE WHEN state = $4 THEN '' ELSE lease_owner END,
 				lease_expires_at = CASE WHEN state = $4 THEN $5 ELSE lease_expires_at END
-			WHERE key IN (
-				SELECT key FROM records
+			WHERE `+d.keyCol+` IN (
+				SELECT `+d.keyCol+` FROM records
 				WHERE (state = $1 OR (state = $4 AND lease_expires_at <= $3))
 					AND settle_by <= $3 AND gave_up = $6
 				ORDER BY settle_by, key
@@ -644,8 +656,8 @@ func (s *Store) DeleteBefore(ctx context.Context, t time.Time, limit int) (int, 
 	var total int64
 	err := s.transact(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, d.q(`
-			DELETE FROM records WHERE key IN (
-				SELECT key FROM records WHERE updated_at < $1 AND state <> $2
+			DELETE FROM records WHERE `+d.keyCol+` IN (
+				SELECT `+d.keyCol+` FROM records WHERE updated_at < $1 AND state <> $2
 				ORDER BY updated_at LIMIT $3 `+d.skipLocked+`)`),
 			d.t(t), int(StateInProgress), limit)
 		if err != nil {

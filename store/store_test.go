@@ -2,7 +2,9 @@ package store_test
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
@@ -190,6 +192,9 @@ func testStore(t *testing.T, b backend) {
 		}
 		if _, err := s.Finish(ctx, store.Finish{Key: "nope", Owner: "a", State: store.StateSucceeded, Now: t0}); !errors.Is(err, store.ErrLeaseLost) {
 			t.Errorf("Finish(no record) error = %v, want ErrLeaseLost", err)
+		}
+		if _, err := s.Finish(ctx, store.Finish{Key: "k", Owner: "a", State: store.StateInProgress, Now: t0}); err == nil {
+			t.Errorf("Finish(InProgress) error = nil, want a refusal")
 		}
 
 		// Expired lease: taken over, Prior InProgress, window kept.
@@ -501,7 +506,11 @@ func testStore(t *testing.T, b backend) {
 	t.Run("ExactKeys", func(t *testing.T) {
 		t.Parallel()
 		s := fresh(t)
-		ks := []string{"abc", "ABC", "abc ", " abc", "abc  ", "é", "e\u0301", "日本語", "ß", "ss", "İ", "i", "😀",
+		// An incompressible 10 KB key, too: PostgreSQL can't index one in a
+		// btree directly.
+		random := make([]byte, 7<<10)
+		rand.Read(random)
+		ks := []string{base64.StdEncoding.EncodeToString(random), "abc", "ABC", "abc ", " abc", "abc  ", "é", "e\u0301", "日本語", "ß", "ss", "İ", "i", "😀",
 			strings.Repeat("k", 10<<10), strings.Repeat("k", 10<<10) + " ", `quote'"\`}
 		for i, k := range ks {
 			begin(t, s, claim(k, fmt.Sprintf("body%d", i), "a", t0), store.Acquired)
