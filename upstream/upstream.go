@@ -475,11 +475,48 @@ func maybeCreated(err error, sent bool) bool {
 	}
 	var se *StatusError
 	if errors.As(err, &se) {
-		// A 4xx is the provider refusing the request; a 5xx may come after
-		// the work was done.
-		return se.Status >= 500
+		return !refusedUnprocessed(se.Status)
 	}
 	return true
+}
+
+// refusedUnprocessed reports whether a non-2xx status proves that the
+// provider did not act on the request, so no payment exists. The provider
+// documents only 401 and 403; for the rest this goes by what RFC 9110 and
+// RFC 6585 say a status means.
+//
+// Refusals that happen before the request is acted on prove it: a request
+// that is malformed (400), unauthenticated (401), not permitted (403),
+// aimed at no resource (404) or with the wrong method (405), that asks for
+// a representation the server cannot give (406), lacks a length (411), is
+// too large in its body, URI or headers (413, 414, 431), has an unsupported
+// media type (415), or is rate-limited (429).
+//
+// Everything else proves nothing, so a payment may exist: 409 is what a
+// provider answers while another request with the same idempotency key is
+// in flight, and that request may create the payment; 412, 422, 423 and 425
+// may come after some processing; 408 contradicts the whole request having
+// been written (ours always is) and is what some proxies send when the
+// server behind them is slow; a 3xx is never followed, and says nothing of
+// what happened; any other or unknown status, and 5xx, may come after the
+// work was done.
+func refusedUnprocessed(status int) bool {
+	switch status {
+	case http.StatusBadRequest,
+		http.StatusUnauthorized,
+		http.StatusForbidden,
+		http.StatusNotFound,
+		http.StatusMethodNotAllowed,
+		http.StatusNotAcceptable,
+		http.StatusLengthRequired,
+		http.StatusRequestEntityTooLarge,
+		http.StatusRequestURITooLong,
+		http.StatusUnsupportedMediaType,
+		http.StatusTooManyRequests,
+		http.StatusRequestHeaderFieldsTooLarge:
+		return true
+	}
+	return false
 }
 
 // breakerVerdict is what an attempt tells the circuit breaker: transport
