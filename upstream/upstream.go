@@ -112,13 +112,10 @@ func New(cfg Config) (*Client, error) {
 	if cfg.APIKey == "" {
 		return nil, errors.New("upstream: no API key")
 	}
-	u, err := url.Parse(cfg.BaseURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		// The key may be where the URL should be, as when the two are swapped.
-		return nil, fmt.Errorf("upstream: base URL %q is not an http(s) URL", strings.ReplaceAll(cfg.BaseURL, cfg.APIKey, "[REDACTED]"))
-	}
-	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("upstream: base URL must not carry credentials, a query or a fragment")
+	// Errors never quote the URL: the key may be where the URL should be,
+	// as when the two are swapped.
+	if err := CheckBaseURL(cfg.BaseURL); err != nil {
+		return nil, fmt.Errorf("upstream: %w", err)
 	}
 	setDefaults(&cfg)
 	// Never follow a redirect: a redirected POST may become a GET, and Go
@@ -143,6 +140,33 @@ func New(cfg Config) (*Client, error) {
 		},
 	})
 	return c, nil
+}
+
+// CheckBaseURL reports what is wrong with a base URL for the provider: it
+// must be an absolute http or https URL with a host, a port (if any) from 1
+// to 65535, and no credentials, query or fragment, not even an empty one
+// (a bare "?" or "#"), since the request path is appended to it. The error
+// never quotes the URL.
+func CheckBaseURL(raw string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Opaque != "":
+		return errors.New("base URL is not an http or https URL")
+	case u.User != nil:
+		return errors.New("base URL must not carry credentials")
+	case u.RawQuery != "" || u.ForceQuery:
+		return errors.New("base URL must not have a query")
+	case u.Fragment != "" || strings.Contains(raw, "#"):
+		return errors.New("base URL must not have a fragment")
+	case u.Hostname() == "":
+		return errors.New("base URL has no host")
+	}
+	if port := u.Port(); port != "" || strings.HasSuffix(u.Host, ":") {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return errors.New("base URL has a bad port: want a number from 1 to 65535, or none")
+		}
+	}
+	return nil
 }
 
 func setDefaults(cfg *Config) {

@@ -159,6 +159,16 @@ func TestNew(t *testing.T) {
 		{"control character", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com/v1\n" }, false},
 		{"query", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com/v1?env=live" }, false},
 		{"fragment", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com/v1#x" }, false},
+		{"bare query", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com/v1?" }, false},
+		{"bare fragment", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com/v1#" }, false},
+		{"port only", func(c *upstream.Config) { c.BaseURL = "https://:443/v1" }, false},
+		{"port 0", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:0/v1" }, false},
+		{"port too big", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:65536/v1" }, false},
+		{"port not a number", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:https/v1" }, false},
+		{"empty port", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:/v1" }, false},
+		{"highest port", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:65535/v1" }, true},
+		{"IPv6 with port", func(c *upstream.Config) { c.BaseURL = "https://[::1]:8443/v1" }, true},
+		{"key as port", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:" + key + "/v1" }, false},
 		// The key must never be in an error, even when it was put where the
 		// URL goes.
 		{"key as user info", func(c *upstream.Config) { c.BaseURL = "https://" + key + "@sandbox.example.com/v1" }, false},
