@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
@@ -44,6 +45,9 @@ const (
 
 	// maxErrorBody bounds how much of a non-2xx reply is kept for callers.
 	maxErrorBody = 8 << 10
+	// maxEncodedKeyByte is the longest a key's byte can be written in a
+	// form the redactor decodes: \u0025\u0036\u0043 is "%6C", an "l".
+	maxEncodedKeyByte = 18
 )
 
 // Sentinel causes, found in an *Error with errors.Is.
@@ -91,6 +95,11 @@ type Config struct {
 	BreakerCooldown time.Duration
 	// Metrics, if not nil, records every attempt.
 	Metrics *Metrics
+	// Logger, if not nil, gets a warning for every failed attempt with its
+	// real cause (DNS, refused connection, TLS, a key that is not a valid
+	// header value, the provider's status), which the caller-facing error
+	// leaves generic. The key is never logged.
+	Logger *slog.Logger
 }
 
 // Client calls the payment provider. It is safe for concurrent use.
@@ -101,6 +110,8 @@ type Client struct {
 	cfg     Config
 	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
 	metrics *Metrics
+	logger  *slog.Logger
+	red     redactor
 }
 
 // New returns a client for cfg. It fails if cfg is incomplete; the error
@@ -128,6 +139,8 @@ func New(cfg Config) (*Client, error) {
 		http:    &hc,
 		cfg:     cfg,
 		metrics: cfg.Metrics,
+		logger:  cfg.Logger,
+		red:     redactor{key: cfg.APIKey},
 	}
 	c.breaker = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:    "provider",
@@ -295,12 +308,15 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		failure.Err = err
 		failure.MaybeCreated = failure.MaybeCreated || maybeCreated(err, sent)
 		if !retryable(err) || failure.Attempts >= c.cfg.MaxAttempts {
+			c.logAttempt(ctx, failure.Attempts, err, sent, "none")
 			return nil, failure
 		}
 		wait := c.backoff(failure.Attempts, err)
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+			c.logAttempt(ctx, failure.Attempts, err, sent, "none: the deadline is too near")
 			return nil, failure
 		}
+		c.logAttempt(ctx, failure.Attempts, err, sent, wait.String())
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -311,6 +327,53 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		}
 	}
 }
+
+// logAttempt logs a failed attempt with its real cause: the provider's
+// status, or the transport's own error text (which names a DNS failure, a
+// refused connection, a certificate problem or an invalid header value,
+// where the caller-facing error says only "unreachable").
+func (c *Client) logAttempt(ctx context.Context, attempt int, err error, sent bool, retry string) {
+	if c.logger == nil || !c.logger.Enabled(ctx, slog.LevelWarn) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.Int("attempt", attempt),
+		slog.Bool("request_sent", sent),
+		slog.String("retry_in", retry),
+	}
+	var se *StatusError
+	if errors.As(err, &se) {
+		attrs = append(attrs, slog.Int("provider_status", se.Status))
+	} else {
+		attrs = append(attrs, slog.String("outcome", transportLabel(err)))
+	}
+	attrs = append(attrs, slog.String("cause", c.red.redactString(causeOf(err).Error())))
+	c.logger.LogAttrs(ctx, slog.LevelWarn, "provider attempt failed", attrs...)
+}
+
+// causeOf is the error beneath this package's sentinel, if the attempt
+// kept it, else err.
+func causeOf(err error) error {
+	var ce *causeError
+	if errors.As(err, &ce) {
+		return ce.cause
+	}
+	return err
+}
+
+// causeError is a transport failure: a sentinel of this package, for
+// callers, and the transport's own error, for the log.
+type causeError struct {
+	sentinel error
+	cause    error
+}
+
+func (e *causeError) Error() string { return e.sentinel.Error() + ": " + e.cause.Error() }
+
+// Unwrap exposes only the sentinel: callers classify by it, and the cause
+// (which may wrap a context error from the transport's own timeout) would
+// make the classification depend on transport details.
+func (e *causeError) Unwrap() error { return e.sentinel }
 
 // attempt makes one request. sent reports that the whole request was
 // written, so the provider may have acted on it.
@@ -361,10 +424,12 @@ func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, er
 		resp.Body.Close()
 	}()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		// Read past the limit by a key's length, so that a key across the
-		// cut is redacted whole rather than left in part.
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+int64(len(c.key))))
-		b = c.redact(b)
+		// Read past the limit by the longest encoding of the key (each
+		// byte as a JSON-escaped percent sign and two JSON-escaped hex
+		// digits), so that a key across the cut is redacted whole rather
+		// than left in part.
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+int64(maxEncodedKeyByte*len(c.key))))
+		b = c.red.redact(b)
 		return nil, &StatusError{
 			Status:     resp.StatusCode,
 			Body:       b[:min(len(b), maxErrorBody)],
@@ -381,6 +446,9 @@ func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, er
 	if int64(len(b)) > c.cfg.MaxResponseBytes {
 		return nil, fmt.Errorf("%w: %d reply over %d bytes", ErrReplyTooLarge, resp.StatusCode, c.cfg.MaxResponseBytes)
 	}
+	// Redact before decoding, so that Payment, decoded from the redacted
+	// body, holds the key nowhere either.
+	b = c.red.redact(b)
 	payment, err := DecodeReply(b)
 	if err != nil {
 		return nil, err
@@ -421,17 +489,16 @@ func (c *Client) transportError(ctx context.Context, err error, wrote bool) erro
 	if errors.As(err, &uerr) {
 		err = uerr.Err
 	}
+	sentinel := ErrConnectionLost
 	if !wrote {
-		return fmt.Errorf("%w: %v", ErrUnreachable, err)
+		sentinel = ErrUnreachable
 	}
-	return fmt.Errorf("%w: %v", ErrConnectionLost, err)
-}
-
-func (c *Client) redact(b []byte) []byte {
-	if c.key == "" || !bytes.Contains(b, []byte(c.key)) {
-		return b
+	// No transport error is known to quote a header value, but the text
+	// reaches logs and callers, so make sure.
+	if msg := err.Error(); c.red.redactString(msg) != msg {
+		err = errors.New(c.red.redactString(msg))
 	}
-	return bytes.ReplaceAll(b, []byte(c.key), []byte("[REDACTED]"))
+	return &causeError{sentinel: sentinel, cause: err}
 }
 
 // backoff returns how long to wait before the attempt after the n-th: the
