@@ -401,9 +401,13 @@ func TestProviderStatusMapping(t *testing.T) {
 		{401, codes.Unauthenticated, 401},
 		{403, codes.PermissionDenied, 403},
 		{404, codes.NotFound, 404},
+		{405, codes.InvalidArgument, 400},
 		{409, codes.Aborted, 409},
 		{418, codes.InvalidArgument, 400}, // unlisted 4xx: by class
+		{422, codes.InvalidArgument, 400},
 		{429, codes.ResourceExhausted, 429},
+		{302, codes.Unknown, 500}, // never followed
+		{307, codes.Unknown, 500},
 		{500, codes.Internal, 500},
 		{501, codes.Unimplemented, 501},
 		{502, codes.Unavailable, 503},
@@ -427,9 +431,13 @@ func TestProviderStatusMapping(t *testing.T) {
 				t.Errorf("provider %d: code = %v, want %v", tt.provider, st.Code(), tt.wantCode)
 			}
 			checkProviderError(t, st, tt.provider)
-			wantReason := "PAYMENT_NOT_CREATED"
-			if tt.provider >= 500 {
-				wantReason = "PAYMENT_OUTCOME_UNKNOWN"
+			// Only refusals that prove the request was not acted on
+			// say not created; 409 (same key in flight), 422, unknown
+			// 4xx, 3xx and 5xx may have created a payment.
+			wantReason := "PAYMENT_OUTCOME_UNKNOWN"
+			switch tt.provider {
+			case 400, 401, 403, 404, 405, 429:
+				wantReason = "PAYMENT_NOT_CREATED"
 			}
 			checkReason(t, st, wantReason)
 
