@@ -1,16 +1,20 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/service"
@@ -120,8 +124,10 @@ func (c *config) LogValue() slog.Value {
 }
 
 // loadConfig reads the configuration from args and getenv and validates it,
-// reporting every problem at once, each naming its setting. Only the
-// selected environment's variables are read.
+// reporting every problem at once, each naming its setting and saying what
+// is wanted. A refusal never repeats a value: a key pasted into the wrong
+// variable must not reach the terminal or the logs. Only the selected
+// environment's variables are read.
 func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("paymentsd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -130,7 +136,7 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+		return nil, fmt.Errorf("%d unexpected argument(s): paymentsd takes only flags, such as --simulate", fs.NArg())
 	}
 
 	var problems []error
@@ -151,7 +157,7 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		c.Environment = "sandbox"
 	}
 	if c.Environment != "sandbox" && c.Environment != "live" {
-		problem("PAYMENTS_ENVIRONMENT is %q: want sandbox or live", c.Environment)
+		problem("PAYMENTS_ENVIRONMENT: want sandbox or live")
 	}
 
 	c.UpstreamMaxAttempts = intVar(getenv, "PAYMENTS_UPSTREAM_MAX_ATTEMPTS", upstream.DefaultMaxAttempts, 1, 10, problem)
@@ -163,6 +169,11 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	c.ShutdownTimeout = durationVar(getenv, "PAYMENTS_SHUTDOWN_TIMEOUT", 20*time.Second, problem)
 	if v := getenv("PAYMENTS_SHUTDOWN_DELAY"); v != "" && v != "0" {
 		c.ShutdownDelay = durationVar(getenv, "PAYMENTS_SHUTDOWN_DELAY", 0, problem)
+	}
+	if c.UpstreamTimeout > c.ShutdownTimeout {
+		// A call still waiting on the provider when the drain ends is cut
+		// off, and its caller is left not knowing whether it paid.
+		problem("PAYMENTS_UPSTREAM_TIMEOUT (%v) is longer than PAYMENTS_SHUTDOWN_TIMEOUT (%v): want it no longer, or a provider call in flight at shutdown is cut off with its outcome unknown", c.UpstreamTimeout, c.ShutdownTimeout)
 	}
 
 	c.SettlementWindow = durationVar(getenv, "PAYMENTS_SETTLEMENT_WINDOW", 10*time.Minute, problem)
@@ -186,7 +197,7 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	}
 
 	if err := c.LogLevel.UnmarshalText([]byte(orDefault(getenv("PAYMENTS_LOG_LEVEL"), "info"))); err != nil {
-		problem("PAYMENTS_LOG_LEVEL is %q: want debug, info, warn or error", getenv("PAYMENTS_LOG_LEVEL"))
+		problem("PAYMENTS_LOG_LEVEL: want debug, info, warn or error")
 	}
 
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
@@ -224,19 +235,17 @@ func (c *config) loadProvider(getenv func(string) string, problem func(string, .
 	urlVar, keyVar, fileVar := prefix+"BASE_URL", prefix+"API_KEY", prefix+"API_KEY_FILE"
 
 	c.BaseURL = strings.TrimSpace(getenv(urlVar))
-	switch u, err := url.Parse(c.BaseURL); {
+	u, err := url.Parse(c.BaseURL)
+	switch checkErr := upstream.CheckBaseURL(c.BaseURL); {
 	case c.BaseURL == "":
-		problem("%s is not set", urlVar)
-	case err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https"):
-		problem("%s is not an http or https URL", urlVar)
-	case u.User != nil || u.RawQuery != "" || u.Fragment != "":
-		// Never echo it: credentials in a URL are a key by another name.
-		c.BaseURL = u.Redacted()
-		problem("%s must not contain credentials, a query or a fragment", urlVar)
+		problem("%s is not set: want the provider's base URL, ending in /v1", urlVar)
+	case checkErr != nil || err != nil:
+		// The error never quotes the URL.
+		problem("%s: %v", urlVar, checkErr)
 	case c.Environment == "live" && u.Scheme != "https":
-		problem("%s must be https in live, got %q", urlVar, c.BaseURL)
+		problem("%s must be https in live", urlVar)
 	case !strings.HasSuffix(u.Path, "/v1"):
-		problem("%s must end in /v1, got %q", urlVar, c.BaseURL)
+		problem("%s must end in /v1", urlVar)
 	}
 
 	key, file := getenv(keyVar), getenv(fileVar)
@@ -247,19 +256,32 @@ func (c *config) loadProvider(getenv func(string) string, problem func(string, .
 		problem("%s or %s must be set", keyVar, fileVar)
 	case key != "":
 		c.APIKey, c.APIKeyFrom = secret(strings.TrimSpace(key)), keyVar
-		if c.APIKey == "" {
+		switch {
+		case c.APIKey == "":
 			problem("%s is blank", keyVar)
+		case keyProblem(string(c.APIKey)) != "":
+			problem("%s %s", keyVar, keyProblem(string(c.APIKey)))
 		}
 	default:
 		b, err := os.ReadFile(file)
 		if err != nil {
-			// The error names the file, never its contents.
-			problem("%s: cannot read the key file: %v", fileVar, err)
+			// Neither the path (which may be a key pasted into the wrong
+			// variable) nor the contents: only why it can't be read.
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			problem("%s: cannot read the file it names: %v", fileVar, err)
 			return
 		}
+		// Editors on some systems start a file with a byte-order mark.
+		b = bytes.TrimPrefix(b, []byte("\uFEFF"))
 		c.APIKey, c.APIKeyFrom = secret(strings.TrimSpace(string(b))), fileVar+"="+file
-		if c.APIKey == "" {
+		switch {
+		case c.APIKey == "":
 			problem("%s names an empty key file", fileVar)
+		case keyProblem(string(c.APIKey)) != "":
+			problem("%s names a file that %s", fileVar, keyProblem(string(c.APIKey)))
 		}
 	}
 }
@@ -317,6 +339,26 @@ func (c *config) databaseVar() string {
 	return "PAYMENTS_DATABASE_URL"
 }
 
+// keyProblem says what is wrong with a key, trimmed of surrounding
+// whitespace, without quoting it; "" if nothing is. A key with a second
+// line, a space, or a control or invisible character inside it is never
+// what the provider issued, and would fail every call (a newline can't even
+// be sent in a header).
+func keyProblem(key string) string {
+	if !utf8.ValidString(key) {
+		return "holds a key that is not valid UTF-8: want the key alone, as issued"
+	}
+	for _, r := range key {
+		switch {
+		case unicode.IsSpace(r):
+			return "holds whitespace inside the key (a second line, or a space): want the key alone, on one line"
+		case unicode.IsControl(r) || !unicode.IsPrint(r):
+			return "holds a control or invisible character inside the key: want the key alone, as issued"
+		}
+	}
+	return ""
+}
+
 func orDefault(v, def string) string {
 	if v == "" {
 		return def
@@ -331,7 +373,7 @@ func intVar(getenv func(string) string, name string, def, lo, hi int, problem fu
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < lo || n > hi {
-		problem("%s is %q: want a whole number from %d to %d", name, v, lo, hi)
+		problem("%s: want a whole number from %d to %d", name, lo, hi)
 		return def
 	}
 	return n
@@ -344,7 +386,7 @@ func durationVar(getenv func(string) string, name string, def time.Duration, pro
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		problem("%s is %q: want a positive Go duration such as 15s", name, v)
+		problem("%s: want a positive Go duration such as 15s", name)
 		return def
 	}
 	return d

@@ -117,6 +117,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		BreakerFailures:  cfg.BreakerFailures,
 		BreakerCooldown:  cfg.BreakerCooldown,
 		Metrics:          upstream.NewMetrics(registerer),
+		Logger:           logger,
 	})
 	if err != nil {
 		return err
