@@ -426,7 +426,7 @@ func TestProviderStatusMapping(t *testing.T) {
 			reply := upstreamtest.Reply{Status: tt.provider, Body: []byte(`{"error":"scripted"}`)}
 			p.SetScript(upstreamtest.Always(reply))
 
-			_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-map"))
+			_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest(fmt.Sprint("k-map-", tt.provider)))
 			st := status.Convert(err)
 			if st.Code() != tt.wantCode {
 				t.Errorf("provider %d: code = %v, want %v", tt.provider, st.Code(), tt.wantCode)
@@ -442,7 +442,7 @@ func TestProviderStatusMapping(t *testing.T) {
 			}
 			checkReason(t, st, wantReason)
 
-			r := in.rest(t, validBody("k-map-rest"), nil)
+			r := in.rest(t, validBody(fmt.Sprint("k-map-rest-", tt.provider)), nil)
 			if r.status != tt.wantStatus {
 				t.Errorf("provider %d: REST status = %d, want %d", tt.provider, r.status, tt.wantStatus)
 			}

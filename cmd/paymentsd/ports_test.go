@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -257,7 +258,11 @@ func TestDrainDeadline(t *testing.T) {
 		arrived <- struct{}{}
 		return upstreamtest.Reply{Wait: hold, Status: 200, Body: okBody}
 	})
-	in := start(t, with(sandboxEnv(p), "PAYMENTS_SHUTDOWN_TIMEOUT", "300ms"))
+	// The configuration refuses an upstream timeout longer than the drain,
+	// so only a call held some other way outlives it; the hard stop is the
+	// safety net for that, and this reaches it by lifting the timeout.
+	in := startConfigured(t, with(sandboxEnv(p), "PAYMENTS_SHUTDOWN_TIMEOUT", "300ms", "PAYMENTS_UPSTREAM_TIMEOUT", "300ms"), nil,
+		func(c *config) { c.UpstreamTimeout = time.Minute })
 	grpcDone := make(chan error, 1)
 	go func() {
 		_, err := in.client.CreateMultiCardPayment(context.Background(), validRequest("cut-off-grpc"))
