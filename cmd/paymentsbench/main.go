@@ -8,31 +8,45 @@
 //	go run ./cmd/paymentsbench -smoke   # every phase, tiny, in seconds (CI)
 //	go run ./cmd/paymentsbench -help    # the flags
 //
-// It builds paymentsd, starts it as a separate process against a fake
-// provider that is itself a separate process (this binary, re-executed with
-// a hidden -fake-provider mode), and then, at concurrency 1 and 32, drives
-// the same payment three ways:
+// It builds paymentsd and starts, each as a separate process on loopback
+// against one fake provider (this binary re-executed with a hidden
+// -fake-provider mode):
 //
-//   - direct: straight to the fake provider, the floor paymentsd adds to;
-//   - grpc: through paymentsd's gRPC API, with the generated client;
-//   - rest: through paymentsd's REST gateway.
+//   - the floors, the least a Go service can do on each path (this binary
+//     again, with a hidden flag): an httputil.ReverseProxy that adds
+//     x-api-key (proxy-floor, the REST floor), and a bare grpc-go server
+//     whose handler makes one net/http POST and decodes the reply
+//     (grpc-floor, the gRPC floor);
+//   - paymentsd with each record store, each with a database of its own:
+//     SQLite in a temp dir (the default store), PostgreSQL (a fresh
+//     database on -postgres, by default $PAYMENTS_TEST_POSTGRES_URL,
+//     dropped at the end; skipped without one), and SQLite in memory
+//     (gRPC only, to price the records' durability).
 //
-// direct and rest share one *http.Client, so their ratio is fair. Each
+// Then, at concurrency 1 and 32, it drives the same payment along every
+// path: direct to the fake, through each floor, and through each paymentsd
+// over gRPC and REST. direct, proxy-floor and REST share one *http.Client,
+// and the gRPC paths one kind of gRPC client, so their ratios are fair. Each
 // phase is -rounds rounds, interleaved with the other paths', of a short
 // unmeasured warm-up and then a fixed number of calls (-requests-c1,
-// -requests-c32), each with its own idempotency key. For each phase it
-// reports requests per second, p50 and p99 latency, the CPU time per call
-// that paymentsd and the fake provider each used (utime+stime of the whole
-// process, from /proc/<pid>/stat, so Linux only), and how many connections
-// the fake provider accepted. A last phase starts a fresh
-// paymentsd against a fake that delays every reply, puts -rss-inflight gRPC
-// calls in flight at once, and reads paymentsd's peak resident set (VmHWM).
+// -requests-c32). Every call has an idempotency key never used before (a
+// reused key would be a replay, far cheaper than a payment; replays are
+// counted and fail the run). For each phase it reports requests per
+// second, p50 and p99 latency, the CPU time per call of the path's own
+// process and of the fake (utime+stime of the whole process, from
+// /proc/<pid>/stat, so Linux only), each as a ratio to its floor's,
+// paymentsd's record store commits per call (from its /metrics), and how
+// many connections the fake accepted. It times fsyncs of 4 KiB in the temp
+// dir, the durable-write floor. Last, it starts a fresh process of each
+// floor and of paymentsd (gRPC and REST), puts -rss-inflight calls in
+// flight at once to a fake that delays every reply, and reads each
+// process's peak resident set (VmHWM).
 //
 // It prints a table and the targets it checks, and writes every figure to
 // a JSON file (-out). It exits 0 whether or not the targets are met, and
 // non-zero if setup failed or any call failed. The load generator,
-// paymentsd and the fake provider share the machine's CPUs, which is part
-// of what the figures show.
+// the services and the fake provider share the machine's CPUs, which is
+// part of what the figures show.
 package main
 
 import (
@@ -79,8 +93,11 @@ type options struct {
 	rssInFlight  int
 	rssConns     int
 	rssDelay     time.Duration
+	fsyncs       int
+	postgres     string // admin URL of a PostgreSQL server, or ""
 	out          string
-	perfOut      string
+	pprofOut     string // where to write CPU profiles, or ""
+	pprofPath    string // which path's first c=32 round to profile
 	smoke        bool
 }
 
@@ -90,13 +107,16 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs.IntVar(&o.requestsLow, "requests-c1", 3000, "measured calls per round at concurrency 1")
 	fs.IntVar(&o.requestsHigh, "requests-c32", 20000, "measured calls per round at concurrency 32")
-	fs.IntVar(&o.rounds, "rounds", 10, "rounds of every phase, interleaved; the figures pool them")
+	fs.IntVar(&o.rounds, "rounds", 6, "rounds of every phase, interleaved; the figures pool them")
 	fs.IntVar(&o.warmup, "warmup", 500, "unmeasured warm-up calls before each round of a phase")
 	fs.IntVar(&o.rssInFlight, "rss-inflight", 2000, "gRPC calls in flight at once for the peak-RSS phase")
-	fs.IntVar(&o.rssConns, "rss-conns", 8, "gRPC connections the peak-RSS calls are spread over")
+	fs.IntVar(&o.rssConns, "rss-conns", 32, "gRPC connections the peak-RSS calls are spread over (paymentsd allows 100 streams on each)")
 	fs.DurationVar(&o.rssDelay, "rss-delay", 2*time.Second, "how long the fake provider holds each reply in the peak-RSS phase")
+	fs.IntVar(&o.fsyncs, "fsyncs", 300, "fsyncs of 4 KiB timed for the durable-write floor")
+	fs.StringVar(&o.postgres, "postgres", os.Getenv("PAYMENTS_TEST_POSTGRES_URL"), "admin URL of a PostgreSQL server to measure paymentsd with (a fresh database per process, dropped after); empty skips it")
 	fs.StringVar(&o.out, "out", "bench-results/bench.json", "where to write the results as JSON")
-	fs.StringVar(&o.perfOut, "perf", "", "if set, record a perf profile of paymentsd into this file during the first c=32 gRPC round (perturbing it)")
+	fs.StringVar(&o.pprofOut, "pprof", "", "if set, build paymentsd with the benchprofile tag and write a CPU profile of the first c=32 round of -pprof-path into this file (perturbing it)")
+	fs.StringVar(&o.pprofPath, "pprof-path", "grpc/sqlite", "the path -pprof profiles")
 	fs.BoolVar(&o.smoke, "smoke", false, "tiny run of every phase, for CI; writes bench-results/smoke.json unless -out is given")
 	if err := fs.Parse(args[1:]); err != nil {
 		return nil, err
@@ -106,7 +126,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.smoke {
 		o.requestsLow, o.requestsHigh, o.rounds, o.warmup = 50, 320, 2, 20
-		o.rssInFlight, o.rssDelay = 100, 200*time.Millisecond
+		o.rssInFlight, o.rssDelay, o.fsyncs = 100, 200*time.Millisecond, 20
 		outSet := false
 		fs.Visit(func(f *flag.Flag) { outSet = outSet || f.Name == "out" })
 		if !outSet {
@@ -125,8 +145,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	if len(args) > 1 && args[1] == fakeProviderFlag {
-		return runFakeProvider(ctx, args[2:], stderr)
+	if len(args) > 1 {
+		switch args[1] {
+		case fakeProviderFlag:
+			return runFakeProvider(ctx, args[2:], stderr)
+		case proxyFloorFlag, grpcFloorFlag:
+			return runFloor(ctx, args[1], args[2:], stderr)
+		}
 	}
 	opts, err := parseOptions(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
@@ -154,16 +179,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // benchmark builds paymentsd, runs every phase, and checks the targets.
-func benchmark(ctx context.Context, opts *options, logw io.Writer) (*results, error) {
+func benchmark(ctx context.Context, opts *options, logw io.Writer) (_ *results, err error) {
 	tmp, err := os.MkdirTemp("", "paymentsbench-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
 
-	env := &environment{providerKey: "bench_" + randomHex(12)}
+	env := &environment{
+		providerKey: "bench_" + randomHex(12),
+		dbs:         &databases{dir: tmp, pgAdmin: opts.postgres},
+		pprof:       opts.pprofOut != "",
+	}
+	defer func() {
+		if cerr := env.dbs.close(); cerr != nil && err == nil {
+			err = fmt.Errorf("drop PostgreSQL databases: %w", cerr)
+		}
+	}()
 	fmt.Fprintln(logw, "building paymentsd…")
-	if env.paymentsd, err = buildPaymentsd(ctx, tmp, logw); err != nil {
+	if env.paymentsd, err = buildPaymentsd(ctx, tmp, env.pprof, logw); err != nil {
 		return nil, err
 	}
 	if env.self, err = os.Executable(); err != nil {
@@ -181,57 +215,97 @@ func benchmark(ctx context.Context, opts *options, logw io.Writer) (*results, er
 		Smoke:       opts.smoke,
 		Rounds:      opts.rounds,
 		Warmup:      opts.warmup,
+		Postgres:    opts.postgres != "",
 	}
 
+	fmt.Fprintf(logw, "durable-write floor: %d fsyncs of 4 KiB in %s…\n", opts.fsyncs, tmp)
+	if res.Fsync, err = fsyncFloor(tmp, opts.fsyncs); err != nil {
+		return nil, fmt.Errorf("fsync floor: %w", err)
+	}
 	if res.Phases, err = env.measurePaths(ctx, opts, tick, logw); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(logw, "peak RSS: %d gRPC calls in flight, replies delayed %v…\n", opts.rssInFlight, opts.rssDelay)
-	if res.PeakRSS, err = env.peakRSS(ctx, opts.rssInFlight, opts.rssConns, opts.rssDelay); err != nil {
+	if res.PeakRSS, err = env.peakRSS(ctx, opts, logw); err != nil {
 		return nil, fmt.Errorf("peak RSS: %w", err)
 	}
 	res.Checks = checkTargets(res)
 	return res, nil
 }
 
-// measurePaths starts a fake provider and paymentsd, measures each path at
-// each concurrency level, and stops them.
+// measurePaths starts a fake provider, the floors and a paymentsd per
+// record store, measures each path at each concurrency level, and stops
+// them.
 func (e *environment) measurePaths(ctx context.Context, opts *options, tick time.Duration, logw io.Writer) ([]phaseResult, error) {
 	fake, err := e.startFake(ctx, "fake-provider", 0)
 	if err != nil {
 		return nil, err
 	}
 	defer fake.stop()
-	svc, err := e.startPaymentsd(ctx, "paymentsd", fake)
+	proxyFloor, err := e.startFloor(ctx, "proxy-floor", proxyFloorFlag, fake)
 	if err != nil {
 		return nil, err
 	}
-	defer svc.stop()
-
-	conn, err := grpc.NewClient(svc.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	defer proxyFloor.stop()
+	grpcFloor, err := e.startFloor(ctx, "grpc-floor", grpcFloorFlag, fake)
 	if err != nil {
-		return nil, fmt.Errorf("gRPC client: %w", err)
+		return nil, err
 	}
-	defer conn.Close()
+	defer grpcFloor.stop()
+
 	httpClient := newLoadClient()
 	defer httpClient.CloseIdleConnections()
-
-	paths := []struct {
-		name string
-		call caller
-	}{
-		{"direct", postPayment(httpClient, fake.paymentURL(), e.providerKey)},
-		{"grpc", grpcPayment(paymentsv1.NewPaymentsServiceClient(conn))},
-		{"rest", postPayment(httpClient, "http://"+svc.httpAddr+"/v1/multi-card-payments", "")},
+	grpcClient := func(addr string) (paymentsv1.PaymentsServiceClient, error) {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, fmt.Errorf("gRPC client: %w", err)
+		}
+		context.AfterFunc(ctx, func() { conn.Close() })
+		return paymentsv1.NewPaymentsServiceClient(conn), nil
 	}
+	floorClient, err := grpcClient(grpcFloor.addr)
+	if err != nil {
+		return nil, err
+	}
+	paths := []*path{
+		{name: "direct", proto: "http", call: postPayment(httpClient, fake.paymentURL(), e.providerKey)},
+		{name: "proxy-floor", proto: "http", proc: proxyFloor.child,
+			call: postPayment(httpClient, "http://"+proxyFloor.addr+"/v1/multi-card-payments", "")},
+		{name: "grpc-floor", proto: "grpc", proc: grpcFloor.child, call: grpcPayment(floorClient)},
+	}
+
+	stores := []string{storeSQLite}
+	if e.dbs.pgAdmin != "" {
+		stores = append(stores, storePostgres)
+	} else {
+		fmt.Fprintln(logw, "no -postgres (PAYMENTS_TEST_POSTGRES_URL): skipping paymentsd with PostgreSQL")
+	}
+	stores = append(stores, storeMemory)
+	for _, st := range stores {
+		svc, err := e.startPaymentsd(ctx, "paymentsd-"+st, st, fake)
+		if err != nil {
+			return nil, err
+		}
+		defer svc.stop()
+		client, err := grpcClient(svc.grpcAddr)
+		if err != nil {
+			return nil, err
+		}
+		paths = append(paths, &path{name: "grpc/" + st, proto: "grpc", api: "grpc", store: st, floor: "grpc-floor",
+			proc: svc.child, svc: svc, call: grpcPayment(client)})
+		if st == storeMemory {
+			continue // only to price the store, on the gRPC path
+		}
+		paths = append(paths, &path{name: "rest/" + st, proto: "http", api: "rest", store: st, floor: "proxy-floor",
+			proc: svc.child, svc: svc, call: postPayment(httpClient, "http://"+svc.httpAddr+"/v1/multi-card-payments", "")})
+	}
+
 	levels := []struct{ concurrency, requests int }{
 		{lowConcurrency, opts.requestsLow},
 		{highConcurrency, opts.requestsHigh},
 	}
-
 	var phases []phaseResult
 	runID := randomHex(4)
-	m := &meter{svc: svc, fake: fake, tick: tick, scrape: newScrapeClient()}
+	m := &meter{fake: fake, tick: tick, scrape: newScrapeClient()}
 	for _, l := range levels {
 		// Rounds interleave the paths, so that whatever else the machine
 		// does falls on all of them alike.
@@ -240,11 +314,14 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 			for i, p := range paths {
 				fmt.Fprintf(logw, "round %d/%d: %s c=%d, %d calls…\n", round+1, opts.rounds, p.name, l.concurrency, l.requests)
 				var prof *profiler
-				if opts.perfOut != "" && p.name == "grpc" && l.concurrency == highConcurrency && round == 0 {
-					prof = &profiler{pid: svc.pid(), out: opts.perfOut, log: logw}
+				if opts.pprofOut != "" && p.name == opts.pprofPath && p.svc != nil && l.concurrency == highConcurrency && round == 0 {
+					prof = &profiler{svc: p.svc, out: opts.pprofOut, log: logw}
 				}
+				// A key is never used twice: the run, path, level and
+				// round are in every key, and each paymentsd has a
+				// database of its own.
 				keyPrefix := fmt.Sprintf("bench-%s-%s-c%d-r%d-", runID, p.name, l.concurrency, round)
-				s, err := m.round(ctx, p.call, keyPrefix, l.concurrency, l.requests, opts.warmup, prof)
+				s, err := m.round(ctx, p, keyPrefix, l.concurrency, l.requests, opts.warmup, prof)
 				if err != nil {
 					return nil, fmt.Errorf("%s c=%d: %w", p.name, l.concurrency, err)
 				}
@@ -252,7 +329,7 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 			}
 		}
 		for i, p := range paths {
-			phases = append(phases, summarize(p.name, l.concurrency, samples[i]))
+			phases = append(phases, summarize(p, l.concurrency, samples[i]))
 		}
 	}
 	return phases, nil

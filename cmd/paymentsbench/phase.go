@@ -8,17 +8,22 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
 // phaseResult is one path at one concurrency, over every round.
 type phaseResult struct {
-	Path        string `json:"path"`
+	Path string `json:"path"`
+	// API is "grpc" or "rest" for paymentsd; Store its record store; Floor
+	// the path its ratios are against.
+	API         string `json:"api,omitempty"`
+	Store       string `json:"store,omitempty"`
+	Floor       string `json:"floor,omitempty"`
 	Concurrency int    `json:"concurrency"`
 	// Requests counts the measured calls of every round together.
 	Requests int `json:"requests"`
@@ -52,6 +57,14 @@ type phaseResult struct {
 	// to its end; the first round is the one that fills the pools.
 	MaxNewProviderConns int64 `json:"max_new_provider_connections_per_round"`
 
+	// StoreOpsPerCall counts paymentsd's record store operations per
+	// measured call, by op; CommitsPerCall its transactions per call.
+	StoreOpsPerCall map[string]float64 `json:"store_ops_per_call,omitempty"`
+	CommitsPerCall  float64            `json:"commits_per_call,omitempty"`
+	// Replays counts calls paymentsd answered from an earlier record,
+	// warm-ups included: with a key per call it must be 0.
+	Replays float64 `json:"replays"`
+
 	PerRound []roundResult `json:"per_round"`
 }
 
@@ -73,6 +86,8 @@ type roundResult struct {
 	// ProviderRequests is what the fake provider served, warm-up included:
 	// more than the calls would mean paymentsd retried.
 	ProviderRequests int64 `json:"provider_requests"`
+	// Replays is paymentsd's paymentsd_replays_total over the round.
+	Replays float64 `json:"replays"`
 }
 
 // sample is what one round of a phase measured.
@@ -81,12 +96,15 @@ type sample struct {
 	load         load
 	warmupErrors int
 	firstErr     string
-	cpu          cpuReading // used during the measured calls
+	cpu          cpuReading     // used during the measured calls
+	storeOps     serviceMetrics // paymentsd's store counts over the measured calls
 }
 
 // summarize pools the rounds of one phase.
-func summarize(path string, concurrency int, samples []sample) phaseResult {
-	r := phaseResult{Path: path, Concurrency: concurrency, Rounds: len(samples)}
+func summarize(p *path, concurrency int, samples []sample) phaseResult {
+	r := phaseResult{Path: p.name, API: p.api, Store: p.store, Floor: p.floor, Concurrency: concurrency, Rounds: len(samples)}
+	ops := map[string]float64{}
+	var commits float64
 	var latencies [][]time.Duration
 	var elapsed time.Duration
 	var cpu cpuReading
@@ -103,6 +121,11 @@ func summarize(path string, concurrency int, samples []sample) phaseResult {
 		cpu.fake += s.cpu.fake
 		cpu.self += s.cpu.self
 		r.MaxNewProviderConns = max(r.MaxNewProviderConns, s.round.NewProviderConns)
+		r.Replays += s.round.Replays
+		for op, n := range s.storeOps.storeOps {
+			ops[op] += n
+		}
+		commits += s.storeOps.commitCount()
 		r.PerRound = append(r.PerRound, s.round)
 	}
 	all := slices.Concat(latencies...)
@@ -122,12 +145,35 @@ func summarize(path string, concurrency int, samples []sample) phaseResult {
 	if cpu.fake > 0 {
 		r.ServiceProviderCPURatio = r.ServiceCPUMicros / r.ProviderCPUMicros
 	}
+	if p.svc != nil {
+		r.StoreOpsPerCall = map[string]float64{}
+		for op, c := range ops {
+			r.StoreOpsPerCall[op] = c / n
+		}
+		r.CommitsPerCall = commits / n
+	}
 	return r
 }
 
-// meter runs phases against one paymentsd and one fake provider.
+// path is one way of making a payment that the benchmark measures.
+type path struct {
+	name string // "direct", "proxy-floor", "grpc-floor", "grpc/sqlite", …
+	// proto is "http" (direct and the ReverseProxy) or "grpc"; api is
+	// "grpc" or "rest" for paymentsd, "" otherwise.
+	proto, api string
+	// store is paymentsd's record store, "" for the direct path and floors.
+	store string
+	// floor is the name of the path this one's ratios are taken against.
+	floor string
+	call  caller
+	// proc is the process whose CPU is the path's ("svc"); nil for direct.
+	proc *child
+	// svc is set for paymentsd, whose /metrics are read.
+	svc *serviceProcess
+}
+
+// meter runs phases against one fake provider.
 type meter struct {
-	svc    *serviceProcess
 	fake   *fakeProcess
 	tick   time.Duration
 	scrape *http.Client
@@ -136,10 +182,12 @@ type meter struct {
 // cpuReading is CPU time used by each process.
 type cpuReading struct{ svc, fake, self time.Duration }
 
-func (m *meter) readCPU() (cpuReading, error) {
+func (m *meter) readCPU(p *path) (cpuReading, error) {
 	var r cpuReading
 	var err1, err2, err3 error
-	r.svc, err1 = cpuTime(m.svc.pid(), m.tick)
+	if p.proc != nil {
+		r.svc, err1 = cpuTime(p.proc.pid(), m.tick)
+	}
 	r.fake, err2 = cpuTime(m.fake.pid(), m.tick)
 	r.self, err3 = cpuTime(os.Getpid(), m.tick)
 	return r, errors.Join(err1, err2, err3)
@@ -147,18 +195,20 @@ func (m *meter) readCPU() (cpuReading, error) {
 
 // round makes warmup unmeasured calls, then n measured ones, at
 // concurrency, and measures them.
-func (m *meter) round(ctx context.Context, call caller, keyPrefix string, concurrency, n, warmup int, prof *profiler) (sample, error) {
+func (m *meter) round(ctx context.Context, p *path, keyPrefix string, concurrency, n, warmup int, prof *profiler) (sample, error) {
 	var s sample
 	statsBefore, err := m.fake.readStats(ctx, m.scrape)
 	if err != nil {
 		return s, err
 	}
-	openedBefore, err := m.svc.connectionsOpened(ctx, m.scrape)
-	if err != nil {
-		return s, err
+	var metricsBefore, metricsAfter serviceMetrics
+	if p.svc != nil {
+		if metricsBefore, err = p.svc.readMetrics(ctx, m.scrape); err != nil {
+			return s, err
+		}
 	}
 	if warmup > 0 {
-		w := generate(ctx, call, keyPrefix+"warmup-", warmup, concurrency)
+		w := generate(ctx, p.call, keyPrefix+"warmup-", warmup, concurrency)
 		s.warmupErrors = w.errors
 		if w.firstErr != nil {
 			s.firstErr = "warm-up: " + w.firstErr.Error()
@@ -170,19 +220,30 @@ func (m *meter) round(ctx context.Context, call caller, keyPrefix string, concur
 			return s, err
 		}
 	}
-	before, err := m.readCPU()
+	var storeBefore, storeAfter serviceMetrics
+	if p.svc != nil {
+		if storeBefore, err = p.svc.readMetrics(ctx, m.scrape); err != nil {
+			return s, err
+		}
+	}
+	before, err := m.readCPU(p)
 	if err != nil {
 		return s, err
 	}
-	s.load = generate(ctx, call, keyPrefix, n, concurrency)
+	s.load = generate(ctx, p.call, keyPrefix, n, concurrency)
+	after, err := m.readCPU(p)
 	if prof != nil {
-		defer prof.stop()
+		prof.stop()
 	}
-	if err := errors.Join(m.svc.checkRunning(), m.fake.checkRunning()); err != nil {
+	if err != nil {
 		return s, err
 	}
-	after, err := m.readCPU()
-	if err != nil {
+	if p.proc != nil {
+		if err := p.proc.checkRunning(); err != nil {
+			return s, err
+		}
+	}
+	if err := m.fake.checkRunning(); err != nil {
 		return s, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -192,9 +253,11 @@ func (m *meter) round(ctx context.Context, call caller, keyPrefix string, concur
 	if err != nil {
 		return s, err
 	}
-	openedAfter, err := m.svc.connectionsOpened(ctx, m.scrape)
-	if err != nil {
-		return s, err
+	if p.svc != nil {
+		if storeAfter, err = p.svc.readMetrics(ctx, m.scrape); err != nil {
+			return s, err
+		}
+		metricsAfter = storeAfter
 	}
 
 	s.cpu = cpuReading{svc: after.svc - before.svc, fake: after.fake - before.fake, self: after.self - before.self}
@@ -210,8 +273,12 @@ func (m *meter) round(ctx context.Context, call caller, keyPrefix string, concur
 		ServiceCPUPerCallMicros:  micros(s.cpu.svc) / float64(n),
 		ProviderCPUPerCallMicros: micros(s.cpu.fake) / float64(n),
 		NewProviderConns:         statsAfter.Connections - statsBefore.Connections,
-		ServiceConnsOpened:       openedAfter - openedBefore,
+		ServiceConnsOpened:       metricsAfter.connsOpened - metricsBefore.connsOpened,
 		ProviderRequests:         statsAfter.Requests - statsBefore.Requests,
+		Replays:                  metricsAfter.replays - metricsBefore.replays,
+	}
+	if p.svc != nil {
+		s.storeOps = storeAfter.sub(storeBefore)
 	}
 	return s, nil
 }
@@ -224,59 +291,145 @@ func newScrapeClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2}, Timeout: 10 * time.Second}
 }
 
-// connectionsOpened reads paymentsd_provider_connections_opened_total
-// from paymentsd's /metrics.
-func (s *serviceProcess) connectionsOpened(ctx context.Context, client *http.Client) (float64, error) {
-	const name = "paymentsd_provider_connections_opened_total"
+// serviceMetrics are the figures read from paymentsd's /metrics.
+type serviceMetrics struct {
+	connsOpened float64 // paymentsd_provider_connections_opened_total
+	replays     float64 // paymentsd_replays_total
+	// storeOps counts record store operations by op, from
+	// paymentsd_store_duration_seconds_count{op}; commits counts the
+	// store's transactions, from paymentsd_store_commits_total, where
+	// several operations may share one (and one fsync).
+	storeOps map[string]float64
+	commits  float64
+	// hasCommits: paymentsd exports paymentsd_store_commits_total; without
+	// it, every operation is taken as a commit of its own.
+	hasCommits bool
+}
+
+// sub is m − before, for the store's counts.
+func (m serviceMetrics) sub(before serviceMetrics) serviceMetrics {
+	d := serviceMetrics{storeOps: map[string]float64{}, hasCommits: m.hasCommits}
+	for op, n := range m.storeOps {
+		d.storeOps[op] = n - before.storeOps[op]
+	}
+	d.commits = m.commits - before.commits
+	d.connsOpened = m.connsOpened - before.connsOpened
+	d.replays = m.replays - before.replays
+	return d
+}
+
+// commitCount is the number of commits m counts.
+func (m serviceMetrics) commitCount() float64 {
+	if m.hasCommits {
+		return m.commits
+	}
+	var n float64
+	for op, c := range m.storeOps {
+		if op != "get" && op != "stats" { // reads commit nothing
+			n += c
+		}
+	}
+	return n
+}
+
+// readMetrics reads paymentsd's /metrics.
+func (s *serviceProcess) readMetrics(ctx context.Context, client *http.Client) (serviceMetrics, error) {
+	m := serviceMetrics{storeOps: map[string]float64{}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.httpAddr+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return m, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, err
+		return m, err
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	found := false
 	for sc.Scan() {
-		// paymentsd_provider_connections_opened_total{environment="sandbox"} 3
+		// paymentsd_store_duration_seconds_count{environment="sandbox",op="begin"} 3
 		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, name); ok && rest != "" && (rest[0] == '{' || rest[0] == ' ') {
-			f := strings.Fields(line)
-			return strconv.ParseFloat(f[len(f)-1], 64)
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, labels, value, ok := parseSample(line)
+		if !ok {
+			continue
+		}
+		switch name {
+		case "paymentsd_provider_connections_opened_total":
+			m.connsOpened, found = value, true
+		case "paymentsd_replays_total":
+			m.replays = value
+		case "paymentsd_store_commits_total":
+			m.commits += value
+			m.hasCommits = true
+		case "paymentsd_store_duration_seconds_count":
+			if _, op, ok := strings.Cut(labels, `op="`); ok {
+				op, _, _ = strings.Cut(op, `"`)
+				m.storeOps[op] += value
+			}
 		}
 	}
 	io.Copy(io.Discard, resp.Body)
 	if err := sc.Err(); err != nil {
-		return 0, err
+		return m, err
 	}
-	return 0, fmt.Errorf("GET /metrics: no %s", name)
+	if !found {
+		return m, errors.New("GET /metrics: no paymentsd_provider_connections_opened_total")
+	}
+	return m, nil
 }
 
-// profiler records a perf profile of one process, with call graphs.
+// parseSample splits a Prometheus text sample line.
+func parseSample(line string) (name, labels string, value float64, ok bool) {
+	i := strings.LastIndexByte(line, ' ')
+	if i < 0 {
+		return "", "", 0, false
+	}
+	v, err := strconv.ParseFloat(line[i+1:], 64)
+	if err != nil {
+		return "", "", 0, false
+	}
+	series := line[:i]
+	name, labels, _ = strings.Cut(series, "{")
+	return name, labels, v, true
+}
+
+// profiler takes a CPU profile of a paymentsd built with the
+// benchprofile tag, from SIGUSR1 to SIGUSR2, and copies it to out.
 type profiler struct {
-	pid int
+	svc *serviceProcess
 	out string
 	log io.Writer
-	cmd *exec.Cmd
 }
 
-func (p *profiler) start(ctx context.Context) error {
-	if err := os.MkdirAll(filepath.Dir(p.out), 0o755); err != nil {
-		return err
-	}
-	p.cmd = exec.CommandContext(ctx, "perf", "record", "-F", "999", "-g", "-p", strconv.Itoa(p.pid), "-o", p.out)
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	setDeathSignal(p.cmd)
-	if err := p.cmd.Start(); err != nil {
-		return fmt.Errorf("perf: %w", err)
-	}
-	return nil
+func (p *profiler) start(context.Context) error {
+	os.Remove(p.svc.profile + ".done")
+	return p.svc.cmd.Process.Signal(syscall.SIGUSR1)
 }
 
-// stop ends the recording; perf writes its file when interrupted.
 func (p *profiler) stop() {
-	p.cmd.Process.Signal(os.Interrupt)
-	p.cmd.Wait()
-	fmt.Fprintf(p.log, "perf profile of paymentsd: %s (perf report -i %s)\n", p.out, p.out)
+	if err := p.svc.cmd.Process.Signal(syscall.SIGUSR2); err != nil {
+		fmt.Fprintf(p.log, "profile: %v\n", err)
+		return
+	}
+	for range 100 {
+		if _, err := os.Stat(p.svc.profile + ".done"); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b, err := os.ReadFile(p.svc.profile)
+	if err == nil {
+		if err = os.MkdirAll(filepath.Dir(p.out), 0o755); err == nil {
+			err = os.WriteFile(p.out, b, 0o644)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(p.log, "profile: %v\n", err)
+		return
+	}
+	fmt.Fprintf(p.log, "CPU profile of %s: %s (go tool pprof -top %s)\n", p.svc.name, p.out, p.out)
 }

@@ -21,14 +21,26 @@ const startTimeout = 30 * time.Second
 // environment is what the benchmark starts its processes from.
 type environment struct {
 	paymentsd   string // the paymentsd binary
-	self        string // this binary, re-executed as the fake provider
+	self        string // this binary, re-executed as the fake provider and the floors
 	providerKey string // the key the fake provider accepts
+	dbs         *databases
+	pprof       bool // paymentsd was built to write CPU profiles
 }
 
+// benchProfileEnv names the file a paymentsd built with the benchprofile
+// tag writes its CPU profile to (see cmd/paymentsd/benchprofile.go).
+const benchProfileEnv = "PAYMENTS_BENCH_CPUPROFILE"
+
 // buildPaymentsd builds paymentsd into dir and returns the binary's path.
-func buildPaymentsd(ctx context.Context, dir string, stderr io.Writer) (string, error) {
+// With profile it is built with the benchprofile tag, which lets the
+// benchmark take CPU profiles of it; the production binary can't.
+func buildPaymentsd(ctx context.Context, dir string, profile bool, stderr io.Writer) (string, error) {
 	bin := filepath.Join(dir, "paymentsd")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "example.com/paymentsd/cmd/paymentsd")
+	args := []string{"build", "-o", bin}
+	if profile {
+		args = append(args, "-tags=benchprofile")
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, "example.com/paymentsd/cmd/paymentsd")...)
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("build paymentsd (run from inside the module): %w", err)
@@ -65,19 +77,35 @@ type serviceProcess struct {
 	*child
 	grpcAddr string
 	httpAddr string
+	store    string // storeSQLite, storePostgres or storeMemory
+	// profile is where paymentsd writes a CPU profile between SIGUSR1 and
+	// SIGUSR2, when built with the benchprofile tag (-pprof).
+	profile string
 }
 
 // startPaymentsd starts paymentsd in the sandbox environment against fake,
-// at the default log level, so that every call writes its access-log line
-// as in production.
-func (e *environment) startPaymentsd(ctx context.Context, name string, fake *fakeProcess) (*serviceProcess, error) {
+// with a fresh database of the store kind, at the default log level, so
+// that every call writes its access-log line as in production. extraEnv
+// adds or overrides settings.
+func (e *environment) startPaymentsd(ctx context.Context, name, storeKind string, fake *fakeProcess, extraEnv ...string) (*serviceProcess, error) {
+	dbURL, err := e.dbs.url(ctx, storeKind, name)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
 	env := []string{
 		"PAYMENTS_ENVIRONMENT=sandbox",
 		"PAYMENTS_SANDBOX_BASE_URL=http://" + fake.addr + "/v1",
 		"PAYMENTS_SANDBOX_API_KEY=" + e.providerKey,
 		"PAYMENTS_GRPC_ADDR=127.0.0.1:0",
 		"PAYMENTS_HTTP_ADDR=127.0.0.1:0",
+		"PAYMENTS_DATABASE_URL=" + dbURL,
 	}
+	var profile string
+	if e.pprof {
+		profile = filepath.Join(e.dbs.dir, name+".pprof")
+		env = append(env, benchProfileEnv+"="+profile)
+	}
+	env = append(env, extraEnv...)
 	c, ready, err := startChild(ctx, name, env, e.paymentsd)
 	if err != nil {
 		return nil, err
@@ -86,7 +114,7 @@ func (e *environment) startPaymentsd(ctx context.Context, name string, fake *fak
 		c.stop()
 		return nil, fmt.Errorf("%s reported no addresses", name)
 	}
-	return &serviceProcess{child: c, grpcAddr: ready.GRPCAddr, httpAddr: ready.HTTPAddr}, nil
+	return &serviceProcess{child: c, grpcAddr: ready.GRPCAddr, httpAddr: ready.HTTPAddr, store: storeKind, profile: profile}, nil
 }
 
 // child is a process the benchmark started.

@@ -29,19 +29,36 @@ type results struct {
 	Smoke       bool `json:"smoke"`
 	Rounds      int  `json:"rounds"`
 	Warmup      int  `json:"warmup_calls_per_round"`
+	// Postgres: paymentsd was also measured with PostgreSQL.
+	Postgres bool `json:"postgres"`
 
+	Fsync   fsyncResult   `json:"fsync_floor"`
 	Phases  []phaseResult `json:"phases"`
-	PeakRSS rssResult     `json:"peak_rss"`
+	PeakRSS []rssResult   `json:"peak_rss"`
 	Checks  []check       `json:"checks"`
 }
 
-// failedCalls counts every failed call of the run, warm-ups included.
+// failedCalls counts every failed call of the run, warm-ups included, and
+// every call paymentsd answered as a replay (with a key per call, none
+// should be).
 func (r *results) failedCalls() int {
-	n := r.PeakRSS.Failed
+	n := 0
+	for _, p := range r.PeakRSS {
+		n += p.Failed
+	}
 	for _, p := range r.Phases {
-		n += p.Errors + p.WarmupErrors
+		n += p.Errors + p.WarmupErrors + int(p.Replays)
 	}
 	return n
+}
+
+func (r *results) rss(path string) (rssResult, bool) {
+	for _, p := range r.PeakRSS {
+		if p.Path == path {
+			return p, true
+		}
+	}
+	return rssResult{}, false
 }
 
 func (r *results) phase(path string, concurrency int) (phaseResult, bool) {
@@ -63,42 +80,91 @@ type check struct {
 	Detail   string  `json:"detail"`
 }
 
-// checkTargets compares the results with paymentsd's performance targets.
-func checkTargets(r *results) []check {
-	direct1, _ := r.phase("direct", lowConcurrency)
-	rest1, _ := r.phase("rest", lowConcurrency)
-	direct32, _ := r.phase("direct", highConcurrency)
-	grpc32, _ := r.phase("grpc", highConcurrency)
-	rest32, _ := r.phase("rest", highConcurrency)
+// Targets: ratios to the floors, from one run.
+const (
+	maxGRPCCPURatio  = 1.25 // paymentsd gRPC CPU per call / gRPC floor's
+	maxRESTCPURatio  = 1.4  // paymentsd REST CPU per call / ReverseProxy floor's
+	minRESTRPSRatio  = 0.75 // paymentsd REST rps / ReverseProxy floor's (c=32)
+	maxAddedP50Slack = 100  // µs over the floor's added p50 plus one fsync (c=1)
+	maxRSSRatio      = 1.15 // peak RSS with many calls in flight / floor's
+	maxIdleRSSMiB    = 20
+)
 
+// ratio is a/b, or 0 if b is 0.
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// checkTargets compares the results with paymentsd's performance targets:
+// for the default store (SQLite), and the same figures with PostgreSQL.
+func checkTargets(r *results) []check {
 	var checks []check
 	add := func(target string, measured, limit float64, unit string, pass bool, detail string) {
 		checks = append(checks, check{target, measured, limit, unit, pass, detail})
 	}
+	direct1, _ := r.phase("direct", lowConcurrency)
+	proxy1, _ := r.phase("proxy-floor", lowConcurrency)
+	proxy32, _ := r.phase("proxy-floor", highConcurrency)
+	gfloor32, _ := r.phase("grpc-floor", highConcurrency)
+	floorAdded := proxy1.P50Micros - direct1.P50Micros
 
-	ratio := grpc32.ServiceProviderCPURatio
-	add("service CPU per gRPC payment ≤ 1.5 × provider CPU per request (c=32)",
-		ratio, 1.5, "×", ratio <= 1.5,
-		fmt.Sprintf("paymentsd %.1f µs vs fake provider %.1f µs per call", grpc32.ServiceCPUPerCallMicros, grpc32.ProviderCPUPerCallMicros))
-
-	share := 0.0
-	if direct32.RPS > 0 {
-		share = 100 * rest32.RPS / direct32.RPS
+	stores := []string{storeSQLite}
+	if r.Postgres {
+		stores = append(stores, storePostgres)
 	}
-	add("REST rps at c=32 ≥ 60% of direct rps at c=32",
-		share, 60, "%", share >= 60,
-		fmt.Sprintf("REST %.0f rps vs direct %.0f rps", rest32.RPS, direct32.RPS))
+	for _, st := range stores {
+		grpc32, _ := r.phase("grpc/"+st, highConcurrency)
+		rest32, _ := r.phase("rest/"+st, highConcurrency)
+		rest1, _ := r.phase("rest/"+st, lowConcurrency)
 
-	added := rest1.P50Micros - direct1.P50Micros
-	add("REST p50 at c=1 − direct p50 at c=1 ≤ 100 µs",
-		added, 100, "µs", added <= 100,
-		fmt.Sprintf("REST %.0f µs vs direct %.0f µs", rest1.P50Micros, direct1.P50Micros))
+		q := ratio(grpc32.ServiceCPUPerCallMicros, gfloor32.ServiceCPUPerCallMicros)
+		add(fmt.Sprintf("[%s] CPU per gRPC payment / gRPC floor (c=32) ≤ %.2f", st, maxGRPCCPURatio),
+			q, maxGRPCCPURatio, "×", q <= maxGRPCCPURatio,
+			fmt.Sprintf("paymentsd %.1f µs vs floor %.1f µs per call", grpc32.ServiceCPUPerCallMicros, gfloor32.ServiceCPUPerCallMicros))
 
-	rss := r.PeakRSS
-	add(fmt.Sprintf("peak RSS with %d in flight ≤ 100 MiB", rss.InFlight),
-		rss.PeakRSSMiB, 100, "MiB", rss.PeakRSSMiB <= 100 && rss.Failed == 0,
-		fmt.Sprintf("%d/%d succeeded, provider held %d at once; idle %.1f MiB", rss.Succeeded, rss.InFlight, rss.ProviderMaxInFlight, rss.IdleRSSMiB))
+		q = ratio(rest32.ServiceCPUPerCallMicros, proxy32.ServiceCPUPerCallMicros)
+		add(fmt.Sprintf("[%s] CPU per REST payment / ReverseProxy floor (c=32) ≤ %.2f", st, maxRESTCPURatio),
+			q, maxRESTCPURatio, "×", q <= maxRESTCPURatio,
+			fmt.Sprintf("paymentsd %.1f µs vs floor %.1f µs per call", rest32.ServiceCPUPerCallMicros, proxy32.ServiceCPUPerCallMicros))
 
+		q = ratio(rest32.RPS, proxy32.RPS)
+		add(fmt.Sprintf("[%s] REST throughput / ReverseProxy floor throughput (c=32) ≥ %.2f", st, minRESTRPSRatio),
+			q, minRESTRPSRatio, "×", q >= minRESTRPSRatio,
+			fmt.Sprintf("REST %.0f rps vs floor %.0f rps", rest32.RPS, proxy32.RPS))
+
+		added := rest1.P50Micros - direct1.P50Micros
+		limit := floorAdded + r.Fsync.MedianMicros + maxAddedP50Slack
+		add(fmt.Sprintf("[%s] REST added p50 (c=1) ≤ floor's added p50 + one fsync + %d µs", st, maxAddedP50Slack),
+			added, limit, "µs", added <= limit,
+			fmt.Sprintf("REST %.0f µs − direct %.0f µs; floor adds %.0f µs, fsync %.0f µs: limit %.0f µs",
+				rest1.P50Micros, direct1.P50Micros, floorAdded, r.Fsync.MedianMicros, limit))
+	}
+
+	for _, api := range []string{"grpc", "rest"} {
+		svc, ok1 := r.rss(api + "/" + storeSQLite)
+		floor, ok2 := r.rss(map[string]string{"grpc": "grpc-floor", "rest": "proxy-floor"}[api])
+		if !ok1 || !ok2 {
+			continue
+		}
+		q := ratio(svc.PeakRSSMiB, floor.PeakRSSMiB)
+		add(fmt.Sprintf("[sqlite] %s peak RSS with %d in flight / %s's ≤ %.2f", api, svc.InFlight, floor.Path, maxRSSRatio),
+			q, maxRSSRatio, "×", q <= maxRSSRatio && svc.Failed == 0 && floor.Failed == 0,
+			fmt.Sprintf("paymentsd %.1f MiB vs floor %.1f MiB; %d/%d and %d/%d succeeded; provider held %d and %d at once",
+				svc.PeakRSSMiB, floor.PeakRSSMiB, svc.Succeeded, svc.InFlight, floor.Succeeded, floor.InFlight,
+				svc.ProviderMaxInFlight, floor.ProviderMaxInFlight))
+	}
+	if svc, ok := r.rss("grpc/" + storeSQLite); ok {
+		add(fmt.Sprintf("idle RSS ≤ %d MiB", maxIdleRSSMiB),
+			svc.IdleRSSMiB, maxIdleRSSMiB, "MiB", svc.IdleRSSMiB <= maxIdleRSSMiB,
+			fmt.Sprintf("paymentsd idle, before any call; the floors idle at %.1f (gRPC) and %.1f MiB (proxy)",
+				rssIdle(r, "grpc-floor"), rssIdle(r, "proxy-floor")))
+	}
+
+	grpc32, _ := r.phase("grpc/"+storeSQLite, highConcurrency)
+	rest32, _ := r.phase("rest/"+storeSQLite, highConcurrency)
 	conns := max(grpc32.MaxNewProviderConns, rest32.MaxNewProviderConns)
 	perRound := 0
 	if len(grpc32.PerRound) > 0 {
@@ -109,6 +175,47 @@ func checkTargets(r *results) []check {
 		fmt.Sprintf("most in one round, warm-up included: gRPC %v, REST %v accepted by the provider; paymentsd's own count %v, %v",
 			roundConns(grpc32), roundConns(rest32), roundOpened(grpc32), roundOpened(rest32)))
 	return checks
+}
+
+func rssIdle(r *results, path string) float64 {
+	p, _ := r.rss(path)
+	return p.IdleRSSMiB
+}
+
+// storeCost is what the durable record costs per payment on the gRPC path:
+// paymentsd with the store against paymentsd with its records in memory.
+type storeCost struct {
+	Store          string  `json:"store"`
+	CPUMicros      float64 `json:"cpu_per_call_us"`     // c=32, over grpc/memory
+	CPUFloorRatio  float64 `json:"cpu_over_grpc_floor"` // c=32
+	MemoryRatio    float64 `json:"cpu_over_records_in_memory"`
+	CommitsPerCall float64 `json:"commits_per_call"`    // c=32
+	Commits1       float64 `json:"commits_per_call_c1"` // c=1
+	AddedP50Micros float64 `json:"added_p50_us"`        // c=1, over grpc/memory
+}
+
+func storeCosts(r *results) []storeCost {
+	mem1, _ := r.phase("grpc/"+storeMemory, lowConcurrency)
+	mem32, _ := r.phase("grpc/"+storeMemory, highConcurrency)
+	floor32, _ := r.phase("grpc-floor", highConcurrency)
+	var out []storeCost
+	for _, st := range []string{storeSQLite, storePostgres, storeMemory} {
+		p1, ok1 := r.phase("grpc/"+st, lowConcurrency)
+		p32, ok2 := r.phase("grpc/"+st, highConcurrency)
+		if !ok1 || !ok2 {
+			continue
+		}
+		out = append(out, storeCost{
+			Store:          st,
+			CPUMicros:      p32.ServiceCPUPerCallMicros - mem32.ServiceCPUPerCallMicros,
+			CPUFloorRatio:  ratio(p32.ServiceCPUPerCallMicros, floor32.ServiceCPUPerCallMicros),
+			MemoryRatio:    ratio(p32.ServiceCPUPerCallMicros, mem32.ServiceCPUPerCallMicros),
+			CommitsPerCall: p32.CommitsPerCall,
+			Commits1:       p1.CommitsPerCall,
+			AddedP50Micros: p1.P50Micros - mem1.P50Micros,
+		})
+	}
+	return out
 }
 
 // roundConns lists the connections the provider accepted in each round.
@@ -140,26 +247,52 @@ func printReport(w io.Writer, r *results) {
 	fmt.Fprintln(w)
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "path\tconc\trequests\terrors\trps\tp50 µs\tp99 µs\tsvc CPU/call µs\tprov CPU/call µs\tsvc/prov\tnew prov conns\t")
+	fmt.Fprintln(tw, "path\tconc\trequests\terrors\trps\tp50 µs\tp99 µs\tCPU/call µs\tCPU/floor\trps/floor\tprov CPU/call µs\tcommits/call\tnew prov conns\t")
 	for _, p := range r.Phases {
-		svcCPU, ratio := "-", "-"
-		if p.Path != "direct" { // paymentsd is idle in the direct phases
-			svcCPU = fmt.Sprintf("%.1f", p.ServiceCPUPerCallMicros)
-			ratio = fmt.Sprintf("%.2f", p.ServiceProviderCPURatio)
+		cpu, cpuRatio, rpsRatio, commits := "-", "-", "-", "-"
+		if p.Path != "direct" { // its own process is the fake
+			cpu = fmt.Sprintf("%.1f", p.ServiceCPUPerCallMicros)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.0f\t%.0f\t%s\t%.1f\t%s\t%d\t\n",
+		if f, ok := r.phase(p.Floor, p.Concurrency); ok {
+			cpuRatio = fmt.Sprintf("%.2f", ratio(p.ServiceCPUPerCallMicros, f.ServiceCPUPerCallMicros))
+			rpsRatio = fmt.Sprintf("%.2f", ratio(p.RPS, f.RPS))
+		}
+		if p.Store != "" {
+			commits = fmt.Sprintf("%.2f", p.CommitsPerCall)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.0f\t%.0f\t%s\t%s\t%s\t%.1f\t%s\t%d\t\n",
 			p.Path, p.Concurrency, p.Requests, p.Errors+p.WarmupErrors, p.RPS, p.P50Micros, p.P99Micros,
-			svcCPU, p.ProviderCPUPerCallMicros, ratio, p.MaxNewProviderConns)
+			cpu, cpuRatio, rpsRatio, p.ProviderCPUPerCallMicros, commits, p.MaxNewProviderConns)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "Each row pools %d round(s); a round makes %d unmeasured warm-up calls, then the measured ones.\n", r.Rounds, r.Warmup)
-	fmt.Fprintln(w, "errors: failed calls, warm-ups included. CPU: utime+stime from /proc/<pid>/stat over the measured calls.")
-	fmt.Fprintln(w, "new prov conns: the most connections the fake provider accepted in one round, warm-up included.")
+	fmt.Fprintf(w, "Each row pools %d round(s); a round makes %d unmeasured warm-up calls, then the measured ones, each with a new idempotency key.\n", r.Rounds, r.Warmup)
+	fmt.Fprintln(w, "CPU: utime+stime from /proc/<pid>/stat of the path's own process over the measured calls; /floor: against grpc-floor (gRPC) or proxy-floor (REST), same level.")
+	fmt.Fprintln(w, "commits/call: record store transactions per payment (paymentsd_store_commits_total, else paymentsd_store_duration_seconds_count).")
+	fmt.Fprintf(w, "durable-write floor: fsync of 4 KiB in %s, median %.0f µs (p90 %.0f µs) over %d.\n",
+		r.Fsync.Dir, r.Fsync.MedianMicros, r.Fsync.P90Micros, r.Fsync.Samples)
 
-	rss := r.PeakRSS
-	fmt.Fprintf(w, "\npeak RSS: %.1f MiB (VmHWM) with %d gRPC calls in flight over %d connections, replies delayed %s; %d succeeded, %d failed in %.1fs; provider held %d at once over %d connections; idle %.1f MiB, after %.1f MiB\n",
-		rss.PeakRSSMiB, rss.InFlight, rss.GRPCConns, rss.ProviderDelay, rss.Succeeded, rss.Failed, rss.Seconds,
-		rss.ProviderMaxInFlight, rss.ProviderConnections, rss.IdleRSSMiB, rss.AfterRSSMiB)
+	if costs := storeCosts(r); len(costs) > 0 {
+		fmt.Fprintln(w, "\nrecord store cost per gRPC payment (against paymentsd with sqlite::memory:, records off-disk):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "store\tCPU/call over memory µs (c=32)\tCPU/gRPC floor (c=32)\tCPU/memory (c=32)\tcommits/call c=1\tcommits/call c=32\tadded p50 µs (c=1)\t")
+		for _, c := range costs {
+			fmt.Fprintf(tw, "%s\t%.1f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t\n", c.Store, c.CPUMicros, c.CPUFloorRatio, c.MemoryRatio, c.Commits1, c.CommitsPerCall, c.AddedP50Micros)
+		}
+		tw.Flush()
+	}
+
+	fmt.Fprintln(w, "\npeak RSS (VmHWM), each a fresh process, every call in flight at once to a fake holding replies:")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "process\tin flight\tclient conns\tsucceeded\tprovider held\tidle MiB\tpeak MiB\tpeak/floor\tafter MiB\t")
+	for _, p := range r.PeakRSS {
+		q := "-"
+		if f, ok := r.rss(p.Floor); ok {
+			q = fmt.Sprintf("%.2f", ratio(p.PeakRSSMiB, f.PeakRSSMiB))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.1f\t%.1f\t%s\t%.1f\t\n",
+			p.Path, p.InFlight, p.Conns, p.Succeeded, p.ProviderMaxInFlight, p.IdleRSSMiB, p.PeakRSSMiB, q, p.AfterRSSMiB)
+	}
+	tw.Flush()
 
 	fmt.Fprintln(w, "\ntargets:")
 	for _, c := range r.Checks {
@@ -173,9 +306,14 @@ func printReport(w io.Writer, r *results) {
 		if p.FirstError != "" {
 			fmt.Fprintf(w, "\nfirst error, %s c=%d: %s\n", p.Path, p.Concurrency, strings.TrimSpace(p.FirstError))
 		}
+		if p.Replays > 0 {
+			fmt.Fprintf(w, "\n%s c=%d: %.0f calls were replays: a key was used twice\n", p.Path, p.Concurrency, p.Replays)
+		}
 	}
-	if rss.FirstError != "" {
-		fmt.Fprintf(w, "\nfirst error, peak RSS: %s\n", rss.FirstError)
+	for _, p := range r.PeakRSS {
+		if p.FirstError != "" {
+			fmt.Fprintf(w, "\nfirst error, peak RSS of %s: %s\n", p.Path, p.FirstError)
+		}
 	}
 }
 

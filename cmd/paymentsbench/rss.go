@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,17 +17,22 @@ import (
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
 
-// rssResult is the peak-memory phase.
+// rssResult is the peak-memory phase of one process.
 type rssResult struct {
+	// Path is the path whose process was measured: "grpc/sqlite",
+	// "grpc-floor", "rest/sqlite" or "proxy-floor"; Floor the path it is
+	// compared with.
+	Path          string `json:"path"`
+	Floor         string `json:"floor,omitempty"`
 	InFlight      int    `json:"in_flight"`
-	GRPCConns     int    `json:"grpc_connections"`
+	Conns         int    `json:"client_connections"`
 	ProviderDelay string `json:"provider_delay"`
 	Succeeded     int    `json:"succeeded"`
 	Failed        int    `json:"failed"`
 	FirstError    string `json:"first_error,omitempty"`
 	// Seconds is from the first call to the last reply.
 	Seconds float64 `json:"seconds"`
-	// paymentsd's resident set when idle, at its peak (VmHWM) over the
+	// The process's resident set when idle, at its peak (VmHWM) over the
 	// whole process lifetime, and once every call had its reply.
 	IdleRSSMiB  float64 `json:"idle_rss_mib"`
 	PeakRSSMiB  float64 `json:"peak_rss_mib"`
@@ -36,38 +43,90 @@ type rssResult struct {
 	ProviderConnections int64 `json:"provider_connections"`
 }
 
-// peakRSS starts a fresh paymentsd against a fake provider that holds every
-// reply for delay, puts n gRPC calls in flight at once over conns
-// connections, and reads paymentsd's peak resident set once all are done.
-func (e *environment) peakRSS(ctx context.Context, n, conns int, delay time.Duration) (rssResult, error) {
-	r := rssResult{InFlight: n, GRPCConns: conns, ProviderDelay: delay.String()}
+// peakRSS measures, each in a fresh process against a fresh fake provider
+// that holds every reply for opts.rssDelay, paymentsd (default store) over
+// gRPC and over REST, and the two floors, with opts.rssInFlight calls in
+// flight at once.
+func (e *environment) peakRSS(ctx context.Context, opts *options, logw io.Writer) ([]rssResult, error) {
+	var out []rssResult
+	for _, target := range []struct{ path, floor string }{
+		{"grpc-floor", ""}, {"grpc/sqlite", "grpc-floor"}, {"proxy-floor", ""}, {"rest/sqlite", "proxy-floor"},
+	} {
+		fmt.Fprintf(logw, "peak RSS: %s, %d calls in flight, replies delayed %v…\n", target.path, opts.rssInFlight, opts.rssDelay)
+		r, err := e.peakRSSOf(ctx, target.path, opts)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", target.path, err)
+		}
+		r.Floor = target.floor
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// peakRSSOf starts a fresh process for the path, puts n calls in flight at
+// once, and reads its peak resident set once all are done.
+func (e *environment) peakRSSOf(ctx context.Context, pathName string, opts *options) (rssResult, error) {
+	n, delay := opts.rssInFlight, opts.rssDelay
+	r := rssResult{Path: pathName, InFlight: n, ProviderDelay: delay.String()}
 	fake, err := e.startFake(ctx, "fake-provider-slow", delay)
 	if err != nil {
 		return r, err
 	}
 	defer fake.stop()
-	svc, err := e.startPaymentsd(ctx, "paymentsd-rss", fake)
-	if err != nil {
-		return r, err
-	}
-	defer svc.stop()
-
-	clients := make([]paymentsv1.PaymentsServiceClient, conns)
-	for i := range clients {
-		// Each NewClient is a connection of its own.
-		cc, err := grpc.NewClient(svc.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return r, fmt.Errorf("gRPC client: %w", err)
+	var (
+		proc     *child
+		grpcAddr string
+		httpURL  string
+	)
+	switch pathName {
+	case "grpc-floor", "proxy-floor":
+		mode := grpcFloorFlag
+		if pathName == "proxy-floor" {
+			mode = proxyFloorFlag
 		}
-		defer cc.Close()
-		clients[i] = paymentsv1.NewPaymentsServiceClient(cc)
+		f, err := e.startFloor(ctx, pathName+"-rss", mode, fake)
+		if err != nil {
+			return r, err
+		}
+		defer f.stop()
+		proc, grpcAddr, httpURL = f.child, f.addr, "http://"+f.addr+"/v1/multi-card-payments"
+	default:
+		// Every call must be in flight at once: the caps on calls and
+		// connections are raised above n for this process.
+		limit := strconv.Itoa(2*n + 100)
+		svc, err := e.startPaymentsd(ctx, "paymentsd-rss-"+strings.ReplaceAll(pathName, "/", "-"), storeSQLite, fake,
+			"PAYMENTS_MAX_IN_FLIGHT="+limit, "PAYMENTS_MAX_CONNECTIONS="+limit)
+		if err != nil {
+			return r, err
+		}
+		defer svc.stop()
+		proc, grpcAddr, httpURL = svc.child, svc.grpcAddr, "http://"+svc.httpAddr+"/v1/multi-card-payments"
 	}
 
-	idle, _, err := memory(svc.pid())
+	var calls []caller
+	if strings.HasPrefix(pathName, "grpc") {
+		r.Conns = opts.rssConns
+		for range opts.rssConns {
+			// Each NewClient is a connection of its own.
+			cc, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return r, fmt.Errorf("gRPC client: %w", err)
+			}
+			defer cc.Close()
+			calls = append(calls, grpcPayment(paymentsv1.NewPaymentsServiceClient(cc)))
+		}
+	} else {
+		// HTTP/1.1: a connection per call in flight.
+		r.Conns = n
+		client := newLoadClient()
+		defer client.CloseIdleConnections()
+		calls = append(calls, postPayment(client, httpURL, ""))
+	}
+
+	idle, _, err := memory(proc.pid())
 	if err != nil {
 		return r, err
 	}
-
 	var (
 		wg        sync.WaitGroup
 		succeeded atomic.Int64
@@ -80,7 +139,7 @@ func (e *environment) peakRSS(ctx context.Context, n, conns int, delay time.Dura
 			<-gate
 			cctx, cancel := context.WithTimeout(ctx, delay+time.Minute)
 			defer cancel()
-			err := grpcPayment(clients[i%conns])(cctx, keyPrefix+strconv.Itoa(i))
+			err := calls[i%len(calls)](cctx, keyPrefix+strconv.Itoa(i))
 			if err != nil {
 				firstErr.Do(func() { r.FirstError = err.Error() })
 				return
@@ -95,11 +154,11 @@ func (e *environment) peakRSS(ctx context.Context, n, conns int, delay time.Dura
 	if err := ctx.Err(); err != nil {
 		return r, err
 	}
-	if err := errors.Join(svc.checkRunning(), fake.checkRunning()); err != nil {
+	if err := errors.Join(proc.checkRunning(), fake.checkRunning()); err != nil {
 		return r, err
 	}
 
-	after, peak, err := memory(svc.pid())
+	after, peak, err := memory(proc.pid())
 	if err != nil {
 		return r, err
 	}
