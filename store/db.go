@@ -198,7 +198,9 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 		}
 		if cerr := tx.Commit(); cerr != nil {
 			err = fmt.Errorf("commit: %w", cerr)
+			return
 		}
+		s.commits.Add(1)
 	}()
 	return fn(tx)
 }

@@ -17,6 +17,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -263,7 +265,89 @@ type Store struct {
 	// secrets are the forms of the URL's password that errors must not
 	// carry.
 	secrets []string
+	// batch group-commits Begins and Finishes (SQLite only; PostgreSQL
+	// commits concurrent transactions with one WAL flush of its own).
+	batch *batcher
+	// later counts FinishLater calls not yet done, for Close.
+	later sync.WaitGroup
+	// commits counts committed write transactions.
+	commits atomic.Uint64
+	// stmts caches prepared statements by database and query.
+	stmts sync.Map // stmtKey → *sql.Stmt
 }
+
+type stmtKey struct {
+	db    *sql.DB
+	query string
+}
+
+// prepared returns query prepared on db, preparing it on first use.
+// database/sql prepares it again on each connection that runs it.
+func (s *Store) prepared(ctx context.Context, db *sql.DB, query string) (*sql.Stmt, error) {
+	k := stmtKey{db, query}
+	if st, ok := s.stmts.Load(k); ok {
+		return st.(*sql.Stmt), nil
+	}
+	st, err := db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if prev, loaded := s.stmts.LoadOrStore(k, st); loaded {
+		st.Close()
+		return prev.(*sql.Stmt), nil
+	}
+	return st, nil
+}
+
+// txStmt returns query prepared for tx (on the writer). The writer's hot
+// queries are prepared at Open (writerQueries), since a transaction holds
+// SQLite's one writer connection and preparing on the pool would wait for
+// it; any other is prepared in tx alone.
+func (s *Store) txStmt(ctx context.Context, tx *sql.Tx, query string) (*sql.Stmt, error) {
+	if st, ok := s.stmts.Load(stmtKey{s.w, query}); ok {
+		return tx.StmtContext(ctx, st.(*sql.Stmt)), nil
+	}
+	return tx.PrepareContext(ctx, query)
+}
+
+// writerQueries are the queries every payment runs on the writer.
+func (s *Store) writerQueries() []string {
+	return []string{s.insertQuery(), s.lockedSelectQuery(), s.finishQuery()}
+}
+
+func (s *Store) insertQuery() string {
+	d := s.d
+	cols, vals := "", ""
+	if d.keyCol != "key" {
+		cols, vals = ", "+d.keyCol, ", $15"
+	}
+	// A new record comes back from RETURNING; a conflict returns no row.
+	return d.q(`
+		INSERT INTO records (key, body, body_sha256, currency, amount, state,
+			request_id, trace_id, caller, created_at, updated_at, settle_by,
+			next_settle_at, lease_owner, lease_expires_at` + cols + `)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14` + vals + `)
+		ON CONFLICT (` + d.keyCol + `) DO NOTHING
+		RETURNING ` + recordColumns)
+}
+
+func (s *Store) lockedSelectQuery() string {
+	return s.d.q(`SELECT ` + recordColumns + ` FROM records WHERE ` + s.d.keyCol + ` = $1 ` + s.d.lockRows)
+}
+
+func (s *Store) finishQuery() string {
+	d := s.d
+	return d.q(`
+		UPDATE records SET state = $3, attempts = attempts + $4, provider_status = $5,
+			reply = $6, last_error = $7, code = $8, updated_at = $9, next_settle_at = $10,
+			settle_attempts = settle_attempts + $11, lease_owner = '', lease_expires_at = $12
+		WHERE ` + d.keyCol + ` = $1 AND lease_owner = $2 AND state = $13
+		RETURNING ` + recordColumns)
+}
+
+// Commits is the number of write transactions the store has committed.
+// With group commit, one may hold many Begins and Finishes.
+func (s *Store) Commits() uint64 { return s.commits.Load() }
 
 // Open opens the store that url names, runs the embedded migrations (safe
 // when several replicas start at once), and stamps the database with env on
@@ -291,6 +375,7 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 			return nil, err
 		}
 		s.d, s.w, s.r = sqliteDialect, w, r
+		s.batch = newBatcher(s)
 	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
 		db, err := openPostgres(url, opts)
 		if err != nil {
@@ -308,11 +393,25 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 		s.Close()
 		return nil, err
 	}
+	for _, q := range s.writerQueries() {
+		if _, err := s.prepared(ctx, s.w, q); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("prepare: %w", err)
+		}
+	}
 	return s, nil
 }
 
-// Close closes the database.
+// Close waits for every FinishLater, then closes the database.
 func (s *Store) Close() error {
+	s.later.Wait()
+	if s.batch != nil {
+		s.batch.close()
+	}
+	s.stmts.Range(func(_, st any) bool {
+		st.(*sql.Stmt).Close()
+		return true
+	})
 	err := s.w.Close()
 	if s.r != s.w {
 		err = errors.Join(err, s.r.Close())
@@ -379,7 +478,7 @@ func (s *Store) Begin(ctx context.Context, c Claim) (Began, error) {
 		return Began{}, fmt.Errorf("begin %.64q: %w", c.Key, ErrKeyNotStorable)
 	}
 	var b Began
-	err := s.transact(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
 		b, err = s.begin(ctx, tx, c)
 		return err
@@ -390,6 +489,15 @@ func (s *Store) Begin(ctx context.Context, c Claim) (Began, error) {
 	return b, nil
 }
 
+// write runs fn in a write transaction: the batcher's next one (SQLite),
+// or one of its own.
+func (s *Store) write(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
+	if s.batch != nil {
+		return s.batch.run(ctx, fn)
+	}
+	return s.transact(ctx, func(tx *sql.Tx) error { return fn(ctx, tx) })
+}
+
 func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim) (Began, error) {
 	d := s.d
 	// The INSERT waits for a concurrent transaction inserting the same key
@@ -397,30 +505,28 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim) (Began, error) {
 	// locks the committed row. A row deleted in between (DeleteBefore) sends
 	// us round again.
 	for range 3 {
-		cols, vals := "", ""
 		args := []any{c.Key, c.Body, c.BodySHA256[:], c.Currency, c.Amount, int(StateInProgress),
 			c.RequestID, c.TraceID, c.Caller, d.t(c.Now), d.t(c.SettleBy),
 			d.t(time.Time{}), c.Owner, d.t(c.LeaseUntil)}
 		if d.keyCol != "key" {
-			cols, vals = ", "+d.keyCol, ", $15"
 			args = append(args, d.k(c.Key))
 		}
-		res, err := tx.ExecContext(ctx, d.q(`
-			INSERT INTO records (key, body, body_sha256, currency, amount, state,
-				request_id, trace_id, caller, created_at, updated_at, settle_by,
-				next_settle_at, lease_owner, lease_expires_at`+cols+`)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14`+vals+`)
-			ON CONFLICT (`+d.keyCol+`) DO NOTHING`), args...)
+		ins, err := s.txStmt(ctx, tx, s.insertQuery())
 		if err != nil {
 			return Began{}, err
 		}
-		if n, err := res.RowsAffected(); err != nil {
+		rows, err := ins.QueryContext(ctx, args...)
+		if err != nil {
 			return Began{}, err
-		} else if n == 1 {
-			r, err := getRecord(ctx, tx, d, c.Key, "")
-			return Began{Outcome: Acquired, Record: r}, err
 		}
-		r, err := getRecord(ctx, tx, d, c.Key, d.lockRows)
+		inserted, err := scanRecords(rows)
+		if err != nil {
+			return Began{}, err
+		}
+		if len(inserted) == 1 {
+			return Began{Outcome: Acquired, Record: inserted[0]}, nil
+		}
+		r, err := s.getRecordTx(ctx, tx, c.Key)
 		if errors.Is(err, ErrNotFound) {
 			continue
 		}
@@ -464,11 +570,13 @@ func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record) (Bega
 	return Began{}, fmt.Errorf("record in unknown state %d", r.State)
 }
 
-// getRecord reads key's record, with lock ("" or the dialect's lockRows).
-func getRecord(ctx context.Context, q interface {
-	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, d dialect, key, lock string) (Record, error) {
-	r, err := scanRecord(q.QueryRowContext(ctx, d.q(`SELECT `+recordColumns+` FROM records WHERE `+d.keyCol+` = $1 `+lock), d.k(key)))
+// getRecordTx reads and locks key's record in tx.
+func (s *Store) getRecordTx(ctx context.Context, tx *sql.Tx, key string) (Record, error) {
+	st, err := s.txStmt(ctx, tx, s.lockedSelectQuery())
+	if err != nil {
+		return Record{}, err
+	}
+	r, err := scanRecord(st.QueryRowContext(ctx, s.d.k(key)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, ErrNotFound
 	}
@@ -486,42 +594,15 @@ func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, set string, key st
 // and returns the record; otherwise it returns ErrLeaseLost and writes
 // nothing.
 func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
-	if !s.d.storable(f.Key) {
-		return Record{}, fmt.Errorf("finish %.64q: %w", f.Key, ErrLeaseLost)
-	}
-	switch f.State {
-	case StateSucceeded, StateNotCreated, StateOutcomeUnknown:
-	default:
-		return Record{}, fmt.Errorf("finish %.64q: state %v is not an outcome", f.Key, f.State)
-	}
-	d := s.d
-	settle := 0
-	if f.Settlement {
-		settle = 1
+	fin, err := s.finishOp(f)
+	if err != nil {
+		return Record{}, err
 	}
 	var r Record
-	err := s.transact(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, d.q(`
-			UPDATE records SET state = $3, attempts = attempts + $4, provider_status = $5,
-				reply = $6, last_error = $7, code = $8, updated_at = $9, next_settle_at = $10,
-				settle_attempts = settle_attempts + $11, lease_owner = '', lease_expires_at = $12
-			WHERE `+d.keyCol+` = $1 AND lease_owner = $2 AND state = $13
-			RETURNING `+recordColumns),
-			d.k(f.Key), f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
-			f.Reply, f.LastError, f.Code, d.t(f.Now), d.t(f.NextSettleAt),
-			settle, d.t(time.Time{}), int(StateInProgress))
-		if err != nil {
-			return err
-		}
-		rs, err := scanRecords(rows)
-		if err != nil {
-			return err
-		}
-		if len(rs) == 0 {
-			return ErrLeaseLost
-		}
-		r = rs[0]
-		return nil
+	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		var err error
+		r, err = fin(ctx, tx)
+		return err
 	})
 	if err != nil {
 		return Record{}, s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err))
@@ -529,12 +610,105 @@ func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 	return r, nil
 }
 
+// finishOp checks f and returns the statement that records it.
+func (s *Store) finishOp(f Finish) (func(context.Context, *sql.Tx) (Record, error), error) {
+	if !s.d.storable(f.Key) {
+		return nil, fmt.Errorf("finish %.64q: %w", f.Key, ErrLeaseLost)
+	}
+	switch f.State {
+	case StateSucceeded, StateNotCreated, StateOutcomeUnknown:
+	default:
+		return nil, fmt.Errorf("finish %.64q: state %v is not an outcome", f.Key, f.State)
+	}
+	d := s.d
+	settle := 0
+	if f.Settlement {
+		settle = 1
+	}
+	return func(ctx context.Context, tx *sql.Tx) (Record, error) {
+		st, err := s.txStmt(ctx, tx, s.finishQuery())
+		if err != nil {
+			return Record{}, err
+		}
+		rows, err := st.QueryContext(ctx,
+			d.k(f.Key), f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
+			f.Reply, f.LastError, f.Code, d.t(f.Now), d.t(f.NextSettleAt),
+			settle, d.t(time.Time{}), int(StateInProgress))
+		if err != nil {
+			return Record{}, err
+		}
+		rs, err := scanRecords(rows)
+		if err != nil {
+			return Record{}, err
+		}
+		if len(rs) == 0 {
+			return Record{}, ErrLeaseLost
+		}
+		return rs[0], nil
+	}, nil
+}
+
+// FinishLater is Finish without waiting for the commit: done gets Finish's
+// result once the outcome is durable or has failed, on another goroutine.
+// Close waits for every FinishLater to be done. done must not write to the
+// store: with SQLite it runs on the goroutine that commits. Use it only for an outcome
+// whose loss in a crash is harmless: the record stays InProgress, and once
+// its lease expires settlement re-sends it, which gives the same answer.
+func (s *Store) FinishLater(f Finish, done func(Record, error)) {
+	s.later.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), finishLaterTimeout)
+	if s.batch == nil {
+		go func() {
+			defer s.later.Done()
+			defer cancel()
+			r, err := s.Finish(ctx, f)
+			done(r, err)
+		}()
+		return
+	}
+	// Queued directly, so that no goroutine waits on it.
+	fin, wrapErr := s.finishOp(f)
+	if wrapErr != nil {
+		cancel()
+		defer s.later.Done()
+		done(Record{}, wrapErr)
+		return
+	}
+	var r Record
+	s.batch.submit(&batchOp{ctx: ctx, fn: func(ctx context.Context, tx *sql.Tx) error {
+		var err error
+		r, err = fin(ctx, tx)
+		return err
+	}, done: func(err error) {
+		defer s.later.Done()
+		cancel()
+		if err != nil {
+			done(Record{}, s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err)))
+			return
+		}
+		done(r, nil)
+	}})
+}
+
+// finishLaterTimeout bounds a FinishLater.
+const finishLaterTimeout = 30 * time.Second
+
 // Get returns the record for key, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, key string) (Record, error) {
 	if !s.d.storable(key) {
 		return Record{}, fmt.Errorf("get %.64q: %w", key, ErrNotFound)
 	}
-	r, err := getRecord(ctx, s.r, s.d, key, "")
+	r, err := func() (Record, error) {
+		st, err := s.prepared(ctx, s.r, s.d.q(`SELECT `+recordColumns+` FROM records WHERE `+s.d.keyCol+` = $1`))
+		if err != nil {
+			return Record{}, err
+		}
+		r, err := scanRecord(st.QueryRowContext(ctx, s.d.k(key)))
+		if errors.Is(err, sql.ErrNoRows) {
+			return Record{}, ErrNotFound
+		}
+		return r, err
+	}()
 	if err != nil {
 		return Record{}, s.wrap(fmt.Errorf("get %.64q: %w", key, err))
 	}

@@ -503,6 +503,119 @@ func testStore(t *testing.T, b backend) {
 		}
 	})
 
+	// Concurrent writes are committed together (group commit in SQLite):
+	// each still gets its own outcome, a lost lease fails only its own
+	// Finish, and every acquired record is there once Begin returns.
+	t.Run("ConcurrentBeginsAndFinishesDistinctKeys", func(t *testing.T) {
+		t.Parallel()
+		s := fresh(t)
+		const n = 24
+		for i := range n {
+			begin(t, s, claim(fmt.Sprintf("pre%d", i), "body", "a", t0), store.Acquired)
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 3*n)
+		for i := range n {
+			wg.Go(func() {
+				key := fmt.Sprintf("new%d", i)
+				b, err := s.Begin(ctx, claim(key, "body", "b", t0))
+				if err != nil || b.Outcome != store.Acquired || b.Record.Key != key || b.Record.State != store.StateInProgress {
+					errs <- fmt.Errorf("Begin(%q) = %v %q %v, %v; want Acquired InProgress", key, b.Outcome, b.Record.Key, b.Record.State, err)
+				}
+			})
+			wg.Go(func() {
+				key := fmt.Sprintf("pre%d", i)
+				owner := "a"
+				if i%3 == 0 {
+					owner = "not-the-owner"
+				}
+				r, err := s.Finish(ctx, store.Finish{Key: key, Owner: owner, State: store.StateSucceeded, AddAttempts: 1,
+					ProviderStatus: 200, Reply: []byte(fmt.Sprintf(`{"n":%d}`, i)), Now: t0})
+				switch {
+				case owner != "a" && !errors.Is(err, store.ErrLeaseLost):
+					errs <- fmt.Errorf("Finish(%q, wrong owner) error = %v, want ErrLeaseLost", key, err)
+				case owner == "a" && (err != nil || string(r.Reply) != fmt.Sprintf(`{"n":%d}`, i)):
+					errs <- fmt.Errorf("Finish(%q) = %s, %v; want its own reply", key, r.Reply, err)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		for i := range n {
+			if r := get(t, s, fmt.Sprintf("new%d", i)); r.State != store.StateInProgress || r.LeaseOwner != "b" {
+				t.Errorf("record new%d = %v owned by %q, want InProgress owned by b", i, r.State, r.LeaseOwner)
+			}
+			want := store.StateSucceeded
+			if i%3 == 0 {
+				want = store.StateInProgress
+			}
+			if r := get(t, s, fmt.Sprintf("pre%d", i)); r.State != want {
+				t.Errorf("record pre%d = %v, want %v", i, r.State, want)
+			}
+		}
+		if s.Commits() == 0 {
+			t.Error("Commits() = 0 after writes")
+		}
+	})
+
+	// FinishLater's outcome is durable by the time done is called, and Close
+	// waits for it.
+	t.Run("FinishLater", func(t *testing.T) {
+		t.Parallel()
+		url := b.url(t)
+		s, err := store.Open(ctx, url, "sandbox", store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 8
+		for i := range n {
+			begin(t, s, claim(fmt.Sprintf("k%d", i), "body", "a", t0), store.Acquired)
+		}
+		var mu sync.Mutex
+		results := map[string]error{}
+		for i := range n {
+			key := fmt.Sprintf("k%d", i)
+			s.FinishLater(store.Finish{Key: key, Owner: "a", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200,
+				Reply: []byte(`{}`), Now: t0}, func(r store.Record, err error) {
+				if err == nil && r.State != store.StateSucceeded {
+					err = fmt.Errorf("record state %v", r.State)
+				}
+				if err == nil {
+					r2, gerr := s.Get(ctx, key)
+					if gerr != nil || r2.State != store.StateSucceeded {
+						err = fmt.Errorf("Get after done = %v, %v; want Succeeded", r2.State, gerr)
+					}
+				}
+				mu.Lock()
+				results[key] = err
+				mu.Unlock()
+			})
+		}
+		if err := s.Close(); err != nil {
+			t.Fatalf("Close() error = %v", err)
+		}
+		if len(results) != n {
+			t.Fatalf("Close returned with %d of %d FinishLater done", len(results), n)
+		}
+		for k, err := range results {
+			if err != nil {
+				t.Errorf("FinishLater(%q): %v", k, err)
+			}
+		}
+		if !b.persistent {
+			return
+		}
+		s = openStore(t, url, "sandbox")
+		for i := range n {
+			if r := get(t, s, fmt.Sprintf("k%d", i)); r.State != store.StateSucceeded {
+				t.Errorf("after reopening, record k%d = %v, want Succeeded", i, r.State)
+			}
+		}
+	})
+
 	t.Run("ExactKeys", func(t *testing.T) {
 		t.Parallel()
 		s := fresh(t)

@@ -1,0 +1,166 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+)
+
+// Group commit. In SQLite every write goes through one connection and every
+// commit is an fsync of the WAL, so payments that arrive together would
+// otherwise queue for a commit each. The batcher runs the Begins and
+// Finishes waiting for the writer in one transaction, each as it would run
+// alone and in arrival order (so a later one sees an earlier one's write,
+// exactly as if they had run one after the other), and commits them with
+// one fsync. Nobody is told an outcome before the commit that makes it
+// durable: a Begin's caller learns Acquired only once its record is on
+// disk. There is no added wait: a batch is whatever arrived while the
+// previous commit was in flight.
+
+// maxBatch bounds the operations in one transaction.
+const maxBatch = 256
+
+var errClosed = errors.New("store is closed")
+
+// batchOp is one operation for the batcher.
+type batchOp struct {
+	// ctx, if it has ended before the operation runs, cancels it: it gets
+	// ctx's error and writes nothing. Once it has run, it is committed or
+	// fails with the batch, whatever ctx does.
+	ctx context.Context
+	// fn runs the operation in the batch's transaction. It must write
+	// nothing when it returns an error that clean accepts.
+	fn func(context.Context, *sql.Tx) error
+	// done gets the operation's result, after the batch has committed or
+	// failed.
+	done func(error)
+}
+
+// clean reports whether an operation's error leaves the transaction as it
+// was, so the rest of the batch may go on.
+func clean(err error) bool {
+	return errors.Is(err, ErrLeaseLost) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// batcher queues operations for the writer and runs them in batches, on
+// one goroutine, until closed.
+type batcher struct {
+	s *Store
+
+	mu     sync.Mutex
+	queue  []*batchOp
+	closed bool
+	wake   chan struct{} // has a token when the queue may be non-empty
+	exited chan struct{}
+}
+
+func newBatcher(s *Store) *batcher {
+	b := &batcher{s: s, wake: make(chan struct{}, 1), exited: make(chan struct{})}
+	go b.loop()
+	return b
+}
+
+// submit queues op; op.done will be called exactly once.
+func (b *batcher) submit(op *batchOp) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		op.done(errClosed)
+		return
+	}
+	b.queue = append(b.queue, op)
+	b.mu.Unlock()
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run submits fn and waits for its result. It waits even if ctx ends: an
+// operation that has run must learn whether it committed.
+func (b *batcher) run(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
+	errc := make(chan error, 1)
+	b.submit(&batchOp{ctx: ctx, fn: fn, done: func(err error) { errc <- err }})
+	return <-errc
+}
+
+// close runs what is queued, then stops the batcher.
+func (b *batcher) close() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+	<-b.exited
+}
+
+func (b *batcher) loop() {
+	defer close(b.exited)
+	for range b.wake {
+		for {
+			b.mu.Lock()
+			n := min(len(b.queue), maxBatch)
+			ops := b.queue[:n:n]
+			b.queue = b.queue[n:]
+			if len(b.queue) == 0 {
+				b.queue = nil
+			}
+			closed := b.closed && n == 0
+			b.mu.Unlock()
+			if closed {
+				return
+			}
+			if n == 0 {
+				break
+			}
+			b.s.runBatch(ops)
+		}
+	}
+}
+
+// runBatch runs ops in one transaction and commits it. If an operation
+// fails in a way that may have left the transaction half-written, the
+// batch is rolled back and each operation runs again in a transaction of
+// its own, so that one bad operation fails only itself.
+func (s *Store) runBatch(ops []*batchOp) {
+	ctx := context.Background()
+	errs := make([]error, len(ops))
+	ran := make([]bool, len(ops))
+	err := s.transact(ctx, func(tx *sql.Tx) error {
+		for i, op := range ops {
+			if op.ctx != nil && op.ctx.Err() != nil {
+				errs[i] = op.ctx.Err()
+				continue
+			}
+			ran[i] = true
+			if err := op.fn(ctx, tx); err != nil {
+				if !clean(err) {
+					return errBatchFailed
+				}
+				errs[i] = err
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, errBatchFailed) {
+		for _, op := range ops {
+			if op.ctx != nil && op.ctx.Err() != nil {
+				op.done(op.ctx.Err())
+				continue
+			}
+			op.done(s.transact(ctx, func(tx *sql.Tx) error { return op.fn(ctx, tx) }))
+		}
+		return
+	}
+	for i, op := range ops {
+		if err != nil && ran[i] && errs[i] == nil {
+			errs[i] = err // the commit failed: nothing is written
+		}
+		op.done(errs[i])
+	}
+}
+
+var errBatchFailed = errors.New("an operation of the batch failed")
