@@ -139,20 +139,61 @@ func (s *Service) send(ctx context.Context, owner string, began store.Began) (*p
 
 	// The outcome is written even when the caller has gone: it is what
 	// settlement and later calls with the key go by.
+	if fin.State == store.StateSucceeded {
+		// A success is answered without waiting for its record to commit.
+		// Were this process to die first, the record would stay InProgress
+		// until its lease expired and settlement re-sent the same body with
+		// the same key, which gives the provider's same answer: the caller
+		// was told the truth, and the replay is only delayed. Calls here
+		// with the key wait for the commit (Busy, or Get's pending check).
+		s.finishLater(ctx, fin)
+		return resp, nil
+	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	start := time.Now()
 	_, ferr := s.store.Finish(fctx, fin)
+	s.finished(ctx, fin, start, ferr)
+	return resp, err
+}
+
+// finishLater records fin without waiting; the key is pending until the
+// record is committed.
+func (s *Service) finishLater(ctx context.Context, fin store.Finish) {
+	done := make(chan struct{})
+	s.pending.Store(fin.Key, done)
+	start := time.Now()
+	ctx = context.WithoutCancel(ctx)
+	s.store.FinishLater(fin, func(_ store.Record, ferr error) {
+		s.pending.CompareAndDelete(fin.Key, done)
+		close(done)
+		s.finished(ctx, fin, start, ferr)
+	})
+}
+
+// finished accounts for a Finish, wakes the calls waiting on its key, and
+// logs a failure.
+func (s *Service) finished(ctx context.Context, fin store.Finish, start time.Time, ferr error) {
 	s.metrics.storeOp("finish", start, ferr)
-	s.waiters.notify(rec.Key)
+	s.waiters.notify(fin.Key)
 	if ferr != nil {
 		// The record stays InProgress until its lease expires; settlement
 		// then re-sends the same body with the same key, which gives the
 		// provider's answer again.
 		s.logger.ErrorContext(ctx, "could not record a payment's outcome; settlement will re-send it when its lease expires",
-			keyAttrs(rec.Key, slog.String("state", fin.State.String()), slog.String("error", ferr.Error()))...)
+			keyAttrs(fin.Key, slog.String("state", fin.State.String()), slog.String("error", ferr.Error()))...)
 	}
-	return resp, err
+}
+
+// waitPending waits until a success this process answered for key, if any,
+// is committed, so that a lookup after the answer finds it.
+func (s *Service) waitPending(ctx context.Context, key string) {
+	if ch, ok := s.pending.Load(key); ok {
+		select {
+		case <-ch.(chan struct{}):
+		case <-ctx.Done():
+		}
+	}
 }
 
 // outcome turns a provider call's result into the record's new state.
@@ -216,6 +257,7 @@ func (s *Service) waitForOutcome(ctx context.Context, key string) (store.Record,
 	defer release()
 	poll := 5 * time.Millisecond
 	for {
+		s.waitPending(ctx, key)
 		start := time.Now()
 		rec, err := s.store.Get(ctx, key)
 		s.metrics.storeOp("get", start, err)
@@ -248,6 +290,7 @@ func (s *Service) resubscribe(key string, release func()) (<-chan struct{}, func
 // GetMultiCardPayment implements paymentsv1.PaymentsServiceServer: it
 // answers from the record only.
 func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMultiCardPaymentRequest) (*paymentsv1.GetMultiCardPaymentResponse, error) {
+	s.waitPending(ctx, req.GetIdempotencyKey())
 	start := time.Now()
 	rec, err := s.store.Get(ctx, req.GetIdempotencyKey())
 	s.metrics.storeOp("get", start, err)

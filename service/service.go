@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +48,9 @@ type Service struct {
 	logger  *slog.Logger
 	metrics *recordMetrics
 	waiters keyWaiters
+	// pending holds, for each key whose success was answered but whose
+	// record is not yet committed, a channel closed once it is.
+	pending sync.Map
 	owner   string
 	now     func() time.Time
 
@@ -117,6 +121,10 @@ func New(cfg Config) *Service {
 		reg = prometheus.NewRegistry()
 	}
 	s.metrics = newRecordMetrics(reg)
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "paymentsd_store_commits_total",
+		Help: "Write transactions the record store committed; with group commit one holds the records of many calls.",
+	}, func() float64 { return float64(s.store.Commits()) }))
 	return s
 }
 
