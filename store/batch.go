@@ -9,7 +9,8 @@ import (
 
 // Group commit. In SQLite every write goes through one connection and every
 // commit is an fsync of the WAL, so payments that arrive together would
-// otherwise queue for a commit each. The batcher runs the Begins and
+// otherwise queue for a commit each; in PostgreSQL each would take a
+// connection and several round trips for a transaction of its own. The batcher runs the Begins and
 // Finishes waiting for the writer in one transaction, each as it would run
 // alone and in arrival order (so a later one sees an earlier one's write,
 // exactly as if they had run one after the other), and commits them with
@@ -17,6 +18,11 @@ import (
 // durable: a Begin's caller learns Acquired only once its record is on
 // disk. There is no added wait: a batch is whatever arrived while the
 // previous commit was in flight.
+//
+// In PostgreSQL a batch holds the row locks of its records until it
+// commits, which is soon, since no batch waits on the provider. Two
+// replicas whose batches lock the same keys in opposite orders deadlock;
+// PostgreSQL aborts one, and its operations run again one by one.
 
 // maxBatch bounds the operations in one transaction.
 const maxBatch = 256

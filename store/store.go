@@ -265,8 +265,7 @@ type Store struct {
 	// secrets are the forms of the URL's password that errors must not
 	// carry.
 	secrets []string
-	// batch group-commits Begins and Finishes (SQLite only; PostgreSQL
-	// commits concurrent transactions with one WAL flush of its own).
+	// batch group-commits Begins and Finishes.
 	batch *batcher
 	// later counts FinishLater calls not yet done, for Close.
 	later sync.WaitGroup
@@ -382,6 +381,7 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 			return nil, fmt.Errorf("PostgreSQL URL: %w", err)
 		}
 		s.d, s.w, s.r = postgresDialect, db, db
+		s.batch = newBatcher(s)
 	default:
 		return nil, errors.New(`unknown database URL scheme; want "sqlite:PATH", "postgres://…" or "postgresql://…"`)
 	}
