@@ -98,6 +98,7 @@ type options struct {
 	out          string
 	pprofOut     string // where to write CPU profiles, or ""
 	pprofPath    string // which path's first c=32 round to profile
+	gogc         string // GOGC for paymentsd only, or "" for its default
 	smoke        bool
 }
 
@@ -117,6 +118,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.out, "out", "bench-results/bench.json", "where to write the results as JSON")
 	fs.StringVar(&o.pprofOut, "pprof", "", "if set, build paymentsd with the benchprofile tag and write a CPU profile of the first c=32 round of -pprof-path into this file (perturbing it)")
 	fs.StringVar(&o.pprofPath, "pprof-path", "grpc/sqlite", "the path -pprof profiles")
+	fs.StringVar(&o.gogc, "paymentsd-gogc", "", "if set, GOGC for the paymentsd processes only (for A/B runs); the floors keep the Go default")
 	fs.BoolVar(&o.smoke, "smoke", false, "tiny run of every phase, for CI; writes bench-results/smoke.json unless -out is given")
 	if err := fs.Parse(args[1:]); err != nil {
 		return nil, err
@@ -190,6 +192,7 @@ func benchmark(ctx context.Context, opts *options, logw io.Writer) (_ *results, 
 		providerKey: "bench_" + randomHex(12),
 		dbs:         &databases{dir: tmp, pgAdmin: opts.postgres},
 		pprof:       opts.pprofOut != "",
+		gogc:        opts.gogc,
 	}
 	defer func() {
 		if cerr := env.dbs.close(); cerr != nil && err == nil {

@@ -24,7 +24,8 @@ type environment struct {
 	self        string // this binary, re-executed as the fake provider and the floors
 	providerKey string // the key the fake provider accepts
 	dbs         *databases
-	pprof       bool // paymentsd was built to write CPU profiles
+	pprof       bool   // paymentsd was built to write CPU profiles
+	gogc        string // GOGC for paymentsd, or ""
 }
 
 // benchProfileEnv names the file a paymentsd built with the benchprofile
@@ -104,6 +105,9 @@ func (e *environment) startPaymentsd(ctx context.Context, name, storeKind string
 	if e.pprof {
 		profile = filepath.Join(e.dbs.dir, name+".pprof")
 		env = append(env, benchProfileEnv+"="+profile)
+	}
+	if e.gogc != "" {
+		env = append(env, "GOGC="+e.gogc)
 	}
 	env = append(env, extraEnv...)
 	c, ready, err := startChild(ctx, name, env, e.paymentsd)
@@ -185,13 +189,14 @@ func (c *child) checkRunning() error {
 	}
 }
 
-// cleanEnv is this process's environment without PAYMENTS_* and OTEL_*
-// variables, so that a developer's shell settings cannot change what is
-// measured.
+// cleanEnv is this process's environment without PAYMENTS_*, OTEL_* and
+// Go runtime (GOGC, GOMEMLIMIT, GODEBUG) variables, so that a developer's
+// shell settings cannot change what is measured.
 func cleanEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PAYMENTS_") && !strings.HasPrefix(kv, "OTEL_") {
+		if !strings.HasPrefix(kv, "PAYMENTS_") && !strings.HasPrefix(kv, "OTEL_") &&
+			!strings.HasPrefix(kv, "GOGC=") && !strings.HasPrefix(kv, "GOMEMLIMIT=") && !strings.HasPrefix(kv, "GODEBUG=") {
 			env = append(env, kv)
 		}
 	}

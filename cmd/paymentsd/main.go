@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
@@ -40,7 +41,18 @@ import (
 // storeCheckInterval is how often readiness checks the record store.
 const storeCheckInterval = 2 * time.Second
 
+// defaultGCPercent is the GC target when GOGC is not set. paymentsd's live
+// heap is small (a few MiB idle, tens with thousands of calls in flight),
+// so the default GOGC=100 collects very often: 400 measured 15–19% less
+// CPU per call. GOMEMLIMIT, which deploy/ sets to 90% of the pod's memory
+// limit, stays the backstop: near it the runtime collects harder whatever
+// GOGC says. Setting GOGC (even to 100) overrides this.
+const defaultGCPercent = 400
+
 func main() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(defaultGCPercent)
+	}
 	if err := run(context.Background(), os.Args, os.Getenv, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "paymentsd: %v\n", err)
 		os.Exit(1)
