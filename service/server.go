@@ -57,6 +57,9 @@ type Options struct {
 	MaxRequestBytes int
 	// GRPCOptions are added to the gRPC server's, for example credentials.
 	GRPCOptions []grpc.ServerOption
+	// Events, if set, serves ProviderEventsService (the webhook inbox) on
+	// both ports, through the same interceptors.
+	Events paymentsv1.ProviderEventsServiceServer
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -96,8 +99,19 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		validatemw.UnaryServerInterceptor(validator),
 	)
 
+	// The same, for streams (WatchProviderEvents, health Watch,
+	// reflection).
+	streamChain := grpc.ChainStreamInterceptor(
+		metrics.StreamServerInterceptor(),
+		streamRequestID,
+		streamAccessLog(opts.Logger),
+		recovery.StreamServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger))),
+		validatemw.StreamServerInterceptor(validator),
+	)
+
 	grpcOpts := []grpc.ServerOption{
 		grpc.UnaryInterceptor(chain),
+		streamChain,
 		grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
 		// Reuse handler goroutines, whose stacks have already grown to what
 		// a call needs, instead of starting (and growing) one per call.
@@ -113,6 +127,9 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 
 	s := &Server{GRPC: grpc.NewServer(grpcOpts...), health: health.NewServer()}
 	paymentsv1.RegisterPaymentsServiceServer(s.GRPC, svc)
+	if opts.Events != nil {
+		paymentsv1.RegisterProviderEventsServiceServer(s.GRPC, opts.Events)
+	}
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
 	reflection.Register(s.GRPC)
 	metrics.InitializeMetrics(s.GRPC)
@@ -143,6 +160,11 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	// gRPC calls, rather than over a loopback connection.
 	if err := paymentsv1.RegisterPaymentsServiceHandlerServer(context.Background(), gateway, &chained{svc: svc, chain: chain}); err != nil {
 		return nil, fmt.Errorf("register gateway: %w", err)
+	}
+	if opts.Events != nil {
+		if err := paymentsv1.RegisterProviderEventsServiceHandlerServer(context.Background(), gateway, &chainedEvents{svc: opts.Events, chain: chain}); err != nil {
+			return nil, fmt.Errorf("register events gateway: %w", err)
+		}
 	}
 	var rest http.Handler = gateway
 	if opts.TracerProvider != nil {
@@ -203,6 +225,26 @@ func (c *chained) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		return nil, err
 	}
 	return resp.(*paymentsv1.CreateMultiCardPaymentResponse), nil
+}
+
+// chainedEvents is ProviderEventsService as the REST gateway sees it, like
+// chained.
+type chainedEvents struct {
+	paymentsv1.UnimplementedProviderEventsServiceServer
+	svc   paymentsv1.ProviderEventsServiceServer
+	chain grpc.UnaryServerInterceptor
+}
+
+var listEventsInfo = &grpc.UnaryServerInfo{FullMethod: paymentsv1.ProviderEventsService_ListProviderEvents_FullMethodName}
+
+func (c *chainedEvents) ListProviderEvents(ctx context.Context, req *paymentsv1.ListProviderEventsRequest) (*paymentsv1.ListProviderEventsResponse, error) {
+	resp, err := c.chain(ctx, req, listEventsInfo, func(ctx context.Context, req any) (any, error) {
+		return c.svc.ListProviderEvents(ctx, req.(*paymentsv1.ListProviderEventsRequest))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.(*paymentsv1.ListProviderEventsResponse), nil
 }
 
 // limitBody reads the REST body up front, refusing one over max bytes with
