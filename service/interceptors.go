@@ -25,6 +25,7 @@ type callInfo struct {
 	requestID      string
 	providerStatus int
 	attempts       int
+	replayed       bool
 }
 
 type callInfoKey struct{}
@@ -35,6 +36,13 @@ func noteProvider(ctx context.Context, status, attempts int) {
 	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
 		ci.providerStatus = status
 		ci.attempts = attempts
+	}
+}
+
+// noteReplayed marks the call as answered from its record.
+func noteReplayed(ctx context.Context) {
+	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
+		ci.replayed = true
 	}
 }
 
@@ -104,6 +112,7 @@ func accessLog(logger *slog.Logger) grpc.UnaryServerInterceptor {
 				slog.String("request_id", ci.requestID),
 				slog.Int("provider_status", ci.providerStatus),
 				slog.Int("attempts", ci.attempts),
+				slog.Bool("replayed", ci.replayed),
 			)
 		}
 		if k, ok := req.(interface{ GetIdempotencyKey() string }); ok {

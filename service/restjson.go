@@ -1,11 +1,14 @@
 package service
 
 import (
+	"bytes"
+	"encoding/json"
 	"math"
 	"strconv"
 	"unicode/utf8"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -19,24 +22,62 @@ type restMarshaler struct {
 	*runtime.JSONPb
 }
 
+// Over REST, payment is the provider's JSON object exactly as received
+// (payment_json, validated as a JSON object when it was received), so every
+// number keeps every digit; payment_json itself is left out.
 func (m restMarshaler) Marshal(v any) ([]byte, error) {
-	resp, ok := v.(*paymentsv1.CreateMultiCardPaymentResponse)
-	if !ok {
-		return m.JSONPb.Marshal(v)
+	switch resp := v.(type) {
+	case *paymentsv1.CreateMultiCardPaymentResponse:
+		b := make([]byte, 0, 256+len(resp.GetPaymentJson()))
+		b = append(b, `{"payment":`...)
+		b = appendPayment(b, resp.GetPaymentJson(), resp.GetPayment())
+		b = append(b, `,"providerHttpStatus":`...)
+		b = strconv.AppendInt(b, int64(resp.GetProviderHttpStatus()), 10)
+		b = append(b, `,"environment":"`...)
+		b = append(b, resp.GetEnvironment().String()...)
+		b = append(b, `","replayed":`...)
+		b = strconv.AppendBool(b, resp.GetReplayed())
+		b = append(b, '}')
+		return b, nil
+	case *paymentsv1.GetMultiCardPaymentResponse:
+		rest := proto.CloneOf(resp)
+		rest.Payment, rest.PaymentJson = nil, nil
+		b, err := m.JSONPb.Marshal(rest)
+		if err != nil {
+			return nil, err
+		}
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(b, &fields); err != nil {
+			return nil, err
+		}
+		delete(fields, "paymentJson")
+		fields["payment"] = json.RawMessage("null")
+		if resp.GetState() == paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED {
+			fields["payment"] = appendPayment(nil, resp.GetPaymentJson(), resp.GetPayment())
+		}
+		// Not json.Marshal, which would escape <, > and & in the
+		// provider's bytes.
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(fields); err != nil {
+			return nil, err
+		}
+		return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 	}
-	b := make([]byte, 0, 512)
-	b = append(b, `{"payment":`...)
-	if resp.GetPayment() == nil {
-		b = append(b, "null"...)
-	} else {
-		b = appendStruct(b, resp.GetPayment())
+	return m.JSONPb.Marshal(v)
+}
+
+// appendPayment writes the provider's exact reply when there is one, else
+// the Struct.
+func appendPayment(b, exact []byte, s *structpb.Struct) []byte {
+	switch {
+	case len(exact) > 0:
+		return append(b, exact...)
+	case s != nil:
+		return appendStruct(b, s)
 	}
-	b = append(b, `,"providerHttpStatus":`...)
-	b = strconv.AppendInt(b, int64(resp.GetProviderHttpStatus()), 10)
-	b = append(b, `,"environment":"`...)
-	b = append(b, resp.GetEnvironment().String()...)
-	b = append(b, `"}`...)
-	return b, nil
+	return append(b, "null"...)
 }
 
 func appendStruct(b []byte, s *structpb.Struct) []byte {

@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net/http"
 	goruntime "runtime"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"buf.build/go/protovalidate"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
@@ -70,8 +72,11 @@ type Server struct {
 	// HTTP serves REST, /healthz, /readyz, /metrics and /openapi.json.
 	HTTP http.Handler
 
-	health *health.Server
-	ready  atomic.Bool
+	health  *health.Server
+	mu      sync.Mutex
+	serving bool // the listeners are up and not draining
+	storeOK bool // the record store answers
+	ready   atomic.Bool
 }
 
 // NewServer wires svc into a gRPC server and a REST gateway. Both start out
@@ -125,7 +130,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	}
 	grpcOpts = append(grpcOpts, opts.GRPCOptions...)
 
-	s := &Server{GRPC: grpc.NewServer(grpcOpts...), health: health.NewServer()}
+	s := &Server{GRPC: grpc.NewServer(grpcOpts...), health: health.NewServer(), storeOK: true}
 	paymentsv1.RegisterPaymentsServiceServer(s.GRPC, svc)
 	if opts.Events != nil {
 		paymentsv1.RegisterProviderEventsServiceServer(s.GRPC, opts.Events)
@@ -196,15 +201,72 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 }
 
 // SetServing flips readiness: grpc.health.v1 for the empty service name and
-// PaymentsService, and /readyz.
+// PaymentsService, and /readyz. Readiness also needs the record store to
+// answer (see WatchStore).
 func (s *Server) SetServing(serving bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.serving = serving
+	s.updateReadiness()
+}
+
+func (s *Server) setStoreOK(ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.storeOK = ok
+	s.updateReadiness()
+}
+
+func (s *Server) updateReadiness() {
+	ready := s.serving && s.storeOK
 	st := healthpb.HealthCheckResponse_NOT_SERVING
-	if serving {
+	if ready {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
-	s.ready.Store(serving)
+	s.ready.Store(ready)
 	s.health.SetServingStatus("", st)
 	s.health.SetServingStatus(paymentsv1.PaymentsService_ServiceDesc.ServiceName, st)
+}
+
+// Readiness flips only after storeFailures consecutive failed pings, and
+// back after storeRecoveries consecutive good ones, so one slow query or a
+// brief failover doesn't make every replica flap in and out of the load
+// balancer.
+const (
+	storeFailures   = 3
+	storeRecoveries = 2
+	storePingLimit  = time.Second
+)
+
+// WatchStore pings the record store every interval until ctx ends, and
+// reports it in readiness: a replica that can't write records can't take
+// payments (they would fail closed), so it should get no traffic.
+func (s *Server) WatchStore(ctx context.Context, ping func(context.Context) error, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	ok, streak := true, 0
+	for {
+		pctx, cancel := context.WithTimeout(ctx, storePingLimit)
+		err := ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if (err == nil) == ok {
+			streak = 0
+		} else {
+			streak++
+			if (ok && streak >= storeFailures) || (!ok && streak >= storeRecoveries) {
+				ok, streak = !ok, 0
+				s.setStoreOK(ok)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // chained is the service as the REST gateway sees it: every call goes
@@ -215,16 +277,29 @@ type chained struct {
 	chain grpc.UnaryServerInterceptor
 }
 
-var createInfo = &grpc.UnaryServerInfo{FullMethod: paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName}
+var (
+	createInfo = &grpc.UnaryServerInfo{FullMethod: paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName}
+	getInfo    = &grpc.UnaryServerInfo{FullMethod: paymentsv1.PaymentsService_GetMultiCardPayment_FullMethodName}
+)
 
 func (c *chained) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
-	resp, err := c.chain(ctx, req, createInfo, func(ctx context.Context, req any) (any, error) {
-		return c.svc.CreateMultiCardPayment(ctx, req.(*paymentsv1.CreateMultiCardPaymentRequest))
+	return callChain(ctx, c.chain, createInfo, req, c.svc.CreateMultiCardPayment)
+}
+
+func (c *chained) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMultiCardPaymentRequest) (*paymentsv1.GetMultiCardPaymentResponse, error) {
+	return callChain(ctx, c.chain, getInfo, req, c.svc.GetMultiCardPayment)
+}
+
+// callChain calls method through chain, as the gRPC server would.
+func callChain[Req, Resp any](ctx context.Context, chain grpc.UnaryServerInterceptor, info *grpc.UnaryServerInfo, req Req, method func(context.Context, Req) (Resp, error)) (Resp, error) {
+	resp, err := chain(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+		return method(ctx, req.(Req))
 	})
 	if err != nil {
-		return nil, err
+		var zero Resp
+		return zero, err
 	}
-	return resp.(*paymentsv1.CreateMultiCardPaymentResponse), nil
+	return resp.(Resp), nil
 }
 
 // chainedEvents is ProviderEventsService as the REST gateway sees it, like

@@ -8,11 +8,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -20,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/store"
 	"example.com/paymentsd/upstream"
 )
 
@@ -35,39 +38,86 @@ const (
 )
 
 // Service implements paymentsv1.PaymentsServiceServer against one provider
-// environment.
+// environment, with a durable record per idempotency key.
 type Service struct {
 	paymentsv1.UnimplementedPaymentsServiceServer
-	client *upstream.Client
-	env    paymentsv1.Environment
+	client  *upstream.Client
+	store   *store.Store
+	env     paymentsv1.Environment
+	logger  *slog.Logger
+	metrics *recordMetrics
+	waiters keyWaiters
+	owner   string
+	now     func() time.Time
+
+	leaseTTL    time.Duration
+	window      time.Duration
+	retention   time.Duration
+	settleEvery time.Duration
+	settleBase  time.Duration
 }
 
-// New returns a Service that creates payments through client, which talks
-// to the provider environment env.
-func New(client *upstream.Client, env paymentsv1.Environment) *Service {
-	return &Service{client: client, env: env}
+// Config configures New. Client, Store and Environment are required.
+type Config struct {
+	Client      *upstream.Client
+	Store       *store.Store
+	Environment paymentsv1.Environment
+	// Logger gets settlement's and the store's problems; nil discards.
+	Logger *slog.Logger
+	// Registerer holds the records' metrics; nil uses a private registry.
+	Registerer prometheus.Registerer
+	// LeaseTTL is how long a call holds its key before another process may
+	// take the record over: it must outlast the longest provider call (the
+	// client's timeout). Default 30s.
+	LeaseTTL time.Duration
+	// SettlementWindow is how long after a key's first attempt paymentsd
+	// may still send it. Default 10 minutes.
+	SettlementWindow time.Duration
+	// Retention is how long records and events are kept; 0 keeps them.
+	Retention time.Duration
+	// SettleInterval is how often Run looks for records to settle, and the
+	// first settlement backoff. Default 1s.
+	SettleInterval time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
 }
 
-// CreateMultiCardPayment implements paymentsv1.PaymentsServiceServer. The
-// request has been validated by the interceptor chain (see NewServer).
-func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
-	ctx, cancel := answerBeforeDeadline(ctx)
-	defer cancel()
-	money := req.GetAmountMoney()
-	reply, err := s.client.CreateMultiCardPayment(ctx, upstream.Payment{
-		Currency:       money.GetCurrency(),
-		Amount:         money.GetAmount(),
-		IdempotencyKey: req.GetIdempotencyKey(),
-	})
-	if err != nil {
-		return nil, s.errorStatus(ctx, err)
+// New returns a Service for cfg.
+func New(cfg Config) *Service {
+	s := &Service{
+		client:      cfg.Client,
+		store:       cfg.Store,
+		env:         cfg.Environment,
+		logger:      cfg.Logger,
+		owner:       newOwner(),
+		now:         cfg.Now,
+		leaseTTL:    cfg.LeaseTTL,
+		window:      cfg.SettlementWindow,
+		retention:   cfg.Retention,
+		settleEvery: cfg.SettleInterval,
 	}
-	noteProvider(ctx, reply.Status, reply.Attempts)
-	return &paymentsv1.CreateMultiCardPaymentResponse{
-		Payment:            reply.Payment,
-		ProviderHttpStatus: int32(reply.Status),
-		Environment:        s.env,
-	}, nil
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.leaseTTL <= 0 {
+		s.leaseTTL = 30 * time.Second
+	}
+	if s.window <= 0 {
+		s.window = 10 * time.Minute
+	}
+	if s.settleEvery <= 0 {
+		s.settleEvery = time.Second
+	}
+	s.settleBase = s.settleEvery
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	s.metrics = newRecordMetrics(reg)
+	return s
 }
 
 // answerBeforeDeadline shortens the caller's deadline by a small margin, so
@@ -86,7 +136,9 @@ func answerBeforeDeadline(ctx context.Context) (context.Context, context.CancelF
 // errorStatus maps a failed provider call to a status whose message says
 // what happened and what to do, with ErrorInfo, RetryInfo and ProviderError
 // details. It is the only place provider failures become gRPC codes.
-func (s *Service) errorStatus(ctx context.Context, err error) error {
+// maybeBefore says an earlier call for the key may have created the
+// payment, so the outcome is unknown whatever this call learnt.
+func (s *Service) errorStatus(ctx context.Context, err error, maybeBefore bool) error {
 	var uerr *upstream.Error
 	if !errors.As(err, &uerr) {
 		return status.Error(codes.Internal, "paymentsd failed before calling the payment provider; no payment was created")
@@ -106,7 +158,7 @@ func (s *Service) errorStatus(ctx context.Context, err error) error {
 	}
 	reason := ReasonNotCreated
 	retryable := code == codes.Unavailable || code == codes.ResourceExhausted || code == codes.DeadlineExceeded
-	if uerr.MaybeCreated {
+	if uerr.MaybeCreated || maybeBefore {
 		reason = ReasonOutcomeUnknown
 		retryable = true
 		msg += "; a payment may have been created: retry with the same idempotency key, never a new one, to learn the outcome"

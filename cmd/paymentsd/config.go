@@ -54,6 +54,15 @@ type config struct {
 	ShutdownTimeout          time.Duration
 	ShutdownDelay            time.Duration
 
+	// DatabaseURL names the record store: sqlite:PATH or postgres://…. It
+	// may hold a password, so it is a secret; DatabaseFrom says where it
+	// came from, and DatabaseShown is the URL with any password removed.
+	DatabaseURL      secret
+	DatabaseFrom     string
+	DatabaseShown    string
+	SettlementWindow time.Duration
+	RecordRetention  time.Duration
+
 	TLSCertFile     string
 	TLSKeyFile      string
 	TLSClientCAFile string
@@ -96,6 +105,10 @@ func (c *config) LogValue() slog.Value {
 		slog.Int("max_request_bytes", c.MaxRequestBytes),
 		slog.String("shutdown_timeout", c.ShutdownTimeout.String()),
 		slog.String("shutdown_delay", c.ShutdownDelay.String()),
+		slog.String("database", c.DatabaseShown),
+		slog.String("database_from", c.DatabaseFrom),
+		slog.String("settlement_window", c.SettlementWindow.String()),
+		slog.String("record_retention", c.RecordRetention.String()),
 		slog.Bool("tls", c.TLSCertFile != ""),
 		slog.Bool("mtls", c.TLSClientCAFile != ""),
 		slog.String("log_level", c.LogLevel.String()),
@@ -151,6 +164,13 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	if v := getenv("PAYMENTS_SHUTDOWN_DELAY"); v != "" && v != "0" {
 		c.ShutdownDelay = durationVar(getenv, "PAYMENTS_SHUTDOWN_DELAY", 0, problem)
 	}
+
+	c.SettlementWindow = durationVar(getenv, "PAYMENTS_SETTLEMENT_WINDOW", 10*time.Minute, problem)
+	c.RecordRetention = durationVar(getenv, "PAYMENTS_RECORD_RETENTION", 30*24*time.Hour, problem)
+	if c.RecordRetention < c.SettlementWindow {
+		problem("PAYMENTS_RECORD_RETENTION must be at least PAYMENTS_SETTLEMENT_WINDOW: a record can't be deleted while it may still be settled")
+	}
+	c.loadDatabase(getenv, problem)
 
 	if err := c.LogLevel.UnmarshalText([]byte(orDefault(getenv("PAYMENTS_LOG_LEVEL"), "info"))); err != nil {
 		problem("PAYMENTS_LOG_LEVEL is %q: want debug, info, warn or error", getenv("PAYMENTS_LOG_LEVEL"))
@@ -283,6 +303,59 @@ func (c *config) loadWebhookTokens(getenv func(string) string, problem func(stri
 		}
 	}
 	c.WebhookTokens, c.WebhookTokensFrom = tokens, from
+}
+
+// loadDatabase reads PAYMENTS_DATABASE_URL or PAYMENTS_DATABASE_URL_FILE.
+// The URL may hold a password, so no refusal repeats it.
+func (c *config) loadDatabase(getenv func(string) string, problem func(string, ...any)) {
+	const urlVar, fileVar = "PAYMENTS_DATABASE_URL", "PAYMENTS_DATABASE_URL_FILE"
+	v, file := strings.TrimSpace(getenv(urlVar)), getenv(fileVar)
+	switch {
+	case v != "" && file != "":
+		problem("%s and %s are both set: set one", urlVar, fileVar)
+		return
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			problem("%s: cannot read the file it names", fileVar)
+			return
+		}
+		v, c.DatabaseFrom = strings.TrimSpace(strings.TrimPrefix(string(b), "\uFEFF")), fileVar+"="+file
+		if v == "" {
+			problem("%s names an empty file", fileVar)
+			return
+		}
+	case v != "":
+		c.DatabaseFrom = urlVar
+	case c.Simulate:
+		v, c.DatabaseFrom = "sqlite::memory:", "--simulate default"
+	default:
+		v, c.DatabaseFrom = "sqlite:paymentsd-"+c.Environment+".db", "default"
+	}
+	c.DatabaseURL = secret(v)
+	switch {
+	case strings.HasPrefix(v, "sqlite:"):
+		if strings.TrimPrefix(v, "sqlite:") == "" {
+			problem("%s: sqlite: needs a file path, e.g. sqlite:/var/lib/paymentsd/records.db", c.databaseVar())
+		}
+		c.DatabaseShown = v
+	case strings.HasPrefix(v, "postgres://"), strings.HasPrefix(v, "postgresql://"):
+		u, err := url.Parse(v)
+		if err != nil || u.Host == "" {
+			problem("%s is not a valid postgres:// URL", c.databaseVar())
+			return
+		}
+		c.DatabaseShown = u.Redacted()
+	default:
+		problem("%s must be sqlite:PATH or a postgres:// URL", c.databaseVar())
+	}
+}
+
+func (c *config) databaseVar() string {
+	if strings.HasPrefix(c.DatabaseFrom, "PAYMENTS_DATABASE_URL_FILE") {
+		return "PAYMENTS_DATABASE_URL_FILE"
+	}
+	return "PAYMENTS_DATABASE_URL"
 }
 
 func orDefault(v, def string) string {

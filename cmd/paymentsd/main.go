@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,9 +32,13 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"example.com/paymentsd/service"
+	"example.com/paymentsd/store"
 	"example.com/paymentsd/upstream"
 	"example.com/paymentsd/upstream/upstreamtest"
 )
+
+// storeCheckInterval is how often readiness checks the record store.
+const storeCheckInterval = 2 * time.Second
 
 func main() {
 	if err := run(context.Background(), os.Args, os.Getenv, os.Stdout, os.Stderr); err != nil {
@@ -116,7 +121,23 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if err != nil {
 		return err
 	}
-	svc := service.New(client, cfg.env())
+	records, err := store.Open(ctx, string(cfg.DatabaseURL), cfg.Environment, store.Options{})
+	if err != nil {
+		return fmt.Errorf("%s: %w", cfg.databaseVar(), err)
+	}
+	defer records.Close()
+	svc := service.New(service.Config{
+		Client:      client,
+		Store:       records,
+		Environment: cfg.env(),
+		Logger:      logger,
+		Registerer:  registerer,
+		// A call holds its key for as long as the provider call can take,
+		// plus a margin for recording the outcome.
+		LeaseTTL:         cfg.UpstreamTimeout + 5*time.Second,
+		SettlementWindow: cfg.SettlementWindow,
+		Retention:        cfg.RecordRetention,
+	})
 
 	tlsConfig, err := loadTLS(cfg)
 	if err != nil {
@@ -165,6 +186,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		errc <- httpSrv.Serve(httpLn)
 	}()
 	srv.SetServing(true)
+	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var background sync.WaitGroup
+	background.Go(func() { svc.Run(bgCtx) })
+	background.Go(func() { srv.WatchStore(bgCtx, records.Ping, storeCheckInterval) })
 	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String())
 
 	var serveErr error
@@ -199,6 +224,8 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		httpSrv.Close()
 		logger.Warn("shutdown timeout expired with REST calls in flight", "error", httpErr.Error())
 	}
+	stopBackground()
+	background.Wait()
 	lifecycle.Info("stopped")
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) && !errors.Is(serveErr, grpc.ErrServerStopped) {
 		return fmt.Errorf("serve: %w", serveErr)

@@ -6,6 +6,11 @@
 // any reply per request: a status, a delay, a malformed or cut-off body, or
 // a dropped connection.
 //
+// With Idempotent(true) it also behaves as an idempotent provider would:
+// the first valid request for an idempotency key creates a payment (with an
+// id of its own), and every later request with that key and the same body
+// gets the same reply, so tests can tell a replay from a double charge.
+//
 // paymentsd --simulate runs the same server in-process.
 package upstreamtest
 
@@ -104,6 +109,18 @@ type Server struct {
 	requests     []Request
 	received     int // requests received, recorded or not
 	keepRequests bool
+
+	idempotent  bool
+	created     int                // payments created
+	payments    map[string]payment // idempotency key → its payment
+	inFlight    map[string]int     // idempotency key → requests being answered
+	maxInFlight map[string]int     // idempotency key → most seen at once
+}
+
+// payment is a payment the idempotent fake created.
+type payment struct {
+	body  []byte // the request body that created it
+	reply Reply
 }
 
 // NewServer starts a fake provider over plain HTTP that knows no keys yet:
@@ -117,6 +134,9 @@ func NewTLSServer() *Server { return newServer(true) }
 func newServer(useTLS bool) *Server {
 	s := &Server{
 		keys:         make(map[string]bool),
+		payments:     make(map[string]payment),
+		inFlight:     make(map[string]int),
+		maxInFlight:  make(map[string]int),
 		canceled:     make(chan struct{}, 4096),
 		keepRequests: true,
 	}
@@ -160,6 +180,34 @@ func (s *Server) SetScript(script Script) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.script = script
+}
+
+// Idempotent sets whether the fake remembers payments by idempotency key
+// (off by default). When on, a request with a valid key and body creates a
+// payment the first time its idempotency key is seen, even when the script
+// then delays, holds or spoils the reply (the work was done, the reply was
+// lost); only a scripted Status stops it. Later requests with the same key
+// and body get the first reply again; with another body, 422.
+func (s *Server) Idempotent(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.idempotent = on
+}
+
+// Created returns how many payments the fake has created: with
+// Idempotent(true), at most one per idempotency key.
+func (s *Server) Created() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.created
+}
+
+// MaxInFlight returns the most requests with idempotency key that the fake
+// was answering at once.
+func (s *Server) MaxInFlight(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maxInFlight[key]
 }
 
 // KeepRequests sets whether received requests are recorded (the default).
@@ -207,9 +255,17 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	script := s.script
 	s.mu.Unlock()
 
+	idemKey := idempotencyKey(body)
+	s.enter(idemKey)
+	defer s.leave(idemKey)
+
 	var reply Reply
 	if script != nil {
 		reply = script(n, req)
+	}
+	var remembered *Reply
+	if reply.Status == 0 {
+		remembered = s.remember(idemKey, req)
 	}
 	if reply.Delay > 0 {
 		t := time.NewTimer(reply.Delay)
@@ -230,9 +286,68 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if reply.Status == 0 && reply.Fault == NoFault {
-		reply = s.simulate(req)
+		if remembered != nil {
+			reply = *remembered
+		} else {
+			reply = s.simulate(req)
+		}
 	}
 	s.send(w, r, reply)
+}
+
+// idempotencyKey returns the body's idempotencyKey, or "".
+func idempotencyKey(body []byte) string {
+	var v struct {
+		IdempotencyKey string `json:"idempotencyKey"`
+	}
+	json.Unmarshal(body, &v)
+	return v.IdempotencyKey
+}
+
+func (s *Server) enter(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inFlight[key]++
+	s.maxInFlight[key] = max(s.maxInFlight[key], s.inFlight[key])
+}
+
+func (s *Server) leave(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inFlight[key]--
+}
+
+// remember is the idempotent provider: it creates the payment for a valid
+// request the first time its key is seen, and returns the reply every
+// request with that key gets; nil when not idempotent or not valid.
+func (s *Server) remember(key string, r Request) *Reply {
+	s.mu.Lock()
+	idempotent := s.idempotent
+	s.mu.Unlock()
+	if !idempotent || key == "" {
+		return nil
+	}
+	if refusal, refused := s.check(r); refused {
+		return &refusal // nothing is created or remembered
+	}
+	s.mu.Lock()
+	p, ok := s.payments[key]
+	s.mu.Unlock()
+	if !ok {
+		p = payment{body: r.Body, reply: s.create(r)}
+		s.mu.Lock()
+		if first, raced := s.payments[key]; raced {
+			p = first // a concurrent request created it first
+		} else {
+			s.payments[key] = p
+		}
+		s.mu.Unlock()
+	}
+	if !bytes.Equal(p.body, r.Body) {
+		reply := errorReply(http.StatusUnprocessableEntity, "idempotency key reused with a different request")
+		return &reply
+	}
+	return &p.reply
 }
 
 func (s *Server) noteCanceled() {
@@ -309,8 +424,16 @@ var currencyPattern = regexp.MustCompile(`^[A-Z]+$`)
 // simulate is the documented behaviour: authenticate, check the body, and
 // succeed with a reply that says it is simulated.
 func (s *Server) simulate(r Request) Reply {
+	if refusal, refused := s.check(r); refused {
+		return refusal
+	}
+	return s.create(r)
+}
+
+// check authenticates r and checks its body, returning the refusal if any.
+func (s *Server) check(r Request) (Reply, bool) {
 	if r.Method != http.MethodPost || r.Path != "/v1/multi-card-payments" {
-		return errorReply(http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.Path)
+		return errorReply(http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.Path), true
 	}
 	key := r.Header.Get("X-Api-Key")
 	s.mu.Lock()
@@ -318,16 +441,24 @@ func (s *Server) simulate(r Request) Reply {
 	s.mu.Unlock()
 	switch {
 	case key == "" || !known:
-		return errorReply(http.StatusUnauthorized, "no valid API key was provided")
+		return errorReply(http.StatusUnauthorized, "no valid API key was provided"), true
 	case !permitted:
-		return errorReply(http.StatusForbidden, "the API key is not authorized for this resource")
+		return errorReply(http.StatusForbidden, "the API key is not authorized for this resource"), true
 	}
 	if err := checkBody(r); err != nil {
-		return errorReply(http.StatusBadRequest, err.Error())
+		return errorReply(http.StatusBadRequest, err.Error()), true
 	}
+	return Reply{}, false
+}
+
+// create makes a payment for r: a success reply with an id of its own.
+func (s *Server) create(r Request) Reply {
 	var echo bytes.Buffer
 	json.Compact(&echo, r.Body)
-	body := fmt.Appendf(nil, `{"simulated":true,"note":"paymentsd simulator: no payment was made","request":%s}`, echo.Bytes())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.created++
+	body := fmt.Appendf(nil, `{"id":"pay_sim_%d","simulated":true,"note":"paymentsd simulator: no payment was made","request":%s}`, s.created, echo.Bytes())
 	return Reply{Status: http.StatusOK, Body: body}
 }
 

@@ -1,0 +1,6 @@
+package service
+
+import "context"
+
+// CallerFromContext returns the calling service's identity, or "".
+func CallerFromContext(ctx context.Context) string { return "" }

@@ -1,0 +1,77 @@
+package service
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"example.com/paymentsd/store"
+)
+
+// recordMetrics are the payment records' metrics.
+type recordMetrics struct {
+	records     *prometheus.GaugeVec
+	unsettled   prometheus.Gauge
+	gaveUp      prometheus.Counter
+	replays     prometheus.Counter
+	reuses      prometheus.Counter
+	waits       prometheus.Counter
+	settlements *prometheus.CounterVec
+	storeTime   *prometheus.HistogramVec
+	storeErrors *prometheus.CounterVec
+}
+
+func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
+	m := &recordMetrics{
+		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "paymentsd_records",
+			Help: "Payment records by state, as of the last count.",
+		}, []string{"state"}),
+		unsettled: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paymentsd_records_unsettled",
+			Help: "Records whose outcome is still unknown after their settlement window closed: alert on any.",
+		}),
+		gaveUp: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paymentsd_settlement_gave_up_total",
+			Help: "Records whose settlement window closed with the outcome unknown.",
+		}),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paymentsd_replays_total",
+			Help: "Calls answered from a succeeded record without calling the provider.",
+		}),
+		reuses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paymentsd_idempotency_key_reuses_total",
+			Help: "Calls refused because their key was first used for a different request.",
+		}),
+		waits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paymentsd_in_progress_waits_total",
+			Help: "Calls that waited on another call with the same key.",
+		}),
+		settlements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paymentsd_settlement_attempts_total",
+			Help: "Background settlement re-sends, by outcome (succeeded, unknown).",
+		}, []string{"outcome"}),
+		storeTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "paymentsd_store_duration_seconds",
+			Help:    "Record store operation latency.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"op"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paymentsd_store_errors_total",
+			Help: "Record store operations that failed (not counting not-found and lost leases).",
+		}, []string{"op"}),
+	}
+	reg.MustRegister(m.records, m.unsettled, m.gaveUp, m.replays, m.reuses, m.waits, m.settlements, m.storeTime, m.storeErrors)
+	for _, outcome := range []string{"succeeded", "unknown"} {
+		m.settlements.WithLabelValues(outcome)
+	}
+	return m
+}
+
+func (m *recordMetrics) storeOp(op string, start time.Time, err error) {
+	m.storeTime.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrLeaseLost) && !errors.Is(err, store.ErrKeyNotStorable) {
+		m.storeErrors.WithLabelValues(op).Inc()
+	}
+}

@@ -1,0 +1,166 @@
+package service
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"example.com/paymentsd/store"
+)
+
+// Background work, as Run does it.
+const (
+	settleBatch      = 16
+	retentionBatch   = 500
+	retentionEvery   = 10 * time.Minute
+	statsEvery       = 15 * time.Second
+	maxSettleBackoff = time.Minute
+)
+
+// Run does the service's background work until ctx ends: it settles
+// records whose outcome is unknown (or whose holder died) by re-sending
+// their recorded body with the same key, gives up on those past the
+// settlement window, deletes records and events past the retention period,
+// and keeps the records gauges current. Replicas sharing a database may all
+// run it: a record is claimed by one at a time.
+func (s *Service) Run(ctx context.Context) {
+	tick := time.NewTicker(s.settleEvery)
+	defer tick.Stop()
+	var lastRetention, lastStats time.Time
+	for {
+		s.settleDue(ctx)
+		s.giveUp(ctx)
+		if now := time.Now(); now.Sub(lastStats) >= statsEvery {
+			s.updateStats(ctx)
+			lastStats = now
+		}
+		if now := time.Now(); s.retention > 0 && now.Sub(lastRetention) >= retentionEvery {
+			s.deleteExpired(ctx)
+			lastRetention = now
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// settleDue claims the records due for settlement and re-sends each.
+func (s *Service) settleDue(ctx context.Context) {
+	for ctx.Err() == nil {
+		now := s.now()
+		start := time.Now()
+		recs, err := s.store.ClaimDue(ctx, s.owner, now, now.Add(s.leaseTTL), settleBatch)
+		s.metrics.storeOp("claim_due", start, err)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.logger.Warn("settlement could not claim records", slog.String("error", err.Error()))
+			}
+			return
+		}
+		for _, rec := range recs {
+			s.settle(ctx, rec)
+		}
+		if len(recs) < settleBatch {
+			return
+		}
+	}
+}
+
+// settle re-sends one claimed record's body, byte for byte, with its key.
+// Only a 2xx settles it: any other answer proves nothing about the attempt
+// that may have created the payment, so the record stays unknown and is
+// tried again later, until its window closes.
+func (s *Service) settle(ctx context.Context, rec store.Record) {
+	reply, callErr := s.client.Send(ctx, rec.Body)
+	fin := s.outcome(reply, callErr, true)
+	fin.Key, fin.Owner, fin.Settlement = rec.Key, s.owner, true
+	if fin.State == store.StateOutcomeUnknown {
+		fin.NextSettleAt = fin.Now.Add(settleBackoff(s.settleBase, rec.SettleAttempts+1))
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	start := time.Now()
+	_, err := s.store.Finish(fctx, fin)
+	s.metrics.storeOp("finish", start, err)
+	s.waiters.notify(rec.Key)
+	outcome := "succeeded"
+	if fin.State != store.StateSucceeded {
+		outcome = "unknown"
+	}
+	s.metrics.settlements.WithLabelValues(outcome).Inc()
+	attrs := keyAttrs(rec.Key,
+		slog.String("outcome", outcome),
+		slog.Int("provider_status", fin.ProviderStatus),
+		slog.Int("settle_attempts", rec.SettleAttempts+1),
+		slog.String("request_id", rec.RequestID),
+	)
+	switch {
+	case err != nil:
+		s.logger.Error("settlement could not record an outcome; it will be tried again when its lease expires", append(attrs, slog.String("error", err.Error()))...)
+	case callErr != nil:
+		s.logger.Warn("settlement attempt left the outcome unknown", append(attrs, slog.String("error", callErr.Error()))...)
+	default:
+		s.logger.Info("settled", attrs...)
+	}
+}
+
+// giveUp marks records whose settlement window closed unsettled, and logs
+// each once at error level: someone must check the provider's dashboard.
+func (s *Service) giveUp(ctx context.Context) {
+	start := time.Now()
+	recs, err := s.store.GiveUp(ctx, s.now(), settleBatch*4)
+	s.metrics.storeOp("give_up", start, err)
+	if err != nil {
+		return
+	}
+	for _, rec := range recs {
+		s.metrics.gaveUp.Inc()
+		s.logger.Error("settlement window closed with the payment's outcome unknown; check the provider's dashboard",
+			keyAttrs(rec.Key,
+				slog.Int("attempts", rec.Attempts),
+				slog.String("request_id", rec.RequestID),
+				slog.Time("created", rec.CreatedAt),
+				slog.String("last_error", rec.LastError),
+			)...)
+	}
+}
+
+func (s *Service) updateStats(ctx context.Context) {
+	start := time.Now()
+	st, err := s.store.Stats(ctx)
+	s.metrics.storeOp("stats", start, err)
+	if err != nil {
+		return
+	}
+	for _, state := range []store.State{store.StateInProgress, store.StateSucceeded, store.StateNotCreated, store.StateOutcomeUnknown} {
+		s.metrics.records.WithLabelValues(state.String()).Set(float64(st.ByState[state]))
+	}
+	s.metrics.unsettled.Set(float64(st.Unsettled))
+}
+
+// deleteExpired deletes, in small batches, what is older than the
+// retention period.
+func (s *Service) deleteExpired(ctx context.Context) {
+	before := s.now().Add(-s.retention)
+	for ctx.Err() == nil {
+		start := time.Now()
+		n, err := s.store.DeleteBefore(ctx, before, retentionBatch)
+		s.metrics.storeOp("delete", start, err)
+		if err != nil || n < retentionBatch {
+			return
+		}
+	}
+}
+
+// settleBackoff is the wait before settlement attempt n+1: exponential from
+// base, capped at a minute, with jitter so replicas spread out.
+func settleBackoff(base time.Duration, n int) time.Duration {
+	d := base << min(n, 16)
+	if d <= 0 || d > maxSettleBackoff {
+		d = maxSettleBackoff
+	}
+	return d/2 + rand.N(d/2+1)
+}
