@@ -95,6 +95,7 @@ func (l *logBuffer) waitFor(t *testing.T, msg string, done <-chan error) map[str
 // instance is a paymentsd started in-process through run.
 type instance struct {
 	grpcAddr, httpAddr string
+	webhookAddr        string // "" unless PAYMENTS_WEBHOOK_ADDR is set
 	conn               *grpc.ClientConn
 	http               *http.Client
 	client             paymentsv1.PaymentsServiceClient
@@ -144,6 +145,7 @@ func startWith(t *testing.T, env map[string]string, tp trace.TracerProvider, arg
 		httpAddr: serving["http_addr"].(string),
 		logs:     logs,
 	}
+	in.webhookAddr, _ = serving["webhook_addr"].(string)
 	var once sync.Once
 	var runErr error
 	in.stop = func() error {
