@@ -44,11 +44,13 @@ func envSpecific(env string) []string {
 		"PAYMENTS_" + strings.ToUpper(env) + "_",
 		env + ".payments-provider.example",
 		secretName(env),
+		databaseSecretName(env),
 	}
 }
 
-func secretName(env string) string { return "paymentsd-" + env + "-api-key" }
-func namespace(env string) string  { return "payments-" + env }
+func secretName(env string) string         { return "paymentsd-" + env + "-api-key" }
+func databaseSecretName(env string) string { return "paymentsd-" + env + "-database" }
+func namespace(env string) string          { return "payments-" + env }
 
 // ---- rendering and decoding ----
 
@@ -368,6 +370,7 @@ var checks = []check{
 	{"NoLiteralAPIKey", checkNoLiteralAPIKey},
 	{"Environment", checkEnvironment},
 	{"OnlyOwnEnvironment", checkOnlyOwnEnvironment},
+	{"DatabaseFromSecretFile", checkDatabaseFromSecretFile},
 	{"NamespaceAndLabels", checkNamespaceAndLabels},
 	{"PrometheusAnnotations", checkPrometheusAnnotations},
 }
@@ -665,11 +668,29 @@ func checkAPIKeyFromSecretFile(t *testing.T, r *rendered, env string) {
 		}
 	}
 	d := one[deployment](t, r, "Deployment", "apps/v1")
+	checkFileFromSecret(t, d, "PAYMENTS_"+strings.ToUpper(env)+"_API_KEY_FILE", secretName(env))
+}
+
+// checkDatabaseFromSecretFile: replicas share one PostgreSQL database,
+// whose URL (with its password) comes from a mounted Secret, never a
+// literal.
+func checkDatabaseFromSecretFile(t *testing.T, r *rendered, env string) {
+	d := one[deployment](t, r, "Deployment", "apps/v1")
 	c := paymentsd(t, d)
-	fileVar := "PAYMENTS_" + strings.ToUpper(env) + "_API_KEY_FILE"
+	if v, ok := envValue(c, "PAYMENTS_DATABASE_URL"); ok {
+		t.Errorf("PAYMENTS_DATABASE_URL = %q is set; the URL holds a password and must come from PAYMENTS_DATABASE_URL_FILE", v)
+	}
+	checkFileFromSecret(t, d, "PAYMENTS_DATABASE_URL_FILE", databaseSecretName(env))
+}
+
+// checkFileFromSecret wants fileVar to name a file inside a read-only
+// mount of the Secret secret.
+func checkFileFromSecret(t *testing.T, d deployment, fileVar, secret string) {
+	t.Helper()
+	c := paymentsd(t, d)
 	file, ok := envValue(c, fileVar)
 	if !ok || !path.IsAbs(file) {
-		t.Fatalf("%s = %q (set: %v), want an absolute path to the mounted key", fileVar, file, ok)
+		t.Fatalf("%s = %q (set: %v), want an absolute path to a mounted Secret's file", fileVar, file, ok)
 	}
 	for _, m := range c.VolumeMounts {
 		rel, inside := strings.CutPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/")
@@ -687,8 +708,8 @@ func checkAPIKeyFromSecretFile(t *testing.T, r *rendered, env string) {
 		if v.Secret == nil {
 			t.Fatalf("volume %s holding %s is not a Secret volume", v.Name, file)
 		}
-		if v.Secret.SecretName != secretName(env) {
-			t.Errorf("volume %s secretName = %q, want %q", v.Name, v.Secret.SecretName, secretName(env))
+		if v.Secret.SecretName != secret {
+			t.Errorf("volume %s secretName = %q, want %q", v.Name, v.Secret.SecretName, secret)
 		}
 		if len(v.Secret.Items) > 0 && !slices.ContainsFunc(v.Secret.Items, func(it keyToPath) bool { return it.Path == rel }) {
 			t.Errorf("secret volume %s projects items %+v, none at %q, so %s would not exist", v.Name, v.Secret.Items, rel, file)

@@ -117,6 +117,8 @@ func startWith(t *testing.T, env map[string]string, tp trace.TracerProvider, arg
 	full := map[string]string{
 		"PAYMENTS_GRPC_ADDR": "127.0.0.1:0",
 		"PAYMENTS_HTTP_ADDR": "127.0.0.1:0",
+		// Each instance gets its own records unless the test shares some.
+		"PAYMENTS_DATABASE_URL": "sqlite:" + filepath.Join(t.TempDir(), "records.db"),
 	}
 	for k, v := range env {
 		full[k] = v

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/store/storetest"
+	"example.com/paymentsd/upstream/upstreamtest"
+)
+
+// buildPaymentsd builds the real binary, for tests that kill it.
+func buildPaymentsd(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "paymentsd")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// process is paymentsd running as a process of its own.
+type process struct {
+	cmd    *exec.Cmd
+	client paymentsv1.PaymentsServiceClient
+}
+
+// startProcess runs bin with env and waits until it serves.
+func startProcess(t *testing.T, bin string, env map[string]string) *process {
+	t.Helper()
+	cmd := exec.Command(bin)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start paymentsd: %v", err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	serving := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == "serving" {
+				serving <- line["grpc_addr"].(string)
+			}
+		}
+		close(serving)
+	}()
+	var addr string
+	select {
+	case a, ok := <-serving:
+		if !ok {
+			t.Fatalf("paymentsd exited before serving")
+		}
+		addr = a
+	case <-time.After(30 * time.Second):
+		t.Fatalf("paymentsd did not serve within 30s")
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &process{cmd: cmd, client: paymentsv1.NewPaymentsServiceClient(conn)}
+}
+
+// TestKilledMidCallSettlesOnRestart kills paymentsd with SIGKILL while the
+// provider holds its reply, restarts it on the same database, and wants
+// the record settled, with one payment at the provider.
+func TestKilledMidCallSettlesOnRestart(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and kills the binary")
+	}
+	bin := buildPaymentsd(t)
+	p := idempotentProvider(t)
+	arrived := make(chan struct{}, 1)
+	never := make(chan struct{})
+	p.SetScript(func(n int, _ upstreamtest.Request) upstreamtest.Reply {
+		if n == 1 {
+			arrived <- struct{}{}
+			return upstreamtest.Reply{Wait: never}
+		}
+		return upstreamtest.Reply{}
+	})
+	env := with(sandboxEnv(p),
+		"PAYMENTS_DATABASE_URL", "sqlite:"+filepath.Join(t.TempDir(), "records.db"),
+		"PAYMENTS_GRPC_ADDR", "127.0.0.1:0",
+		"PAYMENTS_HTTP_ADDR", "127.0.0.1:0",
+		"PAYMENTS_UPSTREAM_TIMEOUT", "2s", // the lease: 2s + 5s
+	)
+	first := startProcess(t, bin, env)
+	callErr := make(chan error, 1)
+	go func() {
+		_, err := first.client.CreateMultiCardPayment(context.Background(), validRequest("k-kill"))
+		callErr <- err
+	}()
+	<-arrived
+	first.cmd.Process.Kill()
+	first.cmd.Wait()
+	if err := <-callErr; status.Code(err) != codes.Unavailable {
+		t.Errorf("call to the killed process = %v, want Unavailable", err)
+	}
+
+	second := startProcess(t, bin, env)
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		got, err := second.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-kill"})
+		if err == nil && got.GetState() == paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED {
+			if !strings.Contains(string(got.GetPaymentJson()), `"pay_sim_1"`) {
+				t.Errorf("settled record holds %s, want the payment the first attempt created", got.GetPaymentJson())
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record of k-kill = %v, %v; want SUCCEEDED after the lease expired", got.GetState(), err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the record: settlement has no other signal
+	}
+	if p.Created() != 1 || len(p.Requests()) != 2 {
+		t.Errorf("provider created %d payments from %d requests, want 1 from 2", p.Created(), len(p.Requests()))
+	}
+}
+
+// TestStoreDownFailsClosed cuts paymentsd off from its PostgreSQL
+// database: calls fail with UNAVAILABLE and PAYMENT_NOT_CREATED, the
+// provider sees nothing, readiness goes to 503, and all comes back when
+// the database does.
+func TestStoreDownFailsClosed(t *testing.T) {
+	t.Parallel()
+	dbURL := storetest.PostgresURL(t)
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbName := strings.TrimPrefix(u.Path, "/")
+	admin, err := sql.Open("pgx", os.Getenv("PAYMENTS_TEST_POSTGRES_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+
+	p := fakeProvider(t, "sandbox")
+	in := start(t, with(sandboxEnv(p), "PAYMENTS_DATABASE_URL", dbURL))
+	if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-up")); err != nil {
+		t.Fatalf("CreateMultiCardPayment() with the store up = %v", err)
+	}
+	before := len(p.Requests())
+
+	if _, err := admin.Exec(`ALTER DATABASE "` + dbName + `" ALLOW_CONNECTIONS false`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, dbName); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec(`ALTER DATABASE "` + dbName + `" ALLOW_CONNECTIONS true`) })
+
+	_, err = in.client.CreateMultiCardPayment(t.Context(), validRequest("k-down"))
+	st := status.Convert(err)
+	if st.Code() != codes.Unavailable {
+		t.Fatalf("CreateMultiCardPayment() with the store down code = %v, want Unavailable", st.Code())
+	}
+	checkReason(t, st, "PAYMENT_NOT_CREATED")
+	if r := in.rest(t, validBody("k-down-rest"), nil); r.status != http.StatusServiceUnavailable || restReason(r) != "PAYMENT_NOT_CREATED" {
+		t.Errorf("REST with the store down = %d %q, want 503 PAYMENT_NOT_CREATED", r.status, restReason(r))
+	}
+	if got := len(p.Requests()); got != before {
+		t.Errorf("provider received %d requests with the store down, want none", got-before)
+	}
+	waitReady(t, in, http.StatusServiceUnavailable)
+
+	if _, err := admin.Exec(`ALTER DATABASE "` + dbName + `" ALLOW_CONNECTIONS true`); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, in, http.StatusOK)
+	if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-back")); err != nil {
+		t.Errorf("CreateMultiCardPayment() after the store came back = %v", err)
+	}
+}
+
+// waitReady polls /readyz until it answers want.
+func waitReady(t *testing.T, in *instance, want int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := in.http.Get("http://" + in.httpAddr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == want {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz did not become %d within 30s", want)
+		}
+		time.Sleep(50 * time.Millisecond) // readiness is polled by probes too
+	}
+}
