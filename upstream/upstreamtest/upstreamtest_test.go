@@ -725,3 +725,67 @@ func TestCanceled(t *testing.T) {
 		})
 	}
 }
+
+func TestIdempotent(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	srv.Idempotent(true)
+
+	first := mustDo(t, srv, call{key: goodKey, body: goodBody})
+	again := mustDo(t, srv, call{key: goodKey, body: goodBody})
+	if first.status != http.StatusOK || again.status != first.status || !bytes.Equal(again.body, first.body) {
+		t.Errorf("same key and body: %d %s then %d %s, want the first reply again", first.status, first.body, again.status, again.body)
+	}
+	other := mustDo(t, srv, call{key: goodKey, body: strings.Replace(goodBody, "idem-1", "idem-2", 1)})
+	if other.status != http.StatusOK || decode(t, other.body)["id"] == decode(t, first.body)["id"] {
+		t.Errorf("another key: %d %s, want a new payment", other.status, other.body)
+	}
+	reused := mustDo(t, srv, call{key: goodKey, body: strings.Replace(goodBody, "1234", "999", 1)})
+	if reused.status != http.StatusUnprocessableEntity {
+		t.Errorf("same key, other body: %d, want 422", reused.status)
+	}
+	if r := mustDo(t, srv, call{key: forbiddenKey, body: goodBody}); r.status != http.StatusForbidden {
+		t.Errorf("replay with a forbidden key: %d, want 403", r.status)
+	}
+	if got := srv.Created(); got != 2 {
+		t.Errorf("Created() = %d, want 2", got)
+	}
+}
+
+// TestIdempotentCreatesBeforeAFault: the work is done even when the reply
+// is lost, so a retry gets the payment the lost reply was for.
+func TestIdempotentCreatesBeforeAFault(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	srv.Idempotent(true)
+	srv.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	if _, err := do(t, srv.Client(), srv.URL, call{key: goodKey, body: goodBody}); err == nil {
+		t.Fatalf("first request succeeded, want the connection reset")
+	}
+	r := mustDo(t, srv, call{key: goodKey, body: goodBody})
+	if r.status != http.StatusOK || decode(t, r.body)["id"] != "pay_sim_1" || srv.Created() != 1 {
+		t.Errorf("retry after a reset: %d %s (created %d), want pay_sim_1, created once", r.status, r.body, srv.Created())
+	}
+}
+
+func TestMaxInFlight(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 2)
+	srv.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+		arrived <- struct{}{}
+		return upstreamtest.Reply{Wait: release}
+	})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { do(t, srv.Client(), srv.URL, call{key: goodKey, body: goodBody}) })
+	}
+	<-arrived
+	<-arrived
+	close(release)
+	wg.Wait()
+	if got := srv.MaxInFlight("idem-1"); got != 2 {
+		t.Errorf("MaxInFlight = %d, want 2", got)
+	}
+}
