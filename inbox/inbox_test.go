@@ -218,12 +218,12 @@ func TestDeliveryStoredByteForByte(t *testing.T) {
 		t.Errorf("stored Sequence, DuplicateOf, ReceivedAt = %d, %d, %v; want assigned, 0, set", e.Sequence, e.DuplicateOf, e.ReceivedAt)
 	}
 	want := []store.Header{
-		{"Host", "hooks.example.com"},
-		{"Content-Length", fmt.Sprint(len(body))},
-		{"Content-Type", contentType},
-		{"X-Original-Uri", "/webhooks/[REDACTED]?x=1"},
-		{"X-Provider-Thing", "b"},
-		{"X-Provider-Thing", "a"},
+		{Name: "Host", Value: "hooks.example.com"},
+		{Name: "Content-Length", Value: fmt.Sprint(len(body))},
+		{Name: "Content-Type", Value: contentType},
+		{Name: "X-Original-Uri", Value: "/webhooks/[REDACTED]?x=1"},
+		{Name: "X-Provider-Thing", Value: "b"},
+		{Name: "X-Provider-Thing", Value: "a"},
 	}
 	if diff := cmp.Diff(want, e.Headers); diff != "" {
 		t.Errorf("stored headers (-want +got):\n%s", diff)

@@ -142,6 +142,11 @@ func (e *Events) WatchProviderEvents(req *paymentsv1.WatchProviderEventsRequest,
 	defer e.watches.Dec()
 	ticker := time.NewTicker(e.poll)
 	defer ticker.Stop()
+	// Headers go out at once: a caller that has them knows the watch is
+	// open, and will get every event committed from then on.
+	if err := stream.SendHeader(nil); err != nil {
+		return err
+	}
 	after := req.GetAfterSequence()
 	for {
 		// Taken before the read, so an event committed during it still
