@@ -15,6 +15,7 @@ import (
 	"path"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -361,6 +362,7 @@ var checks = []check{
 	{"Resources", checkResources},
 	{"SecurityContext", checkSecurityContext},
 	{"GracefulShutdown", checkGracefulShutdown},
+	{"GoMemLimit", checkGoMemLimit},
 	{"ServiceAccountToken", checkServiceAccountToken},
 	{"Service", checkService},
 	{"HorizontalPodAutoscaler", checkHPA},
@@ -533,9 +535,47 @@ func checkGracefulShutdown(t *testing.T, r *rendered, _ string) {
 	if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g != nil {
 		grace = *g
 	}
-	if time.Duration(grace)*time.Second <= delay+shutdown {
-		t.Errorf("terminationGracePeriodSeconds = %d, want > PAYMENTS_SHUTDOWN_DELAY + PAYMENTS_SHUTDOWN_TIMEOUT (%v + %v), or draining gets SIGKILLed", grace, delay, shutdown)
+	// paymentsd gives calls cut off at the drain deadline 2s to answer.
+	const hardStopGrace = 2 * time.Second
+	if time.Duration(grace)*time.Second <= delay+shutdown+hardStopGrace {
+		t.Errorf("terminationGracePeriodSeconds = %d, want > PAYMENTS_SHUTDOWN_DELAY + PAYMENTS_SHUTDOWN_TIMEOUT + 2s (%v + %v + %v), or draining gets SIGKILLed", grace, delay, shutdown, hardStopGrace)
 	}
+}
+
+// checkGoMemLimit checks that GOMEMLIMIT is set to 80–95% of the
+// container's memory limit: high enough to use the memory, low enough to
+// leave room for what the Go runtime doesn't count.
+func checkGoMemLimit(t *testing.T, r *rendered, _ string) {
+	c := paymentsd(t, one[deployment](t, r, "Deployment", "apps/v1"))
+	v, ok := envValue(c, "GOMEMLIMIT")
+	if !ok {
+		t.Fatal("GOMEMLIMIT is not set: the Go heap may grow into the container's OOM kill")
+	}
+	soft, ok := parseBytes(v, map[string]int64{"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30})
+	if !ok {
+		t.Fatalf("GOMEMLIMIT = %q, want a whole number of B, KiB, MiB or GiB", v)
+	}
+	limit, ok := parseBytes(c.Resources.Limits["memory"], map[string]int64{"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30})
+	if !ok {
+		t.Fatalf("limits.memory = %q, want a whole number of Ki, Mi or Gi", c.Resources.Limits["memory"])
+	}
+	if ratio := float64(soft) / float64(limit); ratio < 0.80 || ratio > 0.95 {
+		t.Errorf("GOMEMLIMIT %s is %.0f%% of limits.memory %s, want 80-95%%", v, 100*ratio, c.Resources.Limits["memory"])
+	}
+}
+
+// parseBytes parses a whole number followed by one of units' suffixes.
+func parseBytes(s string, units map[string]int64) (int64, bool) {
+	i := strings.IndexFunc(s, func(r rune) bool { return r < '0' || r > '9' })
+	if i < 0 {
+		i = len(s)
+	}
+	n, err := strconv.ParseInt(s[:i], 10, 64)
+	unit, ok := units[s[i:]]
+	if err != nil || !ok {
+		return 0, false
+	}
+	return n * unit, true
 }
 
 func checkServiceAccountToken(t *testing.T, r *rendered, _ string) {

@@ -3,10 +3,13 @@ package service_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"buf.build/go/protovalidate"
@@ -31,10 +34,30 @@ func (a accepting) CreateMultiCardPayment(_ context.Context, req *paymentsv1.Cre
 	return &paymentsv1.CreateMultiCardPaymentResponse{Payment: &structpb.Struct{}}, nil
 }
 
-// FuzzRESTBody feeds arbitrary bodies to the REST gateway: it must never
-// panic, must answer 200 only for valid requests, and must refuse the rest
-// with 400 or 413.
+// FuzzRESTBody feeds arbitrary bodies and content types to the REST
+// gateway: it must never panic, must answer 200 only for valid requests
+// sent as application/json with nothing but whitespace after the JSON
+// value, and must refuse the rest with 400, 413 or (for a non-JSON content
+// type) 415.
 func FuzzRESTBody(f *testing.F) {
+	valid := `{"amountMoney":{"currency":"USD","amount":1250},"idempotencyKey":"k"}`
+	for _, seed := range []struct{ body, contentType string }{
+		{valid, "text/plain"},
+		{valid, ""},
+		{valid, "application/json; charset=UTF-8"},
+		{valid, "APPLICATION/JSON"},
+		{valid, "application/json; charset=latin1"},
+		{valid + valid, "application/json"},
+		{valid + " x", "application/json"},
+		{valid + "\n\t ", "application/json"},
+		{valid + "}", "application/json"},
+		{`{"amountMoney":{"currency":"USD","amount":1},"idempotencyKey":"k\u0000"}`, "application/json"},
+		{`{"amountMoney":{"currency":"USD","amount":1},"idempotencyKey":"k\r\n"}`, "application/json"},
+		{`{"amountMoney":{"currency":"USD","amount":1},"idempotencyKey":"\u007f"}`, "application/json"},
+		{`{"amountMoney":{"currency":"USD","amount":1},"idempotencyKey":"a\tb"}`, "application/json"},
+	} {
+		f.Add([]byte(seed.body), seed.contentType)
+	}
 	for _, seed := range []string{
 		`{"amountMoney":{"currency":"USD","amount":1250},"idempotencyKey":"k"}`,
 		`{"amountMoney":{"currency":"USD","amount":"9223372036854775807"},"idempotencyKey":"k"}`,
@@ -44,13 +67,13 @@ func FuzzRESTBody(f *testing.F) {
 		`{"amountMoney":{"currency":"USD","amount":1e3},"idempotencyKey":"k","extra":1}`,
 		`[]`, `null`, ``, `{`, `"x"`, "\xff\xfe",
 	} {
-		f.Add([]byte(seed))
+		f.Add([]byte(seed), "application/json")
 	}
 	validator, err := protovalidate.New()
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Fuzz(func(t *testing.T, body []byte) {
+	f.Fuzz(func(t *testing.T, body []byte, contentType string) {
 		reg := prometheus.NewRegistry()
 		srv, err := service.NewServer(accepting{validator: validator, t: t}, service.Options{
 			Logger:          slog.New(slog.NewJSONHandler(io.Discard, nil)),
@@ -62,13 +85,29 @@ func FuzzRESTBody(f *testing.F) {
 			t.Fatal(err)
 		}
 		req := httptest.NewRequest(http.MethodPost, "/v1/multi-card-payments", bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 		rec := httptest.NewRecorder()
 		srv.HTTP.ServeHTTP(rec, req)
 		switch rec.Code {
-		case http.StatusOK, http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		case http.StatusOK, http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType:
 		default:
-			t.Errorf("POST %q = %d, want 200, 400 or 413", body, rec.Code)
+			t.Errorf("POST %q (%q) = %d, want 200, 400, 413 or 415", body, contentType, rec.Code)
+		}
+		mt, params, err := mime.ParseMediaType(contentType)
+		jsonType := err == nil && mt == "application/json" && (len(params) == 0 || len(params) == 1 && strings.EqualFold(params["charset"], "utf-8"))
+		if rec.Code == http.StatusOK && !jsonType {
+			t.Errorf("POST %q with Content-Type %q = 200, want 415", body, contentType)
+		}
+		if rec.Code == http.StatusUnsupportedMediaType && (jsonType || len(body) == 0) {
+			t.Errorf("POST %q with Content-Type %q = 415", body, contentType)
+		}
+		if rec.Code == http.StatusOK {
+			// Exactly one JSON value, then only whitespace.
+			d := json.NewDecoder(bytes.NewReader(body))
+			var v json.RawMessage
+			if d.Decode(&v) != nil || len(bytes.TrimLeft(body[d.InputOffset():], " \t\r\n")) > 0 {
+				t.Errorf("POST %q = 200 with data after the JSON value", body)
+			}
 		}
 		srv.GRPC.Stop()
 	})

@@ -3,9 +3,11 @@ package service
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
@@ -116,7 +118,10 @@ func accessLog(logger *slog.Logger) grpc.UnaryServerInterceptor {
 			)
 		}
 		if k, ok := req.(interface{ GetIdempotencyKey() string }); ok {
-			attrs = append(attrs, slog.String("idempotency_key", k.GetIdempotencyKey()))
+			attrs = appendKey(attrs, k.GetIdempotencyKey())
+		}
+		if c := CallerFromContext(ctx); c != "" {
+			attrs = append(attrs, slog.String("caller", c))
 		}
 		if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
 			attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()))
@@ -127,6 +132,27 @@ func accessLog(logger *slog.Logger) grpc.UnaryServerInterceptor {
 		logger.LogAttrs(ctx, level, "call", attrs...)
 		return resp, err
 	}
+}
+
+// maxLoggedKey is how much of an idempotency key a log line carries: keys
+// have no documented length limit, and one line must not carry 60 KB.
+const maxLoggedKey = 64
+
+// appendKey logs a bounded prefix of the idempotency key, and a short hash
+// of the whole key that tells apart keys sharing a prefix.
+func appendKey(attrs []slog.Attr, key string) []slog.Attr {
+	if key == "" {
+		return append(attrs, slog.String("idempotency_key", ""))
+	}
+	sum := sha256.Sum256([]byte(key))
+	logged := key
+	if len(logged) > maxLoggedKey {
+		logged = strings.ToValidUTF8(logged[:maxLoggedKey], "")
+	}
+	return append(attrs,
+		slog.String("idempotency_key", logged),
+		slog.String("idempotency_key_sha256", hex.EncodeToString(sum[:6])),
+	)
 }
 
 // recoverPanic turns a panic in a handler into Internal, logging it with its

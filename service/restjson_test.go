@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"encoding/json"
 	"math"
 	"testing"
@@ -43,13 +44,37 @@ func TestRESTMarshalerMatchesProtojson(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got, want any
+		var got, want map[string]any
 		if err := json.Unmarshal(fast, &got); err != nil {
 			t.Fatalf("fast path wrote invalid JSON %s: %v", fast, err)
 		}
 		json.Unmarshal(slow, &want)
+		// REST leaves paymentJson out: payment itself is exact there.
+		delete(want, "paymentJson")
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("fast path differs from protojson (-want +got):\n%s", diff)
+		}
+	}
+}
+
+// TestRESTPaymentIsExact: when the provider's bytes are known, REST writes
+// them as payment, every digit intact, whatever the Struct holds.
+func TestRESTPaymentIsExact(t *testing.T) {
+	exact := []byte(`{"id":"p","big":9007199254740993,"huge":12345678901234567891,"html":"<&>"}`)
+	m := restMarshaler{&runtime.JSONPb{MarshalOptions: protojson.MarshalOptions{EmitUnpopulated: true}}}
+	for _, v := range []any{
+		&paymentsv1.CreateMultiCardPaymentResponse{Payment: &structpb.Struct{}, PaymentJson: exact},
+		&paymentsv1.GetMultiCardPaymentResponse{State: paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED, Payment: &structpb.Struct{}, PaymentJson: exact},
+	} {
+		b, err := m.Marshal(v)
+		if err != nil {
+			t.Fatalf("Marshal(%T) = %v", v, err)
+		}
+		if !bytes.Contains(b, append([]byte(`"payment":`), exact...)) {
+			t.Errorf("Marshal(%T) = %s, want payment to be %s exactly", v, b, exact)
+		}
+		if bytes.Contains(b, []byte("paymentJson")) {
+			t.Errorf("Marshal(%T) = %s, has paymentJson", v, b)
 		}
 	}
 }

@@ -1,10 +1,8 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,10 +23,13 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -62,6 +63,18 @@ type Options struct {
 	// Events, if set, serves ProviderEventsService (the webhook inbox) on
 	// both ports, through the same interceptors.
 	Events paymentsv1.ProviderEventsServiceServer
+	// MaxInFlight caps calls in progress over both ports together; past it
+	// gRPC callers get RESOURCE_EXHAUSTED and REST callers 429. Health
+	// checks, reflection and the HTTP port's other endpoints are exempt.
+	// Zero means DefaultMaxInFlight.
+	MaxInFlight int
+	// ReadTimeout bounds reading a REST request's body; zero means
+	// DefaultReadTimeout. (The header's bound is the http.Server's.)
+	ReadTimeout time.Duration
+	// AllowedCallers, when not empty, are the only caller identities (mTLS
+	// client certificate URI or DNS SANs, matched exactly) that may call
+	// anything but health checks and reflection.
+	AllowedCallers []string
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -77,6 +90,11 @@ type Server struct {
 	serving bool // the listeners are up and not draining
 	storeOK bool // the record store answers
 	ready   atomic.Bool
+
+	// stopCtx ends when HardStop is called; in-flight handlers' contexts
+	// end with it.
+	stopCtx context.Context
+	stop    context.CancelFunc
 }
 
 // NewServer wires svc into a gRPC server and a REST gateway. Both start out
@@ -93,15 +111,34 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		return nil, fmt.Errorf("register gRPC metrics: %w", err)
 	}
 
+	maxInFlight := opts.MaxInFlight
+	if maxInFlight <= 0 {
+		maxInFlight = DefaultMaxInFlight
+	}
+	readTimeout := opts.ReadTimeout
+	if readTimeout <= 0 {
+		readTimeout = DefaultReadTimeout
+	}
+	limit := &limiter{max: int64(maxInFlight)}
+	allowed := newAllowlist(opts.AllowedCallers)
+	s := &Server{health: health.NewServer(), storeOK: true}
+	s.stopCtx, s.stop = context.WithCancel(context.Background())
+
 	// Outermost first: metrics and the access log see the final code,
-	// including Internal from a recovered panic; validation runs before the
-	// handler, so an invalid request never reaches the provider.
+	// including Internal from a recovered panic; the caller's identity is
+	// known to the access log, which records refusals too; validation runs
+	// before the handler, so an invalid request never reaches the provider.
+	// The in-flight cap is not here: it admits gRPC streams as their
+	// headers arrive (InTapHandle) and REST requests before their bodies.
 	chain := chainUnary(
 		metrics.UnaryServerInterceptor(),
 		requestID,
+		identify,
 		accessLog(opts.Logger),
+		allowed.unary,
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger))),
 		validatemw.UnaryServerInterceptor(validator),
+		s.hardStopUnary,
 	)
 
 	// The same, for streams (WatchProviderEvents, health Watch,
@@ -110,8 +147,10 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		metrics.StreamServerInterceptor(),
 		streamRequestID,
 		streamAccessLog(opts.Logger),
+		allowed.stream,
 		recovery.StreamServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger))),
 		validatemw.StreamServerInterceptor(validator),
+		s.hardStopStream,
 	)
 
 	grpcOpts := []grpc.ServerOption{
@@ -122,6 +161,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		// a call needs, instead of starting (and growing) one per call.
 		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))),
 	}
+	grpcOpts = append(grpcOpts, limit.grpcOptions()...)
 	if opts.TracerProvider != nil {
 		grpcOpts = append(grpcOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
 			otelgrpc.WithTracerProvider(opts.TracerProvider),
@@ -130,7 +170,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	}
 	grpcOpts = append(grpcOpts, opts.GRPCOptions...)
 
-	s := &Server{GRPC: grpc.NewServer(grpcOpts...), health: health.NewServer(), storeOK: true}
+	s.GRPC = grpc.NewServer(grpcOpts...)
 	paymentsv1.RegisterPaymentsServiceServer(s.GRPC, svc)
 	if opts.Events != nil {
 		paymentsv1.RegisterProviderEventsServiceServer(s.GRPC, opts.Events)
@@ -141,7 +181,16 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	s.health.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
 	s.SetServing(false)
 
+	rs, err := routesFromOpenAPI(openAPI)
+	if err != nil {
+		return nil, err
+	}
 	gateway := runtime.NewServeMux(
+		runtime.WithRoutingErrorHandler(rs.routingError),
+		runtime.WithMiddlewares(requireJSON),
+		// A form-encoded POST must not turn into a GET, nor a header
+		// change the method.
+		runtime.WithDisablePathLengthFallback(),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, restMarshaler{&runtime.JSONPb{
 			MarshalOptions: protojson.MarshalOptions{EmitUnpopulated: true},
 			// A misspelt field must not be silently dropped in a payments
@@ -154,6 +203,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 			}
 			return runtime.DefaultHeaderMatcher(h)
 		}),
+		runtime.WithErrorHandler(restError),
 		runtime.WithOutgoingHeaderMatcher(func(h string) (string, bool) {
 			if h == RequestIDHeader {
 				return "X-Request-Id", true
@@ -180,7 +230,16 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", limitBody(int64(opts.MaxRequestBytes), rest))
+	mux.Handle("/v1/", limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, rest)))
+	// The lookup route takes keys with slashes ({idempotency_key=**}),
+	// which would also match the bare collection with an empty key; there
+	// is no list, so only POST is allowed there.
+	collection := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Allow", http.MethodPost)
+		writeStatusJSON(w, http.StatusMethodNotAllowed, int(codes.Unimplemented), "only POST is allowed on /v1/multi-card-payments")
+	}
+	mux.HandleFunc("GET /v1/multi-card-payments", collection)
+	mux.HandleFunc("GET /v1/multi-card-payments/{$}", collection)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})
@@ -196,7 +255,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(openAPI)
 	})
-	s.HTTP = mux
+	s.HTTP = identifyHTTP(mux)
 	return s, nil
 }
 
@@ -313,41 +372,39 @@ type chainedEvents struct {
 var listEventsInfo = &grpc.UnaryServerInfo{FullMethod: paymentsv1.ProviderEventsService_ListProviderEvents_FullMethodName}
 
 func (c *chainedEvents) ListProviderEvents(ctx context.Context, req *paymentsv1.ListProviderEventsRequest) (*paymentsv1.ListProviderEventsResponse, error) {
-	resp, err := c.chain(ctx, req, listEventsInfo, func(ctx context.Context, req any) (any, error) {
-		return c.svc.ListProviderEvents(ctx, req.(*paymentsv1.ListProviderEventsRequest))
-	})
-	if err != nil {
-		return nil, err
+	return callChain(ctx, c.chain, listEventsInfo, req, c.svc.ListProviderEvents)
+}
+
+// restError is the gateway's error handler with one change: a reused
+// idempotency key is 422 Unprocessable Content, as the IETF Idempotency-Key
+// draft has it, rather than FAILED_PRECONDITION's usual 400.
+func restError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	if hasReason(err, ReasonKeyReused) {
+		w = statusOverride{ResponseWriter: w, status: http.StatusUnprocessableEntity}
 	}
-	return resp.(*paymentsv1.ListProviderEventsResponse), nil
+	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
 }
 
-// limitBody reads the REST body up front, refusing one over max bytes with
-// 413 before it reaches the gateway.
-func limitBody(max int64, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength > max {
-			writeStatusJSON(w, http.StatusRequestEntityTooLarge, 3, fmt.Sprintf("request body is over the limit of %d bytes", max))
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
-		if err != nil {
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
-				writeStatusJSON(w, http.StatusRequestEntityTooLarge, 3, fmt.Sprintf("request body is over the limit of %d bytes", max))
-				return
-			}
-			writeStatusJSON(w, http.StatusBadRequest, 3, "could not read the request body")
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		next.ServeHTTP(w, r)
-	})
+// statusOverride writes status instead of the status it is given.
+type statusOverride struct {
+	http.ResponseWriter
+	status int
 }
 
-// writeStatusJSON writes an error in the gateway's google.rpc.Status shape.
-func writeStatusJSON(w http.ResponseWriter, httpStatus, code int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(httpStatus)
-	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"details\":[]}\n", code, msg)
+func (w statusOverride) WriteHeader(int) { w.ResponseWriter.WriteHeader(w.status) }
+
+func (w statusOverride) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// hasReason reports whether err's status carries an ErrorInfo with reason.
+func hasReason(err error, reason string) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == reason {
+			return true
+		}
+	}
+	return false
 }

@@ -12,7 +12,11 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -190,7 +194,9 @@ type Finish struct {
 type Stats struct {
 	// ByState counts records in each state.
 	ByState map[State]int64
-	// Unsettled counts OutcomeUnknown records past their settlement window.
+	// Unsettled counts OutcomeUnknown records past their settlement window:
+	// those GiveUp has marked (GaveUp). Stats takes no clock, so a record
+	// whose window closed since GiveUp last ran is counted once it runs.
 	Unsettled int64
 	// Events counts stored webhook events.
 	Events int64
@@ -218,10 +224,46 @@ type Event struct {
 }
 
 // Options tunes Open. The zero value is sensible.
-type Options struct{}
+type Options struct {
+	// BusyTimeout is how long a SQLite connection waits for another
+	// process's write lock before failing (default 10s).
+	BusyTimeout time.Duration
+	// MaxConns caps the PostgreSQL connection pool, or SQLite's reader
+	// pool (default 10 and 4). SQLite always writes through one connection.
+	MaxConns int
+}
+
+func (o Options) busyTimeout() time.Duration {
+	if o.BusyTimeout > 0 {
+		return o.BusyTimeout
+	}
+	return 10 * time.Second
+}
+
+func (o Options) sqliteReaders() int {
+	if o.MaxConns > 0 {
+		return o.MaxConns
+	}
+	return 4
+}
+
+func (o Options) postgresConns() int {
+	if o.MaxConns > 0 {
+		return o.MaxConns
+	}
+	return 10
+}
 
 // Store is an open record store. It is safe for concurrent use.
-type Store struct{}
+type Store struct {
+	d dialect
+	// w takes every write (for SQLite, one connection); r serves reads
+	// (for SQLite on a file, a pool of read-only connections; otherwise w).
+	w, r *sql.DB
+	// secrets are the forms of the URL's password that errors must not
+	// carry.
+	secrets []string
+}
 
 // Open opens the store that url names, runs the embedded migrations (safe
 // when several replicas start at once), and stamps the database with env on
@@ -229,17 +271,97 @@ type Store struct{}
 // url is "sqlite:PATH" (PATH may be ":memory:"), or "postgres://…" /
 // "postgresql://…". Errors never contain the URL's password.
 func Open(ctx context.Context, url, env string, opts Options) (*Store, error) {
-	panic("store: not implemented yet")
+	sec := secrets(url)
+	s, err := open(ctx, url, env, opts, sec)
+	if err != nil {
+		return nil, redact(fmt.Errorf("open store: %w", err), sec)
+	}
+	return s, nil
+}
+
+func open(ctx context.Context, url, env string, opts Options, sec []string) (*Store, error) {
+	if env == "" {
+		return nil, errors.New("empty provider environment")
+	}
+	s := &Store{secrets: sec}
+	switch {
+	case strings.HasPrefix(url, "sqlite:"):
+		w, r, err := openSQLite(strings.TrimPrefix(url, "sqlite:"), opts)
+		if err != nil {
+			return nil, err
+		}
+		s.d, s.w, s.r = sqliteDialect, w, r
+	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
+		db, err := openPostgres(url, opts)
+		if err != nil {
+			return nil, fmt.Errorf("PostgreSQL URL: %w", err)
+		}
+		s.d, s.w, s.r = postgresDialect, db, db
+	default:
+		return nil, errors.New(`unknown database URL scheme; want "sqlite:PATH", "postgres://…" or "postgresql://…"`)
+	}
+	if err := s.w.PingContext(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("connect to %s: %w", s.d.name, err)
+	}
+	if err := s.migrate(ctx, env); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Close closes the database.
-func (s *Store) Close() error { panic("store: not implemented yet") }
+func (s *Store) Close() error {
+	err := s.w.Close()
+	if s.r != s.w {
+		err = errors.Join(err, s.r.Close())
+	}
+	return s.wrap(err)
+}
 
 // Backend is "sqlite" or "postgres".
-func (s *Store) Backend() string { panic("store: not implemented yet") }
+func (s *Store) Backend() string { return s.d.name }
 
 // Ping checks that the database answers.
-func (s *Store) Ping(ctx context.Context) error { panic("store: not implemented yet") }
+func (s *Store) Ping(ctx context.Context) error {
+	return s.wrap(s.w.PingContext(ctx))
+}
+
+// wrap keeps the password out of errors from the database.
+func (s *Store) wrap(err error) error { return redact(err, s.secrets) }
+
+// recordColumns are the records columns in the order scanRecord reads.
+const recordColumns = `key, body, body_sha256, currency, amount, state, attempts,
+	provider_status, reply, last_error, code, request_id, trace_id, caller,
+	created_at, updated_at, settle_by, next_settle_at, settle_attempts,
+	lease_owner, lease_expires_at, gave_up`
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanRecord(row scanner) (Record, error) {
+	var r Record
+	var state int
+	err := row.Scan(&r.Key, &r.Body, shaCol{&r.BodySHA256}, &r.Currency, &r.Amount, &state, &r.Attempts,
+		&r.ProviderStatus, &r.Reply, &r.LastError, &r.Code, &r.RequestID, &r.TraceID, &r.Caller,
+		timeCol{&r.CreatedAt}, timeCol{&r.UpdatedAt}, timeCol{&r.SettleBy}, timeCol{&r.NextSettleAt}, &r.SettleAttempts,
+		&r.LeaseOwner, timeCol{&r.LeaseExpiresAt}, &r.GaveUp)
+	r.State = State(state)
+	return r, err
+}
+
+func scanRecords(rows *sql.Rows) ([]Record, error) {
+	defer rows.Close()
+	var out []Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
 
 // Begin decides, in one transaction, what a call with c.Key may do:
 //   - no record: insert it InProgress with c's lease and window → Acquired;
@@ -253,19 +375,170 @@ func (s *Store) Ping(ctx context.Context) error { panic("store: not implemented 
 //
 // It returns ErrKeyNotStorable for a key the backend can't hold exactly.
 func (s *Store) Begin(ctx context.Context, c Claim) (Began, error) {
-	panic("store: not implemented yet")
+	if !s.d.storable(c.Key) {
+		return Began{}, fmt.Errorf("begin %.64q: %w", c.Key, ErrKeyNotStorable)
+	}
+	var b Began
+	err := s.transact(ctx, func(tx *sql.Tx) error {
+		var err error
+		b, err = s.begin(ctx, tx, c)
+		return err
+	})
+	if err != nil {
+		return Began{}, s.wrap(fmt.Errorf("begin %.64q: %w", c.Key, err))
+	}
+	return b, nil
+}
+
+func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim) (Began, error) {
+	d := s.d
+	// The INSERT waits for a concurrent transaction inserting the same key
+	// (PostgreSQL) and does nothing once it has committed; the SELECT then
+	// locks the committed row. A row deleted in between (DeleteBefore) sends
+	// us round again.
+	for range 3 {
+		cols, vals := "", ""
+		args := []any{c.Key, c.Body, c.BodySHA256[:], c.Currency, c.Amount, int(StateInProgress),
+			c.RequestID, c.TraceID, c.Caller, d.t(c.Now), d.t(c.SettleBy),
+			d.t(time.Time{}), c.Owner, d.t(c.LeaseUntil)}
+		if d.keyCol != "key" {
+			cols, vals = ", "+d.keyCol, ", $15"
+			args = append(args, d.k(c.Key))
+		}
+		res, err := tx.ExecContext(ctx, d.q(`
+			INSERT INTO records (key, body, body_sha256, currency, amount, state,
+				request_id, trace_id, caller, created_at, updated_at, settle_by,
+				next_settle_at, lease_owner, lease_expires_at`+cols+`)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14`+vals+`)
+			ON CONFLICT (`+d.keyCol+`) DO NOTHING`), args...)
+		if err != nil {
+			return Began{}, err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return Began{}, err
+		} else if n == 1 {
+			r, err := getRecord(ctx, tx, d, c.Key, "")
+			return Began{Outcome: Acquired, Record: r}, err
+		}
+		r, err := getRecord(ctx, tx, d, c.Key, d.lockRows)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return Began{}, err
+		}
+		return s.decide(ctx, tx, c, r)
+	}
+	return Began{}, errors.New("record deleted and recreated repeatedly while beginning; retry")
+}
+
+// decide applies Begin's rules to the existing, locked record r.
+func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record) (Began, error) {
+	d := s.d
+	if r.BodySHA256 != c.BodySHA256 {
+		return Began{Outcome: Reused, Record: r}, nil
+	}
+	expired := !c.Now.Before(r.LeaseExpiresAt)
+	switch {
+	case r.State == StateSucceeded:
+		return Began{Outcome: Replay, Record: r}, nil
+	case r.State == StateInProgress && !expired:
+		return Began{Outcome: Busy, Record: r}, nil
+	case r.State == StateNotCreated:
+		nr, err := updateRecord(ctx, tx, d, `state = $2, lease_owner = $3, lease_expires_at = $4, updated_at = $5, settle_by = $6, gave_up = $7`,
+			c.Key, int(StateInProgress), c.Owner, d.t(c.LeaseUntil), d.t(c.Now), d.t(c.SettleBy), false)
+		return Began{Outcome: Acquired, Record: nr, Prior: r.State}, err
+	case r.State == StateOutcomeUnknown || r.State == StateInProgress:
+		if !c.Now.Before(r.SettleBy) {
+			if r.State == StateOutcomeUnknown {
+				return Began{Outcome: PastWindow, Record: r}, nil
+			}
+			nr, err := updateRecord(ctx, tx, d, `state = $2, lease_owner = '', lease_expires_at = $3, updated_at = $4`,
+				c.Key, int(StateOutcomeUnknown), d.t(time.Time{}), d.t(c.Now))
+			return Began{Outcome: PastWindow, Record: nr}, err
+		}
+		nr, err := updateRecord(ctx, tx, d, `state = $2, lease_owner = $3, lease_expires_at = $4, updated_at = $5`,
+			c.Key, int(StateInProgress), c.Owner, d.t(c.LeaseUntil), d.t(c.Now))
+		return Began{Outcome: Acquired, Record: nr, Prior: r.State}, err
+	}
+	return Began{}, fmt.Errorf("record in unknown state %d", r.State)
+}
+
+// getRecord reads key's record, with lock ("" or the dialect's lockRows).
+func getRecord(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, d dialect, key, lock string) (Record, error) {
+	r, err := scanRecord(q.QueryRowContext(ctx, d.q(`SELECT `+recordColumns+` FROM records WHERE `+d.keyCol+` = $1 `+lock), d.k(key)))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Record{}, ErrNotFound
+	}
+	return r, err
+}
+
+// updateRecord sets columns ($2 onwards are args) on key's record and
+// returns it.
+func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, set string, key string, args ...any) (Record, error) {
+	args = append([]any{d.k(key)}, args...)
+	return scanRecord(tx.QueryRowContext(ctx, d.q(`UPDATE records SET `+set+` WHERE `+d.keyCol+` = $1 RETURNING `+recordColumns), args...))
 }
 
 // Finish records f's outcome if f.Owner still holds the lease, clearing it,
 // and returns the record; otherwise it returns ErrLeaseLost and writes
 // nothing.
 func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
-	panic("store: not implemented yet")
+	if !s.d.storable(f.Key) {
+		return Record{}, fmt.Errorf("finish %.64q: %w", f.Key, ErrLeaseLost)
+	}
+	switch f.State {
+	case StateSucceeded, StateNotCreated, StateOutcomeUnknown:
+	default:
+		return Record{}, fmt.Errorf("finish %.64q: state %v is not an outcome", f.Key, f.State)
+	}
+	d := s.d
+	settle := 0
+	if f.Settlement {
+		settle = 1
+	}
+	var r Record
+	err := s.transact(ctx, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, d.q(`
+			UPDATE records SET state = $3, attempts = attempts + $4, provider_status = $5,
+				reply = $6, last_error = $7, code = $8, updated_at = $9, next_settle_at = $10,
+				settle_attempts = settle_attempts + $11, lease_owner = '', lease_expires_at = $12
+			WHERE `+d.keyCol+` = $1 AND lease_owner = $2 AND state = $13
+			RETURNING `+recordColumns),
+			d.k(f.Key), f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
+			f.Reply, f.LastError, f.Code, d.t(f.Now), d.t(f.NextSettleAt),
+			settle, d.t(time.Time{}), int(StateInProgress))
+		if err != nil {
+			return err
+		}
+		rs, err := scanRecords(rows)
+		if err != nil {
+			return err
+		}
+		if len(rs) == 0 {
+			return ErrLeaseLost
+		}
+		r = rs[0]
+		return nil
+	})
+	if err != nil {
+		return Record{}, s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err))
+	}
+	return r, nil
 }
 
 // Get returns the record for key, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, key string) (Record, error) {
-	panic("store: not implemented yet")
+	if !s.d.storable(key) {
+		return Record{}, fmt.Errorf("get %.64q: %w", key, ErrNotFound)
+	}
+	r, err := getRecord(ctx, s.r, s.d, key, "")
+	if err != nil {
+		return Record{}, s.wrap(fmt.Errorf("get %.64q: %w", key, err))
+	}
+	return r, nil
 }
 
 // ClaimDue takes the lease (owner, until leaseUntil) on up to limit records
@@ -274,7 +547,32 @@ func (s *Store) Get(ctx context.Context, key string) (Record, error) {
 // whose lease expired, both only while now < SettleBy. Replicas never claim
 // the same record at once.
 func (s *Store) ClaimDue(ctx context.Context, owner string, now, leaseUntil time.Time, limit int) ([]Record, error) {
-	panic("store: not implemented yet")
+	if limit <= 0 {
+		return nil, nil
+	}
+	d := s.d
+	var out []Record
+	err := s.transact(ctx, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, d.q(`
+			UPDATE records SET state = $1, lease_owner = $2, lease_expires_at = $3, updated_at = $4
+			WHERE `+d.keyCol+` IN (
+				SELECT `+d.keyCol+` FROM records
+				WHERE ((state = $5 AND next_settle_at <= $4) OR (state = $1 AND lease_expires_at <= $4))
+					AND settle_by > $4
+				ORDER BY next_settle_at, key
+				LIMIT $6 `+d.skipLocked+`)
+			RETURNING `+recordColumns),
+			int(StateInProgress), owner, d.t(leaseUntil), d.t(now), int(StateOutcomeUnknown), limit)
+		if err != nil {
+			return err
+		}
+		out, err = scanRecords(rows)
+		return err
+	})
+	if err != nil {
+		return nil, s.wrap(fmt.Errorf("claim due records: %w", err))
+	}
+	return out, nil
 }
 
 // GiveUp marks up to limit records whose settlement window closed at or
@@ -282,34 +580,211 @@ func (s *Store) ClaimDue(ctx context.Context, owner string, now, leaseUntil time
 // InProgress records with an expired lease (which become OutcomeUnknown).
 // It returns the records it marked, each once ever, for logging.
 func (s *Store) GiveUp(ctx context.Context, now time.Time, limit int) ([]Record, error) {
-	panic("store: not implemented yet")
+	if limit <= 0 {
+		return nil, nil
+	}
+	d := s.d
+	var out []Record
+	err := s.transact(ctx, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, d.q(`
+			UPDATE records SET state = $1, gave_up = $2, updated_at = $3,
+				lease_owner = CASE WHEN state = $4 THEN '' ELSE lease_owner END,
+				lease_expires_at = CASE WHEN state = $4 THEN $5 ELSE lease_expires_at END
+			WHERE `+d.keyCol+` IN (
+				SELECT `+d.keyCol+` FROM records
+				WHERE (state = $1 OR (state = $4 AND lease_expires_at <= $3))
+					AND settle_by <= $3 AND gave_up = $6
+				ORDER BY settle_by, key
+				LIMIT $7 `+d.skipLocked+`)
+			RETURNING `+recordColumns),
+			int(StateOutcomeUnknown), true, d.t(now), int(StateInProgress), d.t(time.Time{}), false, limit)
+		if err != nil {
+			return err
+		}
+		out, err = scanRecords(rows)
+		return err
+	})
+	if err != nil {
+		return nil, s.wrap(fmt.Errorf("give up on records: %w", err))
+	}
+	return out, nil
 }
 
 // Stats counts records by state, unsettled records past their window, and
 // stored events.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
-	panic("store: not implemented yet")
+	st := Stats{ByState: map[State]int64{
+		StateInProgress: 0, StateSucceeded: 0, StateNotCreated: 0, StateOutcomeUnknown: 0,
+	}}
+	err := func() error {
+		rows, err := s.r.QueryContext(ctx, `SELECT state, COUNT(*) FROM records GROUP BY state`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var state int
+			var n int64
+			if err := rows.Scan(&state, &n); err != nil {
+				return err
+			}
+			st.ByState[State(state)] = n
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if err := s.r.QueryRowContext(ctx, s.d.q(`SELECT COUNT(*) FROM records WHERE state = $1 AND gave_up = $2`),
+			int(StateOutcomeUnknown), true).Scan(&st.Unsettled); err != nil {
+			return err
+		}
+		return s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM events`).Scan(&st.Events)
+	}()
+	if err != nil {
+		return Stats{}, s.wrap(fmt.Errorf("stats: %w", err))
+	}
+	return st, nil
 }
 
 // DeleteBefore deletes up to limit records last updated before t (never
 // InProgress ones) and up to limit events received before t, and returns
 // how many rows it deleted in all. Call it repeatedly for small batches.
 func (s *Store) DeleteBefore(ctx context.Context, t time.Time, limit int) (int, error) {
-	panic("store: not implemented yet")
+	if limit <= 0 {
+		return 0, nil
+	}
+	d := s.d
+	var total int64
+	err := s.transact(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, d.q(`
+			DELETE FROM records WHERE `+d.keyCol+` IN (
+				SELECT `+d.keyCol+` FROM records WHERE updated_at < $1 AND state <> $2
+				ORDER BY updated_at LIMIT $3 `+d.skipLocked+`)`),
+			d.t(t), int(StateInProgress), limit)
+		if err != nil {
+			return fmt.Errorf("records: %w", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		total += n
+		res, err = tx.ExecContext(ctx, d.q(`
+			DELETE FROM events WHERE seq IN (
+				SELECT seq FROM events WHERE received_at < $1
+				ORDER BY seq LIMIT $2 `+d.skipLocked+`)`),
+			d.t(t), limit)
+		if err != nil {
+			return fmt.Errorf("events: %w", err)
+		}
+		n, err = res.RowsAffected()
+		total += n
+		return err
+	})
+	if err != nil {
+		return 0, s.wrap(fmt.Errorf("delete before %v: %w", t, err))
+	}
+	return int(total), nil
 }
 
 // AppendEvent stores e durably, assigning its Sequence and DuplicateOf,
 // and returns it once committed.
 func (s *Store) AppendEvent(ctx context.Context, e Event) (Event, error) {
-	panic("store: not implemented yet")
+	d := s.d
+	headers, err := encodeHeaders(e.Headers)
+	if err != nil {
+		return Event{}, fmt.Errorf("append event: %w", err)
+	}
+	e.ReceivedAt = e.ReceivedAt.Truncate(time.Microsecond).UTC()
+	err = s.transact(ctx, func(tx *sql.Tx) error {
+		// The counter row's lock is held until commit, so the next append
+		// can't take a sequence until this one is visible.
+		if err := tx.QueryRowContext(ctx, `UPDATE event_counter SET last = last + 1 WHERE id = 1 RETURNING last`).Scan(&e.Sequence); err != nil {
+			return fmt.Errorf("next sequence: %w", err)
+		}
+		var dup sql.NullInt64
+		if err := tx.QueryRowContext(ctx, d.q(`SELECT MIN(seq) FROM events WHERE body_sha256 = $1`), e.BodySHA256[:]).Scan(&dup); err != nil {
+			return fmt.Errorf("find duplicates: %w", err)
+		}
+		e.DuplicateOf = dup.Int64
+		_, err := tx.ExecContext(ctx, d.q(`
+			INSERT INTO events (seq, received_at, content_type, headers, body, body_sha256, duplicate_of)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`),
+			e.Sequence, d.t(e.ReceivedAt), e.ContentType, headers, e.Body, e.BodySHA256[:], e.DuplicateOf)
+		return err
+	})
+	if err != nil {
+		return Event{}, s.wrap(fmt.Errorf("append event: %w", err))
+	}
+	return e, nil
+}
+
+// encodeHeaders stores headers in order as a JSON list of [name, value]
+// pairs. (Bytes that aren't UTF-8 become U+FFFD, as in any JSON.)
+func encodeHeaders(hs []Header) (string, error) {
+	pairs := make([][2]string, len(hs))
+	for i, h := range hs {
+		pairs[i] = [2]string{h.Name, h.Value}
+	}
+	b, err := json.Marshal(pairs)
+	return string(b), err
+}
+
+func decodeHeaders(s string) ([]Header, error) {
+	var pairs [][2]string
+	if err := json.Unmarshal([]byte(s), &pairs); err != nil {
+		return nil, fmt.Errorf("decode headers: %w", err)
+	}
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	hs := make([]Header, len(pairs))
+	for i, p := range pairs {
+		hs[i] = Header{Name: p[0], Value: p[1]}
+	}
+	return hs, nil
 }
 
 // ListEvents returns up to limit events with Sequence > after, in order.
 func (s *Store) ListEvents(ctx context.Context, after int64, limit int) ([]Event, error) {
-	panic("store: not implemented yet")
+	if limit <= 0 {
+		return nil, nil
+	}
+	out, err := func() ([]Event, error) {
+		rows, err := s.r.QueryContext(ctx, s.d.q(`
+			SELECT seq, received_at, content_type, headers, body, body_sha256, duplicate_of
+			FROM events WHERE seq > $1 ORDER BY seq LIMIT $2`), after, limit)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var out []Event
+		for rows.Next() {
+			var e Event
+			var headers string
+			if err := rows.Scan(&e.Sequence, timeCol{&e.ReceivedAt}, &e.ContentType, &headers, &e.Body,
+				shaCol{&e.BodySHA256}, &e.DuplicateOf); err != nil {
+				return nil, err
+			}
+			if e.Headers, err = decodeHeaders(headers); err != nil {
+				return nil, err
+			}
+			out = append(out, e)
+		}
+		return out, rows.Err()
+	}()
+	if err != nil {
+		return nil, s.wrap(fmt.Errorf("list events after %d: %w", after, err))
+	}
+	return out, nil
 }
 
 // LastSequence returns the highest committed event sequence, or 0.
 func (s *Store) LastSequence(ctx context.Context) (int64, error) {
-	panic("store: not implemented yet")
+	// The counter, not MAX(seq): it keeps counting when old events are
+	// deleted.
+	var n int64
+	if err := s.r.QueryRowContext(ctx, `SELECT last FROM event_counter WHERE id = 1`).Scan(&n); err != nil {
+		return 0, s.wrap(fmt.Errorf("last event sequence: %w", err))
+	}
+	return n, nil
 }

@@ -7,3 +7,6 @@ var RetryAfter = retryAfter
 
 // MaxErrorBody is how much of a non-2xx reply body a StatusError keeps.
 const MaxErrorBody = maxErrorBody
+
+// Redact is the client's redaction of key from b.
+func Redact(key string, b []byte) []byte { return redactor{key: key}.redact(b) }

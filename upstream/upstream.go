@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
@@ -44,6 +45,9 @@ const (
 
 	// maxErrorBody bounds how much of a non-2xx reply is kept for callers.
 	maxErrorBody = 8 << 10
+	// maxEncodedKeyByte is the longest a key's byte can be written in a
+	// form the redactor decodes: \u0025\u0036\u0043 is "%6C", an "l".
+	maxEncodedKeyByte = 18
 )
 
 // Sentinel causes, found in an *Error with errors.Is.
@@ -91,6 +95,11 @@ type Config struct {
 	BreakerCooldown time.Duration
 	// Metrics, if not nil, records every attempt.
 	Metrics *Metrics
+	// Logger, if not nil, gets a warning for every failed attempt with its
+	// real cause (DNS, refused connection, TLS, a key that is not a valid
+	// header value, the provider's status), which the caller-facing error
+	// leaves generic. The key is never logged.
+	Logger *slog.Logger
 }
 
 // Client calls the payment provider. It is safe for concurrent use.
@@ -101,6 +110,8 @@ type Client struct {
 	cfg     Config
 	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
 	metrics *Metrics
+	logger  *slog.Logger
+	red     redactor
 }
 
 // New returns a client for cfg. It fails if cfg is incomplete; the error
@@ -112,13 +123,10 @@ func New(cfg Config) (*Client, error) {
 	if cfg.APIKey == "" {
 		return nil, errors.New("upstream: no API key")
 	}
-	u, err := url.Parse(cfg.BaseURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		// The key may be where the URL should be, as when the two are swapped.
-		return nil, fmt.Errorf("upstream: base URL %q is not an http(s) URL", strings.ReplaceAll(cfg.BaseURL, cfg.APIKey, "[REDACTED]"))
-	}
-	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("upstream: base URL must not carry credentials, a query or a fragment")
+	// Errors never quote the URL: the key may be where the URL should be,
+	// as when the two are swapped.
+	if err := CheckBaseURL(cfg.BaseURL); err != nil {
+		return nil, fmt.Errorf("upstream: %w", err)
 	}
 	setDefaults(&cfg)
 	// Never follow a redirect: a redirected POST may become a GET, and Go
@@ -131,6 +139,8 @@ func New(cfg Config) (*Client, error) {
 		http:    &hc,
 		cfg:     cfg,
 		metrics: cfg.Metrics,
+		logger:  cfg.Logger,
+		red:     redactor{key: cfg.APIKey},
 	}
 	c.breaker = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:    "provider",
@@ -143,6 +153,33 @@ func New(cfg Config) (*Client, error) {
 		},
 	})
 	return c, nil
+}
+
+// CheckBaseURL reports what is wrong with a base URL for the provider: it
+// must be an absolute http or https URL with a host, a port (if any) from 1
+// to 65535, and no credentials, query or fragment, not even an empty one
+// (a bare "?" or "#"), since the request path is appended to it. The error
+// never quotes the URL.
+func CheckBaseURL(raw string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Opaque != "":
+		return errors.New("base URL is not an http or https URL")
+	case u.User != nil:
+		return errors.New("base URL must not carry credentials")
+	case u.RawQuery != "" || u.ForceQuery:
+		return errors.New("base URL must not have a query")
+	case u.Fragment != "" || strings.Contains(raw, "#"):
+		return errors.New("base URL must not have a fragment")
+	case u.Hostname() == "":
+		return errors.New("base URL has no host")
+	}
+	if port := u.Port(); port != "" || strings.HasSuffix(u.Host, ":") {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return errors.New("base URL has a bad port: want a number from 1 to 65535, or none")
+		}
+	}
+	return nil
 }
 
 func setDefaults(cfg *Config) {
@@ -271,12 +308,15 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		failure.Err = err
 		failure.MaybeCreated = failure.MaybeCreated || maybeCreated(err, sent)
 		if !retryable(err) || failure.Attempts >= c.cfg.MaxAttempts {
+			c.logAttempt(ctx, failure.Attempts, err, sent, "none")
 			return nil, failure
 		}
 		wait := c.backoff(failure.Attempts, err)
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+			c.logAttempt(ctx, failure.Attempts, err, sent, "none: the deadline is too near")
 			return nil, failure
 		}
+		c.logAttempt(ctx, failure.Attempts, err, sent, wait.String())
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -287,6 +327,53 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		}
 	}
 }
+
+// logAttempt logs a failed attempt with its real cause: the provider's
+// status, or the transport's own error text (which names a DNS failure, a
+// refused connection, a certificate problem or an invalid header value,
+// where the caller-facing error says only "unreachable").
+func (c *Client) logAttempt(ctx context.Context, attempt int, err error, sent bool, retry string) {
+	if c.logger == nil || !c.logger.Enabled(ctx, slog.LevelWarn) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.Int("attempt", attempt),
+		slog.Bool("request_sent", sent),
+		slog.String("retry_in", retry),
+	}
+	var se *StatusError
+	if errors.As(err, &se) {
+		attrs = append(attrs, slog.Int("provider_status", se.Status))
+	} else {
+		attrs = append(attrs, slog.String("outcome", transportLabel(err)))
+	}
+	attrs = append(attrs, slog.String("cause", c.red.redactString(causeOf(err).Error())))
+	c.logger.LogAttrs(ctx, slog.LevelWarn, "provider attempt failed", attrs...)
+}
+
+// causeOf is the error beneath this package's sentinel, if the attempt
+// kept it, else err.
+func causeOf(err error) error {
+	var ce *causeError
+	if errors.As(err, &ce) {
+		return ce.cause
+	}
+	return err
+}
+
+// causeError is a transport failure: a sentinel of this package, for
+// callers, and the transport's own error, for the log.
+type causeError struct {
+	sentinel error
+	cause    error
+}
+
+func (e *causeError) Error() string { return e.sentinel.Error() + ": " + e.cause.Error() }
+
+// Unwrap exposes only the sentinel: callers classify by it, and the cause
+// (which may wrap a context error from the transport's own timeout) would
+// make the classification depend on transport details.
+func (e *causeError) Unwrap() error { return e.sentinel }
 
 // attempt makes one request. sent reports that the whole request was
 // written, so the provider may have acted on it.
@@ -337,10 +424,12 @@ func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, er
 		resp.Body.Close()
 	}()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		// Read past the limit by a key's length, so that a key across the
-		// cut is redacted whole rather than left in part.
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+int64(len(c.key))))
-		b = c.redact(b)
+		// Read past the limit by the longest encoding of the key (each
+		// byte as a JSON-escaped percent sign and two JSON-escaped hex
+		// digits), so that a key across the cut is redacted whole rather
+		// than left in part.
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+int64(maxEncodedKeyByte*len(c.key))))
+		b = c.red.redact(b)
 		return nil, &StatusError{
 			Status:     resp.StatusCode,
 			Body:       b[:min(len(b), maxErrorBody)],
@@ -357,6 +446,9 @@ func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, er
 	if int64(len(b)) > c.cfg.MaxResponseBytes {
 		return nil, fmt.Errorf("%w: %d reply over %d bytes", ErrReplyTooLarge, resp.StatusCode, c.cfg.MaxResponseBytes)
 	}
+	// Redact before decoding, so that Payment, decoded from the redacted
+	// body, holds the key nowhere either.
+	b = c.red.redact(b)
 	payment, err := DecodeReply(b)
 	if err != nil {
 		return nil, err
@@ -397,17 +489,16 @@ func (c *Client) transportError(ctx context.Context, err error, wrote bool) erro
 	if errors.As(err, &uerr) {
 		err = uerr.Err
 	}
+	sentinel := ErrConnectionLost
 	if !wrote {
-		return fmt.Errorf("%w: %v", ErrUnreachable, err)
+		sentinel = ErrUnreachable
 	}
-	return fmt.Errorf("%w: %v", ErrConnectionLost, err)
-}
-
-func (c *Client) redact(b []byte) []byte {
-	if c.key == "" || !bytes.Contains(b, []byte(c.key)) {
-		return b
+	// No transport error is known to quote a header value, but the text
+	// reaches logs and callers, so make sure.
+	if msg := err.Error(); c.red.redactString(msg) != msg {
+		err = errors.New(c.red.redactString(msg))
 	}
-	return bytes.ReplaceAll(b, []byte(c.key), []byte("[REDACTED]"))
+	return &causeError{sentinel: sentinel, cause: err}
 }
 
 // backoff returns how long to wait before the attempt after the n-th: the
@@ -475,11 +566,48 @@ func maybeCreated(err error, sent bool) bool {
 	}
 	var se *StatusError
 	if errors.As(err, &se) {
-		// A 4xx is the provider refusing the request; a 5xx may come after
-		// the work was done.
-		return se.Status >= 500
+		return !refusedUnprocessed(se.Status)
 	}
 	return true
+}
+
+// refusedUnprocessed reports whether a non-2xx status proves that the
+// provider did not act on the request, so no payment exists. The provider
+// documents only 401 and 403; for the rest this goes by what RFC 9110 and
+// RFC 6585 say a status means.
+//
+// Refusals that happen before the request is acted on prove it: a request
+// that is malformed (400), unauthenticated (401), not permitted (403),
+// aimed at no resource (404) or with the wrong method (405), that asks for
+// a representation the server cannot give (406), lacks a length (411), is
+// too large in its body, URI or headers (413, 414, 431), has an unsupported
+// media type (415), or is rate-limited (429).
+//
+// Everything else proves nothing, so a payment may exist: 409 is what a
+// provider answers while another request with the same idempotency key is
+// in flight, and that request may create the payment; 412, 422, 423 and 425
+// may come after some processing; 408 contradicts the whole request having
+// been written (ours always is) and is what some proxies send when the
+// server behind them is slow; a 3xx is never followed, and says nothing of
+// what happened; any other or unknown status, and 5xx, may come after the
+// work was done.
+func refusedUnprocessed(status int) bool {
+	switch status {
+	case http.StatusBadRequest,
+		http.StatusUnauthorized,
+		http.StatusForbidden,
+		http.StatusNotFound,
+		http.StatusMethodNotAllowed,
+		http.StatusNotAcceptable,
+		http.StatusLengthRequired,
+		http.StatusRequestEntityTooLarge,
+		http.StatusRequestURITooLong,
+		http.StatusUnsupportedMediaType,
+		http.StatusTooManyRequests,
+		http.StatusRequestHeaderFieldsTooLarge:
+		return true
+	}
+	return false
 }
 
 // breakerVerdict is what an attempt tells the circuit breaker: transport

@@ -159,6 +159,16 @@ func TestNew(t *testing.T) {
 		{"control character", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com/v1\n" }, false},
 		{"query", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com/v1?env=live" }, false},
 		{"fragment", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com/v1#x" }, false},
+		{"bare query", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com/v1?" }, false},
+		{"bare fragment", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com/v1#" }, false},
+		{"port only", func(c *upstream.Config) { c.BaseURL = "https://:443/v1" }, false},
+		{"port 0", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:0/v1" }, false},
+		{"port too big", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:65536/v1" }, false},
+		{"port not a number", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:https/v1" }, false},
+		{"empty port", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:/v1" }, false},
+		{"highest port", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:65535/v1" }, true},
+		{"IPv6 with port", func(c *upstream.Config) { c.BaseURL = "https://[::1]:8443/v1" }, true},
+		{"key as port", func(c *upstream.Config) { c.BaseURL = "https://sandbox.example.com:" + key + "/v1" }, false},
 		// The key must never be in an error, even when it was put where the
 		// URL goes.
 		{"key as user info", func(c *upstream.Config) { c.BaseURL = "https://" + key + "@sandbox.example.com/v1" }, false},
@@ -413,7 +423,8 @@ func TestNoRetryOnRefusal(t *testing.T) {
 			if string(se.Body) != `{"error":"no"}` {
 				t.Errorf("StatusError.Body = %q, want the provider's body", se.Body)
 			}
-			wantMaybe := status >= 500
+			wantMaybe := status != http.StatusBadRequest && status != http.StatusUnauthorized &&
+				status != http.StatusForbidden && status != http.StatusNotFound
 			if ue.Attempts != 1 || ue.MaybeCreated != wantMaybe {
 				t.Errorf("Attempts, MaybeCreated = %d, %v; want 1, %v", ue.Attempts, ue.MaybeCreated, wantMaybe)
 			}
@@ -1505,5 +1516,57 @@ func TestRedirectNotFollowed(t *testing.T) {
 	}
 	if n := len(elsewhere.Requests()); n != 0 {
 		t.Errorf("the redirect target saw %d requests, want 0", n)
+	}
+}
+
+// TestOutcomeByStatus checks which provider statuses prove that no payment
+// was created: only refusals that happen before a request is acted on.
+// Everything else, 409 (another request with the same key in flight) and
+// 3xx (never followed) among them, may have created one.
+func TestOutcomeByStatus(t *testing.T) {
+	t.Parallel()
+	notCreated := []int{400, 401, 403, 404, 405, 406, 411, 413, 414, 415, 429, 431}
+	maybe := []int{300, 301, 302, 303, 304, 307, 308, 402, 408, 409, 410, 412, 416, 417, 418, 421, 422, 423, 424, 425, 426, 428, 451, 499, 500, 501, 502, 503, 504, 599}
+	srv := newServer(t, func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+		var body struct{ IdempotencyKey string }
+		json.Unmarshal(r.Body, &body)
+		status, _ := strconv.Atoi(body.IdempotencyKey)
+		return upstreamtest.Reply{Status: status, Body: []byte(`{"error":"scripted"}`)}
+	})
+	cfg := testConfig(t, srv.URL)
+	cfg.MaxAttempts = 1
+	c := newClient(t, cfg)
+	check := func(status int, wantMaybe bool) {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			t.Parallel()
+			_, err := c.CreateMultiCardPayment(t.Context(), payment(strconv.Itoa(status)))
+			ue := callError(t, err)
+			if se := statusError(t, err); se.Status != status {
+				t.Fatalf("StatusError.Status = %d, want %d", se.Status, status)
+			}
+			if ue.MaybeCreated != wantMaybe {
+				t.Errorf("provider %d: MaybeCreated = %v, want %v", status, ue.MaybeCreated, wantMaybe)
+			}
+		})
+	}
+	for _, s := range notCreated {
+		check(s, false)
+	}
+	for _, s := range maybe {
+		check(s, true)
+	}
+}
+
+// A status that proves nothing on an earlier attempt keeps the call's
+// outcome unknown, whatever later attempts answer.
+func TestOutcomeUnknownSticks(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, upstreamtest.Sequence(reply(http.StatusServiceUnavailable, ""), reply(http.StatusTooManyRequests, "")))
+	cfg := testConfig(t, srv.URL)
+	cfg.MaxAttempts = 2
+	c := newClient(t, cfg)
+	_, err := c.CreateMultiCardPayment(t.Context(), payment("k-sticky"))
+	if ue := callError(t, err); !ue.MaybeCreated || ue.Attempts != 2 {
+		t.Errorf("503 then 429: MaybeCreated, Attempts = %v, %d; want true, 2", ue.MaybeCreated, ue.Attempts)
 	}
 }

@@ -1,19 +1,24 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/inbox"
+	"example.com/paymentsd/service"
 	"example.com/paymentsd/upstream"
 )
 
@@ -62,6 +67,15 @@ type config struct {
 	DatabaseShown    string
 	SettlementWindow time.Duration
 	RecordRetention  time.Duration
+	// MaxInFlight caps calls in progress over both ports; MaxConnections
+	// caps open connections on each port; HTTPReadTimeout bounds reading a
+	// REST request's header, and then its body.
+	MaxInFlight     int
+	MaxConnections  int
+	HTTPReadTimeout time.Duration
+	// AllowedCallers, when set, are the mTLS identities (URI or DNS SANs)
+	// that may call the payments services.
+	AllowedCallers []string
 
 	TLSCertFile     string
 	TLSKeyFile      string
@@ -109,6 +123,10 @@ func (c *config) LogValue() slog.Value {
 		slog.String("database_from", c.DatabaseFrom),
 		slog.String("settlement_window", c.SettlementWindow.String()),
 		slog.String("record_retention", c.RecordRetention.String()),
+		slog.Int("max_in_flight", c.MaxInFlight),
+		slog.Int("max_connections", c.MaxConnections),
+		slog.String("http_read_timeout", c.HTTPReadTimeout.String()),
+		slog.Any("allowed_callers", c.AllowedCallers),
 		slog.Bool("tls", c.TLSCertFile != ""),
 		slog.Bool("mtls", c.TLSClientCAFile != ""),
 		slog.String("log_level", c.LogLevel.String()),
@@ -120,8 +138,10 @@ func (c *config) LogValue() slog.Value {
 }
 
 // loadConfig reads the configuration from args and getenv and validates it,
-// reporting every problem at once, each naming its setting. Only the
-// selected environment's variables are read.
+// reporting every problem at once, each naming its setting and saying what
+// is wanted. A refusal never repeats a value: a key pasted into the wrong
+// variable must not reach the terminal or the logs. Only the selected
+// environment's variables are read.
 func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("paymentsd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -130,7 +150,7 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+		return nil, fmt.Errorf("%d unexpected argument(s): paymentsd takes only flags, such as --simulate", fs.NArg())
 	}
 
 	var problems []error
@@ -151,7 +171,7 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		c.Environment = "sandbox"
 	}
 	if c.Environment != "sandbox" && c.Environment != "live" {
-		problem("PAYMENTS_ENVIRONMENT is %q: want sandbox or live", c.Environment)
+		problem("PAYMENTS_ENVIRONMENT: want sandbox or live")
 	}
 
 	c.UpstreamMaxAttempts = intVar(getenv, "PAYMENTS_UPSTREAM_MAX_ATTEMPTS", upstream.DefaultMaxAttempts, 1, 10, problem)
@@ -164,6 +184,11 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	if v := getenv("PAYMENTS_SHUTDOWN_DELAY"); v != "" && v != "0" {
 		c.ShutdownDelay = durationVar(getenv, "PAYMENTS_SHUTDOWN_DELAY", 0, problem)
 	}
+	if c.UpstreamTimeout > c.ShutdownTimeout {
+		// A call still waiting on the provider when the drain ends is cut
+		// off, and its caller is left not knowing whether it paid.
+		problem("PAYMENTS_UPSTREAM_TIMEOUT (%v) is longer than PAYMENTS_SHUTDOWN_TIMEOUT (%v): want it no longer, or a provider call in flight at shutdown is cut off with its outcome unknown", c.UpstreamTimeout, c.ShutdownTimeout)
+	}
 
 	c.SettlementWindow = durationVar(getenv, "PAYMENTS_SETTLEMENT_WINDOW", 10*time.Minute, problem)
 	c.RecordRetention = durationVar(getenv, "PAYMENTS_RECORD_RETENTION", 30*24*time.Hour, problem)
@@ -171,9 +196,22 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		problem("PAYMENTS_RECORD_RETENTION must be at least PAYMENTS_SETTLEMENT_WINDOW: a record can't be deleted while it may still be settled")
 	}
 	c.loadDatabase(getenv, problem)
+	c.MaxInFlight = intVar(getenv, "PAYMENTS_MAX_IN_FLIGHT", service.DefaultMaxInFlight, 1, 100000, problem)
+	c.MaxConnections = intVar(getenv, "PAYMENTS_MAX_CONNECTIONS", service.DefaultMaxConnections, 1, 100000, problem)
+	c.HTTPReadTimeout = durationVar(getenv, "PAYMENTS_HTTP_READ_TIMEOUT", service.DefaultReadTimeout, problem)
+	for _, caller := range strings.Split(getenv("PAYMENTS_ALLOWED_CALLERS"), ",") {
+		caller = strings.TrimSpace(caller)
+		switch {
+		case caller == "":
+		case strings.ContainsFunc(caller, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+			problem("PAYMENTS_ALLOWED_CALLERS has %q: an identity has no spaces or control characters", caller)
+		default:
+			c.AllowedCallers = append(c.AllowedCallers, caller)
+		}
+	}
 
 	if err := c.LogLevel.UnmarshalText([]byte(orDefault(getenv("PAYMENTS_LOG_LEVEL"), "info"))); err != nil {
-		problem("PAYMENTS_LOG_LEVEL is %q: want debug, info, warn or error", getenv("PAYMENTS_LOG_LEVEL"))
+		problem("PAYMENTS_LOG_LEVEL: want debug, info, warn or error")
 	}
 
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
@@ -181,6 +219,11 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	}
 	if c.TLSClientCAFile != "" && c.TLSCertFile == "" {
 		problem("PAYMENTS_TLS_CLIENT_CA_FILE needs PAYMENTS_TLS_CERT_FILE and PAYMENTS_TLS_KEY_FILE")
+	}
+	if len(c.AllowedCallers) > 0 && c.TLSClientCAFile == "" {
+		// Without client certificates no caller has an identity, and the
+		// allowlist would refuse everyone.
+		problem("PAYMENTS_ALLOWED_CALLERS needs PAYMENTS_TLS_CLIENT_CA_FILE: callers are identified by their client certificates")
 	}
 
 	switch {
@@ -212,19 +255,17 @@ func (c *config) loadProvider(getenv func(string) string, problem func(string, .
 	urlVar, keyVar, fileVar := prefix+"BASE_URL", prefix+"API_KEY", prefix+"API_KEY_FILE"
 
 	c.BaseURL = strings.TrimSpace(getenv(urlVar))
-	switch u, err := url.Parse(c.BaseURL); {
+	u, err := url.Parse(c.BaseURL)
+	switch checkErr := upstream.CheckBaseURL(c.BaseURL); {
 	case c.BaseURL == "":
-		problem("%s is not set", urlVar)
-	case err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https"):
-		problem("%s is not an http or https URL", urlVar)
-	case u.User != nil || u.RawQuery != "" || u.Fragment != "":
-		// Never echo it: credentials in a URL are a key by another name.
-		c.BaseURL = u.Redacted()
-		problem("%s must not contain credentials, a query or a fragment", urlVar)
+		problem("%s is not set: want the provider's base URL, ending in /v1", urlVar)
+	case checkErr != nil || err != nil:
+		// The error never quotes the URL.
+		problem("%s: %v", urlVar, checkErr)
 	case c.Environment == "live" && u.Scheme != "https":
-		problem("%s must be https in live, got %q", urlVar, c.BaseURL)
+		problem("%s must be https in live", urlVar)
 	case !strings.HasSuffix(u.Path, "/v1"):
-		problem("%s must end in /v1, got %q", urlVar, c.BaseURL)
+		problem("%s must end in /v1", urlVar)
 	}
 
 	key, file := getenv(keyVar), getenv(fileVar)
@@ -235,19 +276,32 @@ func (c *config) loadProvider(getenv func(string) string, problem func(string, .
 		problem("%s or %s must be set", keyVar, fileVar)
 	case key != "":
 		c.APIKey, c.APIKeyFrom = secret(strings.TrimSpace(key)), keyVar
-		if c.APIKey == "" {
+		switch {
+		case c.APIKey == "":
 			problem("%s is blank", keyVar)
+		case keyProblem(string(c.APIKey)) != "":
+			problem("%s %s", keyVar, keyProblem(string(c.APIKey)))
 		}
 	default:
 		b, err := os.ReadFile(file)
 		if err != nil {
-			// The error names the file, never its contents.
-			problem("%s: cannot read the key file: %v", fileVar, err)
+			// Neither the path (which may be a key pasted into the wrong
+			// variable) nor the contents: only why it can't be read.
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			problem("%s: cannot read the file it names: %v", fileVar, err)
 			return
 		}
+		// Editors on some systems start a file with a byte-order mark.
+		b = bytes.TrimPrefix(b, []byte("\uFEFF"))
 		c.APIKey, c.APIKeyFrom = secret(strings.TrimSpace(string(b))), fileVar+"="+file
-		if c.APIKey == "" {
+		switch {
+		case c.APIKey == "":
 			problem("%s names an empty key file", fileVar)
+		case keyProblem(string(c.APIKey)) != "":
+			problem("%s names a file that %s", fileVar, keyProblem(string(c.APIKey)))
 		}
 	}
 }
@@ -358,6 +412,26 @@ func (c *config) databaseVar() string {
 	return "PAYMENTS_DATABASE_URL"
 }
 
+// keyProblem says what is wrong with a key, trimmed of surrounding
+// whitespace, without quoting it; "" if nothing is. A key with a second
+// line, a space, or a control or invisible character inside it is never
+// what the provider issued, and would fail every call (a newline can't even
+// be sent in a header).
+func keyProblem(key string) string {
+	if !utf8.ValidString(key) {
+		return "holds a key that is not valid UTF-8: want the key alone, as issued"
+	}
+	for _, r := range key {
+		switch {
+		case unicode.IsSpace(r):
+			return "holds whitespace inside the key (a second line, or a space): want the key alone, on one line"
+		case unicode.IsControl(r) || !unicode.IsPrint(r):
+			return "holds a control or invisible character inside the key: want the key alone, as issued"
+		}
+	}
+	return ""
+}
+
 func orDefault(v, def string) string {
 	if v == "" {
 		return def
@@ -372,7 +446,7 @@ func intVar(getenv func(string) string, name string, def, lo, hi int, problem fu
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < lo || n > hi {
-		problem("%s is %q: want a whole number from %d to %d", name, v, lo, hi)
+		problem("%s: want a whole number from %d to %d", name, lo, hi)
 		return def
 	}
 	return n
@@ -385,7 +459,7 @@ func durationVar(getenv func(string) string, name string, def time.Duration, pro
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		problem("%s is %q: want a positive Go duration such as 15s", name, v)
+		problem("%s: want a positive Go duration such as 15s", name)
 		return def
 	}
 	return d

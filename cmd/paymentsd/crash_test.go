@@ -25,25 +25,15 @@ import (
 	"example.com/paymentsd/upstream/upstreamtest"
 )
 
-// buildPaymentsd builds the real binary, for tests that kill it.
-func buildPaymentsd(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "paymentsd")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// process is paymentsd running as a process of its own.
-type process struct {
+// killable is paymentsd running as a process of its own, for tests that
+// kill it.
+type killable struct {
 	cmd    *exec.Cmd
 	client paymentsv1.PaymentsServiceClient
 }
 
-// startProcess runs bin with env and waits until it serves.
-func startProcess(t *testing.T, bin string, env map[string]string) *process {
+// startKillable runs bin with env and waits until it serves.
+func startKillable(t *testing.T, bin string, env map[string]string) *killable {
 	t.Helper()
 	cmd := exec.Command(bin)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
@@ -88,7 +78,7 @@ func startProcess(t *testing.T, bin string, env map[string]string) *process {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &process{cmd: cmd, client: paymentsv1.NewPaymentsServiceClient(conn)}
+	return &killable{cmd: cmd, client: paymentsv1.NewPaymentsServiceClient(conn)}
 }
 
 // TestKilledMidCallSettlesOnRestart kills paymentsd with SIGKILL while the
@@ -99,7 +89,7 @@ func TestKilledMidCallSettlesOnRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and kills the binary")
 	}
-	bin := buildPaymentsd(t)
+	bin := paymentsdBinary(t)
 	p := idempotentProvider(t)
 	arrived := make(chan struct{}, 1)
 	never := make(chan struct{})
@@ -116,7 +106,7 @@ func TestKilledMidCallSettlesOnRestart(t *testing.T) {
 		"PAYMENTS_HTTP_ADDR", "127.0.0.1:0",
 		"PAYMENTS_UPSTREAM_TIMEOUT", "2s", // the lease: 2s + 5s
 	)
-	first := startProcess(t, bin, env)
+	first := startKillable(t, bin, env)
 	callErr := make(chan error, 1)
 	go func() {
 		_, err := first.client.CreateMultiCardPayment(context.Background(), validRequest("k-kill"))
@@ -129,7 +119,7 @@ func TestKilledMidCallSettlesOnRestart(t *testing.T) {
 		t.Errorf("call to the killed process = %v, want Unavailable", err)
 	}
 
-	second := startProcess(t, bin, env)
+	second := startKillable(t, bin, env)
 	deadline := time.Now().Add(40 * time.Second)
 	for {
 		got, err := second.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-kill"})

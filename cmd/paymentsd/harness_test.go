@@ -24,7 +24,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) {
+		if buildOnce.dir != "" {
+			os.RemoveAll(buildOnce.dir)
+		}
+	}))
 }
 
 // sandboxKey and liveKey are the keys the tests' fake providers know.
@@ -114,6 +118,13 @@ func start(t *testing.T, env map[string]string, args ...string) *instance {
 // once it has read OTEL_* into a tracer provider.
 func startWith(t *testing.T, env map[string]string, tp trace.TracerProvider, args ...string) *instance {
 	t.Helper()
+	return startConfigured(t, env, tp, nil, args...)
+}
+
+// startConfigured is startWith with a change to the loaded configuration,
+// for states the configuration's own checks refuse.
+func startConfigured(t *testing.T, env map[string]string, tp trace.TracerProvider, change func(*config), args ...string) *instance {
+	t.Helper()
 	full := map[string]string{
 		"PAYMENTS_GRPC_ADDR": "127.0.0.1:0",
 		"PAYMENTS_HTTP_ADDR": "127.0.0.1:0",
@@ -128,7 +139,7 @@ func startWith(t *testing.T, env map[string]string, tp trace.TracerProvider, arg
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	argv := append([]string{"paymentsd"}, args...)
-	if tp == nil {
+	if tp == nil && change == nil {
 		go func() { done <- run(ctx, argv, getenv, io.Discard, logs) }()
 	} else {
 		go func() {
@@ -136,6 +147,9 @@ func startWith(t *testing.T, env map[string]string, tp trace.TracerProvider, arg
 			if err != nil {
 				done <- err
 				return
+			}
+			if change != nil {
+				change(cfg)
 			}
 			done <- serve(ctx, cfg, logs, tp)
 		}()

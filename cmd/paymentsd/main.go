@@ -117,6 +117,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		BreakerFailures:  cfg.BreakerFailures,
 		BreakerCooldown:  cfg.BreakerCooldown,
 		Metrics:          upstream.NewMetrics(registerer),
+		Logger:           logger,
 	})
 	if err != nil {
 		return err
@@ -157,6 +158,9 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		Propagator:      propagator,
 		MaxRequestBytes: cfg.MaxRequestBytes,
 		Events:          events,
+		MaxInFlight:     cfg.MaxInFlight,
+		ReadTimeout:     cfg.HTTPReadTimeout,
+		AllowedCallers:  cfg.AllowedCallers,
 	}
 	if tlsConfig != nil {
 		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(tlsConfig)))
@@ -175,6 +179,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		grpcLn.Close()
 		return fmt.Errorf("PAYMENTS_HTTP_ADDR: %w", err)
 	}
+	// Past the cap a connection is closed on accept: idle and slow ones
+	// cost memory whatever they send.
+	grpcLn = service.LimitListener(grpcLn, cfg.MaxConnections)
+	httpLn = service.LimitListener(httpLn, cfg.MaxConnections)
 	hooks, err := listenWebhooks(cfg, records, events, logger, registerer, tlsConfig, tracerProvider)
 	if err != nil {
 		grpcLn.Close()
@@ -184,9 +192,18 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	httpSrv := &http.Server{
 		Handler:           srv.HTTP,
 		TLSConfig:         tlsConfig,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		MaxHeaderBytes:    service.MaxHeaderBytes,
+		ReadHeaderTimeout: cfg.HTTPReadTimeout,
+		// The body's read deadline is set per request, once its header is
+		// in (see service.Options.ReadTimeout); ReadTimeout here would
+		// cancel a request's context mid-payment once it passed.
+		IdleTimeout: service.IdleTimeout,
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams:          service.MaxConcurrentStreams,
+			MaxReceiveBufferPerConnection: 1 << 20,
+			MaxReceiveBufferPerStream:     int(cfg.MaxRequestBytes),
+		},
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 
 	errc := make(chan error, 3)
@@ -227,15 +244,28 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	events.Close()
 	hooksDone := make(chan error, 1)
 	go func() { hooksDone <- hooks.shutdown(drainCtx) }()
+	// At the drain deadline, calls still in flight are cut off: their
+	// handlers' contexts end, and each answers with paymentsd's own status
+	// (ErrorInfo says whether a payment may exist). They get hardStopGrace
+	// to send it before the connections are closed.
+	stopHard := context.AfterFunc(drainCtx, func() {
+		if errors.Is(drainCtx.Err(), context.DeadlineExceeded) {
+			logger.Warn("shutdown timeout expired: cutting off calls in flight")
+			srv.HardStop()
+		}
+	})
+	defer stopHard()
+	finalCtx, cancelFinal := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout+hardStopGrace)
+	defer cancelFinal()
 	stopped := make(chan struct{})
 	go func() {
 		srv.GRPC.GracefulStop()
 		close(stopped)
 	}()
-	httpErr := httpSrv.Shutdown(drainCtx)
+	httpErr := httpSrv.Shutdown(finalCtx)
 	select {
 	case <-stopped:
-	case <-drainCtx.Done():
+	case <-finalCtx.Done():
 		srv.GRPC.Stop()
 		<-stopped
 	}
@@ -254,6 +284,11 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	}
 	return nil
 }
+
+// hardStopGrace is how long calls cut off at the drain deadline have to
+// send their status before connections are closed. deploy/'s
+// terminationGracePeriodSeconds leaves room for it.
+const hardStopGrace = 2 * time.Second
 
 // newHTTPClient is the client for the provider: a pooled transport sized
 // for many concurrent calls to one host, no redirects (a redirected POST

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -401,9 +402,13 @@ func TestProviderStatusMapping(t *testing.T) {
 		{401, codes.Unauthenticated, 401},
 		{403, codes.PermissionDenied, 403},
 		{404, codes.NotFound, 404},
+		{405, codes.InvalidArgument, 400},
 		{409, codes.Aborted, 409},
 		{418, codes.InvalidArgument, 400}, // unlisted 4xx: by class
+		{422, codes.InvalidArgument, 400},
 		{429, codes.ResourceExhausted, 429},
+		{302, codes.Unknown, 500}, // never followed
+		{307, codes.Unknown, 500},
 		{500, codes.Internal, 500},
 		{501, codes.Unimplemented, 501},
 		{502, codes.Unavailable, 503},
@@ -421,19 +426,23 @@ func TestProviderStatusMapping(t *testing.T) {
 			reply := upstreamtest.Reply{Status: tt.provider, Body: []byte(`{"error":"scripted"}`)}
 			p.SetScript(upstreamtest.Always(reply))
 
-			_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-map"))
+			_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest(fmt.Sprint("k-map-", tt.provider)))
 			st := status.Convert(err)
 			if st.Code() != tt.wantCode {
 				t.Errorf("provider %d: code = %v, want %v", tt.provider, st.Code(), tt.wantCode)
 			}
 			checkProviderError(t, st, tt.provider)
-			wantReason := "PAYMENT_NOT_CREATED"
-			if tt.provider >= 500 {
-				wantReason = "PAYMENT_OUTCOME_UNKNOWN"
+			// Only refusals that prove the request was not acted on
+			// say not created; 409 (same key in flight), 422, unknown
+			// 4xx, 3xx and 5xx may have created a payment.
+			wantReason := "PAYMENT_OUTCOME_UNKNOWN"
+			switch tt.provider {
+			case 400, 401, 403, 404, 405, 429:
+				wantReason = "PAYMENT_NOT_CREATED"
 			}
 			checkReason(t, st, wantReason)
 
-			r := in.rest(t, validBody("k-map-rest"), nil)
+			r := in.rest(t, validBody(fmt.Sprint("k-map-rest-", tt.provider)), nil)
 			if r.status != tt.wantStatus {
 				t.Errorf("provider %d: REST status = %d, want %d", tt.provider, r.status, tt.wantStatus)
 			}
@@ -445,7 +454,8 @@ func TestKeyFromFile(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
 	keyFile := filepath.Join(t.TempDir(), "api-key")
-	if err := os.WriteFile(keyFile, []byte("\n  "+sandboxKey+"\n"), 0o600); err != nil {
+	// A byte-order mark and CRLF, as some editors write.
+	if err := os.WriteFile(keyFile, []byte("\uFEFF\r\n  "+sandboxKey+"\r\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	in := start(t, map[string]string{
@@ -456,7 +466,7 @@ func TestKeyFromFile(t *testing.T) {
 		t.Fatalf("CreateMultiCardPayment() = %v, want OK with the key from the file", err)
 	}
 	if got := keyOf(p.Requests()); got != sandboxKey {
-		t.Errorf("provider saw key %q, want the file's key with whitespace trimmed", got)
+		t.Errorf("provider saw key %q, want the file's key with the BOM and whitespace trimmed", got)
 	}
 }
 
@@ -559,8 +569,15 @@ func TestReflection(t *testing.T) {
 
 func TestConfigRefusals(t *testing.T) {
 	t.Parallel()
-	keyFile := filepath.Join(t.TempDir(), "empty-key")
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "empty-key")
 	os.WriteFile(keyFile, []byte(" \n"), 0o600)
+	// A key file with a second line used to start, report SERVING and
+	// fail every call.
+	twoLines := filepath.Join(dir, "two-lines")
+	os.WriteFile(twoLines, []byte(sandboxKey+"\nsk_sandbox_other\n"), 0o600)
+	bomInside := filepath.Join(dir, "bom-inside")
+	os.WriteFile(bomInside, []byte("sk_sandbox\uFEFF_x"), 0o600)
 	sandbox := map[string]string{
 		"PAYMENTS_SANDBOX_BASE_URL": "https://sandbox.provider.test/v1",
 		"PAYMENTS_SANDBOX_API_KEY":  sandboxKey,
@@ -595,6 +612,26 @@ func TestConfigRefusals(t *testing.T) {
 		{"timeout not a duration", with(sandbox, "PAYMENTS_UPSTREAM_TIMEOUT", "15"), nil, "PAYMENTS_UPSTREAM_TIMEOUT"},
 		{"TLS key without cert", with(sandbox, "PAYMENTS_TLS_KEY_FILE", "/tmp/key.pem"), nil, "PAYMENTS_TLS_CERT_FILE"},
 		{"unknown log level", with(sandbox, "PAYMENTS_LOG_LEVEL", "loud"), nil, "PAYMENTS_LOG_LEVEL"},
+		{"key with a newline inside", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", sandboxKey+"\nsecond"), nil, "PAYMENTS_SANDBOX_API_KEY"},
+		{"key with a space inside", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "sk_sandbox "+sandboxKey), nil, "PAYMENTS_SANDBOX_API_KEY"},
+		{"key with a tab inside", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", sandboxKey+"\tx"), nil, "PAYMENTS_SANDBOX_API_KEY"},
+		{"key with a control character", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", sandboxKey+"\x00"), nil, "PAYMENTS_SANDBOX_API_KEY"},
+		{"key with a zero-width space", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", sandboxKey+"\u200b"), nil, "PAYMENTS_SANDBOX_API_KEY"},
+		{"key not UTF-8", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", sandboxKey+"\xff"), nil, "PAYMENTS_SANDBOX_API_KEY"},
+		{"live key with a newline inside", with(live, "PAYMENTS_LIVE_API_KEY", liveKey+"\r\nx"), nil, "PAYMENTS_LIVE_API_KEY"},
+		{"key file with a second line", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "", "PAYMENTS_SANDBOX_API_KEY_FILE", twoLines), nil, "PAYMENTS_SANDBOX_API_KEY_FILE"},
+		{"key file with a BOM inside", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "", "PAYMENTS_SANDBOX_API_KEY_FILE", bomInside), nil, "PAYMENTS_SANDBOX_API_KEY_FILE"},
+		{"key file a directory", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "", "PAYMENTS_SANDBOX_API_KEY_FILE", dir), nil, "PAYMENTS_SANDBOX_API_KEY_FILE"},
+		{"base URL with a query", with(sandbox, "PAYMENTS_SANDBOX_BASE_URL", "https://sandbox.provider.test/v1?env=x"), nil, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"base URL with a bare ?", with(sandbox, "PAYMENTS_SANDBOX_BASE_URL", "https://sandbox.provider.test/v1?"), nil, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"base URL with a fragment", with(sandbox, "PAYMENTS_SANDBOX_BASE_URL", "https://sandbox.provider.test/v1#x"), nil, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"base URL with a bare #", with(sandbox, "PAYMENTS_SANDBOX_BASE_URL", "https://sandbox.provider.test/v1#"), nil, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"base URL with no host", with(sandbox, "PAYMENTS_SANDBOX_BASE_URL", "https://:8443/v1"), nil, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"base URL with port 0", with(sandbox, "PAYMENTS_SANDBOX_BASE_URL", "https://sandbox.provider.test:0/v1"), nil, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"base URL with port 65536", with(sandbox, "PAYMENTS_SANDBOX_BASE_URL", "https://sandbox.provider.test:65536/v1"), nil, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"base URL with a named port", with(sandbox, "PAYMENTS_SANDBOX_BASE_URL", "https://sandbox.provider.test:https/v1"), nil, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"upstream timeout past the shutdown timeout", with(sandbox, "PAYMENTS_UPSTREAM_TIMEOUT", "30s"), nil, "PAYMENTS_SHUTDOWN_TIMEOUT"},
+		{"shutdown timeout under the upstream timeout", with(sandbox, "PAYMENTS_SHUTDOWN_TIMEOUT", "5s"), nil, "PAYMENTS_UPSTREAM_TIMEOUT"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -652,5 +689,78 @@ func TestHealthEndpoints(t *testing.T) {
 		if path == "/openapi.json" && !json.Valid(body) {
 			t.Errorf("GET /openapi.json is not JSON")
 		}
+	}
+}
+
+// TestRefusalsNeverEchoValues pastes a key into each variable where it
+// doesn't belong: paymentsd must refuse to start, name the variable, and
+// print the value nowhere.
+func TestRefusalsNeverEchoValues(t *testing.T) {
+	t.Parallel()
+	sandbox := map[string]string{
+		"PAYMENTS_SANDBOX_BASE_URL": "https://sandbox.provider.test/v1",
+		"PAYMENTS_SANDBOX_API_KEY":  sandboxKey,
+	}
+	live := map[string]string{
+		"PAYMENTS_ENVIRONMENT":   "live",
+		"PAYMENTS_LIVE_BASE_URL": "https://live.provider.test/v1",
+		"PAYMENTS_LIVE_API_KEY":  liveKey,
+	}
+	tests := []struct {
+		name string
+		env  map[string]string
+		vr   string
+	}{
+		{"environment", sandbox, "PAYMENTS_ENVIRONMENT"},
+		{"base URL", sandbox, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"base URL path", sandbox, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"base URL port", sandbox, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"base URL query", sandbox, "PAYMENTS_SANDBOX_BASE_URL"},
+		{"live base URL over http", live, "PAYMENTS_LIVE_BASE_URL"},
+		{"key file path", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", ""), "PAYMENTS_SANDBOX_API_KEY_FILE"},
+		{"key with a second line", sandbox, "PAYMENTS_SANDBOX_API_KEY"},
+		{"log level", sandbox, "PAYMENTS_LOG_LEVEL"},
+		{"upstream timeout", sandbox, "PAYMENTS_UPSTREAM_TIMEOUT"},
+		{"breaker cooldown", sandbox, "PAYMENTS_UPSTREAM_BREAKER_COOLDOWN"},
+		{"shutdown timeout", sandbox, "PAYMENTS_SHUTDOWN_TIMEOUT"},
+		{"shutdown delay", sandbox, "PAYMENTS_SHUTDOWN_DELAY"},
+		{"max attempts", sandbox, "PAYMENTS_UPSTREAM_MAX_ATTEMPTS"},
+		{"max response bytes", sandbox, "PAYMENTS_UPSTREAM_MAX_RESPONSE_BYTES"},
+		{"breaker failures", sandbox, "PAYMENTS_UPSTREAM_BREAKER_FAILURES"},
+		{"max request bytes", sandbox, "PAYMENTS_MAX_REQUEST_BYTES"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			pasted := map[string]string{
+				"base URL":                "https://sandbox.provider.test/" + sandboxKey,
+				"base URL path":           "https://sandbox.provider.test/v2/" + sandboxKey,
+				"base URL port":           "https://sandbox.provider.test:" + sandboxKey + "/v1",
+				"base URL query":          "https://sandbox.provider.test/v1?key=" + sandboxKey,
+				"live base URL over http": "http://live.provider.test/" + sandboxKey + "/v1",
+				"key file path":           "/run/secrets/" + sandboxKey,
+				"key with a second line":  sandboxKey + "\n" + sandboxKey,
+			}[tt.name]
+			if pasted == "" {
+				pasted = sandboxKey
+			}
+			env := with(tt.env, tt.vr, pasted, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0")
+			var stdout, stderr bytes.Buffer
+			err := run(t.Context(), []string{"paymentsd"}, func(k string) string { return env[k] }, &stdout, &stderr)
+			if err == nil {
+				t.Fatalf("run() with a key in %s = nil, want a refusal", tt.vr)
+			}
+			if !strings.Contains(err.Error(), tt.vr) {
+				t.Errorf("run() = %q, want it to name %s", err, tt.vr)
+			}
+			for _, out := range []string{err.Error(), fmt.Sprintf("%+v", err), stdout.String(), stderr.String()} {
+				// Any 10 bytes of the key would be a leak.
+				for i := 0; i+10 <= len(sandboxKey); i++ {
+					if strings.Contains(out, sandboxKey[i:i+10]) {
+						t.Fatalf("refusal output contains the key: %q", out)
+					}
+				}
+			}
+		})
 	}
 }

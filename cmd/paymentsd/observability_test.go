@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -312,7 +315,8 @@ func firstKey[K comparable, V any](m map[K]V) K {
 // TestKeyNeverLeaks runs fault scenarios with a sentinel key, tracing on,
 // and checks that the key appears in none of the output: logs, gRPC
 // errors and their details, REST bodies, metrics and spans. The provider
-// even echoes the key in its error body.
+// even echoes the key in its error and success bodies, plainly,
+// JSON-escaped and percent-encoded.
 func TestKeyNeverLeaks(t *testing.T) {
 	t.Parallel()
 	exporter := tracetest.NewInMemoryExporter()
@@ -331,6 +335,13 @@ func TestKeyNeverLeaks(t *testing.T) {
 		{Fault: upstreamtest.CutBody, Status: 200, Body: okBody},
 		{Delay: time.Minute},
 		{},
+	}
+	for _, enc := range keyEncodings(sandboxKey) {
+		for _, status := range []int{200, 201, 400, 409, 502} {
+			body := `{"id":"pay_1","echo":"key ` + enc + `","` + enc + `":["` + enc + `"]}`
+			replies = append(replies, upstreamtest.Reply{Status: status, Body: []byte(body)})
+		}
+		replies = append(replies, upstreamtest.Reply{Status: 500, Body: []byte("<html>key=" + enc + "</html>")})
 	}
 	p.SetScript(func(n int, _ upstreamtest.Request) upstreamtest.Reply { return replies[(n-1)%len(replies)] })
 	in := startWith(t, with(sandboxEnv(p),
@@ -359,8 +370,8 @@ func TestKeyNeverLeaks(t *testing.T) {
 	out.WriteString(in.logs.String())
 	out.WriteString(fmt.Sprintf("%+v", exporter.GetSpans()))
 
-	if strings.Contains(out.String(), sandboxKey) {
-		t.Errorf("the API key appears in paymentsd's output")
+	if holdsKey(out.String(), sandboxKey) {
+		t.Errorf("the API key appears in paymentsd's output, in some encoding")
 	}
 	if !strings.Contains(out.String(), "[REDACTED]") {
 		t.Errorf("the provider's echo of the key was not passed through redacted")
@@ -401,5 +412,113 @@ func TestTracingFromEnvironment(t *testing.T) {
 	}, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "OTEL_TRACES_EXPORTER") {
 		t.Errorf("run() with OTEL_TRACES_EXPORTER=zipkin = %v, want a refusal naming it", err)
+	}
+}
+
+// keyEncodings are ways a provider might echo key: plainly, JSON-escaped
+// (every character, lower and upper hex, or some), percent-encoded (every
+// character, lower and upper hex, or some), and percent-encoded with the
+// percent signs JSON-escaped.
+func keyEncodings(key string) []string {
+	every := func(format string) string {
+		var b strings.Builder
+		for i := 0; i < len(key); i++ {
+			fmt.Fprintf(&b, format, key[i])
+		}
+		return b.String()
+	}
+	return []string{
+		key,
+		every(`\u%04x`),
+		every(`\u%04X`),
+		strings.NewReplacer("s", `\u0073`, "_", `\u005F`).Replace(key),
+		every("%%%02x"),
+		every("%%%02X"),
+		strings.NewReplacer("_", "%5f", "S", "%53").Replace(key),
+		every(`\u0025%02x`),
+	}
+}
+
+// holdsKey reports whether key can be read from s: plainly, or after
+// decoding JSON escapes, percent-encoding, or both.
+func holdsKey(s, key string) bool {
+	for _, f := range []string{s, unescapeJSON(s), unpercent(s), unpercent(unescapeJSON(s)), unescapeJSON(unpercent(s))} {
+		if strings.Contains(f, key) {
+			return true
+		}
+	}
+	return false
+}
+
+func unescapeJSON(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+5 < len(s) && s[i+1] == 'u' {
+			if v, err := strconv.ParseUint(s[i+2:i+6], 16, 16); err == nil {
+				b.WriteRune(rune(v))
+				i += 5
+				continue
+			}
+		}
+		if s[i] == '\\' && i+1 < len(s) && strings.IndexByte(`"\\/`, s[i+1]) >= 0 {
+			b.WriteByte(s[i+1])
+			i++
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func unpercent(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+3], 16, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// TestAttemptCauseLogged checks, through run, that a failed provider
+// attempt is logged at warn with its real cause, which the caller's error
+// does not carry.
+func TestAttemptCauseLogged(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	in := start(t, map[string]string{
+		"PAYMENTS_SANDBOX_BASE_URL":      "http://" + addr + "/v1",
+		"PAYMENTS_SANDBOX_API_KEY":       sandboxKey,
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS": "2",
+	})
+	_, err = in.client.CreateMultiCardPayment(t.Context(), validRequest("k-cause"))
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("CreateMultiCardPayment() to a closed port = %v, want Unavailable", err)
+	}
+	lines := in.logs.lines("provider attempt failed")
+	if len(lines) != 2 {
+		t.Fatalf("logged %d failed attempts, want 2:\n%s", len(lines), in.logs.String())
+	}
+	for i, line := range lines {
+		cause, _ := line["cause"].(string)
+		if line["level"] != "WARN" || line["attempt"] != float64(i+1) || line["outcome"] != "unreachable" || !strings.Contains(cause, "connection refused") {
+			t.Errorf("failed attempt line %v, want WARN, attempt %d, outcome unreachable and the cause", line, i+1)
+		}
+		if line["environment"] != "sandbox" {
+			t.Errorf("failed attempt line has environment %v, want sandbox", line["environment"])
+		}
+	}
+	if strings.Contains(in.logs.String(), sandboxKey) {
+		t.Errorf("the log holds the key")
 	}
 }

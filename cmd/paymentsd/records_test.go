@@ -434,7 +434,7 @@ func TestEnvironmentStamp(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		name string
-		db   func(t *testing.T) string
+		db   func(t testing.TB) string
 	}{
 		{"sqlite", storetest.SQLiteURL},
 		{"postgres", storetest.PostgresURL},
@@ -475,4 +475,48 @@ func retryDelay(st *status.Status) time.Duration {
 		}
 	}
 	return 0
+}
+
+// TestSettlementGivesUpAfterTheWindow: a record whose outcome stays
+// unknown past the settlement window is logged at error level once,
+// counted, and never sent again, not even when its caller retries.
+func TestSettlementGivesUpAfterTheWindow(t *testing.T) {
+	t.Parallel()
+	p := idempotentProvider(t)
+	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	in := start(t, with(sandboxEnv(p),
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
+		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
+	))
+	_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-window"))
+	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+
+	const gaveUp = "settlement window closed with the payment's outcome unknown; check the provider's dashboard"
+	line := in.logs.waitFor(t, gaveUp, nil)
+	if line["level"] != "ERROR" {
+		t.Errorf("give-up line level = %v, want ERROR", line["level"])
+	}
+	families, _ := scrape(t, in)
+	if v, _ := sample(families, "paymentsd_settlement_gave_up_total", nil); v != 1 {
+		t.Errorf("paymentsd_settlement_gave_up_total = %v, want 1", v)
+	}
+
+	sent := len(p.Requests())
+	_, err = in.client.CreateMultiCardPayment(t.Context(), validRequest("k-window"))
+	st := status.Convert(err)
+	checkReason(t, st, "PAYMENT_OUTCOME_UNKNOWN")
+	if retryDelay(st) != 0 {
+		t.Errorf("a retry past the window carries RetryInfo; retrying can't help")
+	}
+	got, err := in.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-window"})
+	if err != nil || got.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN {
+		t.Errorf("GetMultiCardPayment() = %v, %v; want OUTCOME_UNKNOWN", got.GetState(), err)
+	}
+	if n := len(p.Requests()); n != sent {
+		t.Errorf("provider received %d more requests past the window, want none", n-sent)
+	}
+	if n := len(in.logs.lines(gaveUp)); n != 1 {
+		t.Errorf("give-up logged %d times, want once", n)
+	}
 }

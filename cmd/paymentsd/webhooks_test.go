@@ -289,7 +289,7 @@ func TestWebhookSurvivesSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and kills the binary")
 	}
-	bin := buildPaymentsd(t)
+	bin := paymentsdBinary(t)
 	env := with(webhookEnv(t),
 		"PAYMENTS_DATABASE_URL", "sqlite:"+filepath.Join(t.TempDir(), "inbox.db"),
 		"PAYMENTS_GRPC_ADDR", "127.0.0.1:0",

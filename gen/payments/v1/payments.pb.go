@@ -224,7 +224,8 @@ type CreateMultiCardPaymentRequest struct {
 	// what it can't carry faithfully through its record store, logs and
 	// headers: ASCII control characters (U+0000 to U+001F and U+007F, NUL,
 	// CR and LF among them). Keys are stored and compared exactly, byte for
-	// byte; the request size limit bounds their length.
+	// byte; the request size limit bounds their length. Logs carry at most
+	// the first 64 bytes of a key and a SHA-256 prefix of the whole key.
 	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -280,6 +281,11 @@ type CreateMultiCardPaymentResponse struct {
 	// payment is the provider's reply body, a JSON object: every field the
 	// provider sent, and nothing else. Its shape is not documented by the
 	// provider.
+	//
+	// This deployment's API key is replaced with [REDACTED] wherever the
+	// provider echoes it, plainly, JSON-escaped or percent-encoded; if it
+	// can't be removed while keeping a JSON object, the call fails with
+	// UNKNOWN and PAYMENT_OUTCOME_UNKNOWN instead.
 	//
 	// Over gRPC it is a google.protobuf.Struct, which carries numbers as
 	// doubles: integers beyond 2^53 lose precision, and duplicate keys keep
@@ -557,7 +563,9 @@ type ProviderError struct {
 	// http_status is the provider's HTTP status code.
 	HttpStatus int32 `protobuf:"varint,1,opt,name=http_status,json=httpStatus,proto3" json:"http_status,omitempty"`
 	// body is the provider's reply body (its shape is not documented), up to
-	// 8 KiB, as text. Invalid UTF-8 is replaced with U+FFFD.
+	// 8 KiB, as text. Invalid UTF-8 is replaced with U+FFFD, and this
+	// deployment's API key with [REDACTED] wherever it appears: plainly,
+	// JSON-escaped or percent-encoded.
 	Body string `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
 	// environment is the provider environment that answered.
 	Environment Environment `protobuf:"varint,3,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`

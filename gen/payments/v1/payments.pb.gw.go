@@ -168,7 +168,7 @@ func RegisterPaymentsServiceHandlerServer(ctx context.Context, mux *runtime.Serv
 		var stream runtime.ServerTransportStream
 		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/payments.v1.PaymentsService/GetMultiCardPayment", runtime.WithHTTPPathPattern("/v1/multi-card-payments/{idempotency_key}"))
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/payments.v1.PaymentsService/GetMultiCardPayment", runtime.WithHTTPPathPattern("/v1/multi-card-payments/{idempotency_key=**}"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -273,7 +273,7 @@ func RegisterPaymentsServiceHandlerClient(ctx context.Context, mux *runtime.Serv
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/payments.v1.PaymentsService/GetMultiCardPayment", runtime.WithHTTPPathPattern("/v1/multi-card-payments/{idempotency_key}"))
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/payments.v1.PaymentsService/GetMultiCardPayment", runtime.WithHTTPPathPattern("/v1/multi-card-payments/{idempotency_key=**}"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -291,7 +291,7 @@ func RegisterPaymentsServiceHandlerClient(ctx context.Context, mux *runtime.Serv
 
 var (
 	pattern_PaymentsService_CreateMultiCardPayment_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "multi-card-payments"}, ""))
-	pattern_PaymentsService_GetMultiCardPayment_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "multi-card-payments", "idempotency_key"}, ""))
+	pattern_PaymentsService_GetMultiCardPayment_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 3, 0, 4, 1, 5, 2}, []string{"v1", "multi-card-payments", "idempotency_key"}, ""))
 )
 
 var (

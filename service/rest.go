@@ -1,0 +1,175 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// strictDecoder is the gateway's JSON decoder, refusing anything but
+// whitespace after the request's JSON value: `{…}{…}` is not one request.
+type strictDecoder struct {
+	runtime.DecoderWrapper
+}
+
+var errTrailingData = errors.New("the request body has data after its JSON value; send exactly one JSON object")
+
+func (d strictDecoder) Decode(v any) error {
+	if err := d.DecoderWrapper.Decode(v); err != nil {
+		return err
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return errTrailingData
+	}
+	return nil
+}
+
+func (m restMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
+	return strictDecoder{runtime.DecoderWrapper{Decoder: json.NewDecoder(r), UnmarshalOptions: m.UnmarshalOptions}}
+}
+
+// requireJSON refuses, with 415, a request body that is not declared as
+// JSON. It runs inside the gateway, after routing, so a wrong method still
+// gets 405 and an unknown path 404.
+func requireJSON(next runtime.HandlerFunc) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		if r.ContentLength != 0 && !isJSON(r.Header.Get("Content-Type")) {
+			writeStatusJSON(w, http.StatusUnsupportedMediaType, int(codes.InvalidArgument), "the request body must be JSON, sent with Content-Type: application/json")
+			return
+		}
+		next(w, r, params)
+	}
+}
+
+// isJSON reports whether a Content-Type is application/json, in any case,
+// with no parameter but an optional UTF-8 charset.
+func isJSON(contentType string) bool {
+	mt, params, err := mime.ParseMediaType(contentType)
+	if err != nil || mt != "application/json" {
+		return false
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return false
+		}
+	}
+	return true
+}
+
+// routes maps each REST path template in the OpenAPI document (the
+// gateway's routes, generated from the same HTTP rules) to its methods, for
+// the Allow header of a 405.
+type routes map[string][]string
+
+func routesFromOpenAPI(doc []byte) (routes, error) {
+	var d struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	if err := json.Unmarshal(doc, &d); err != nil {
+		return nil, fmt.Errorf("read the OpenAPI document: %w", err)
+	}
+	rs := routes{}
+	for path, ops := range d.Paths {
+		for method := range ops {
+			rs[path] = append(rs[path], strings.ToUpper(method))
+		}
+		slices.Sort(rs[path])
+	}
+	return rs, nil
+}
+
+// allowed returns the methods of the template that matches path.
+func (rs routes) allowed(path string) []string {
+	segs := strings.Split(strings.Trim(path, "/"), "/")
+	for tmpl, methods := range rs {
+		t := strings.Split(strings.Trim(tmpl, "/"), "/")
+		if len(t) != len(segs) {
+			continue
+		}
+		match := true
+		for i := range t {
+			if !strings.HasPrefix(t[i], "{") && t[i] != segs[i] {
+				match = false
+				break
+			}
+		}
+		if match {
+			return methods
+		}
+	}
+	return nil
+}
+
+// routingError answers the gateway's routing failures in its own
+// google.rpc.Status shape; a method the path does not serve gets 405 and an
+// Allow header naming the methods it does (rather than the gateway's
+// default, 501).
+func (rs routes) routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+	if httpStatus != http.StatusMethodNotAllowed {
+		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
+		return
+	}
+	allow := rs.allowed(r.URL.Path)
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+	}
+	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, &runtime.HTTPStatusError{
+		HTTPStatus: http.StatusMethodNotAllowed,
+		Err:        status.Errorf(codes.Unimplemented, "%s is not allowed on this path; use %s", r.Method, strings.Join(allow, " or ")),
+	})
+}
+
+// limitBody reads the REST body up front, refusing one over max bytes with
+// 413 and one that takes longer than readTimeout (from the request's start)
+// with 408, before it reaches the gateway. The deadline is lifted once the
+// body is in, so a long call is not cut off by it.
+func limitBody(max int64, readTimeout time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > max {
+			writeStatusJSON(w, http.StatusRequestEntityTooLarge, int(codes.InvalidArgument), fmt.Sprintf("request body is over the limit of %d bytes", max))
+			return
+		}
+		rc := http.NewResponseController(w)
+		// Not every ResponseWriter supports deadlines (httptest's doesn't).
+		// http.Server.ReadTimeout would not do instead: once it passes, the
+		// server cancels the request's context, even mid-payment.
+		_ = rc.SetReadDeadline(time.Now().Add(readTimeout))
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			switch {
+			case errors.As(err, &tooLarge):
+				writeStatusJSON(w, http.StatusRequestEntityTooLarge, int(codes.InvalidArgument), fmt.Sprintf("request body is over the limit of %d bytes", max))
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				w.Header().Set("Connection", "close")
+				writeStatusJSON(w, http.StatusRequestTimeout, int(codes.DeadlineExceeded), fmt.Sprintf("the request body did not arrive within %v", readTimeout))
+			default:
+				writeStatusJSON(w, http.StatusBadRequest, int(codes.InvalidArgument), "could not read the request body")
+			}
+			return
+		}
+		_ = rc.SetReadDeadline(time.Time{})
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// writeStatusJSON writes an error in the gateway's google.rpc.Status shape.
+func writeStatusJSON(w http.ResponseWriter, httpStatus, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(httpStatus)
+	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"details\":[]}\n", code, msg)
+}

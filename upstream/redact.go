@@ -1,0 +1,330 @@
+package upstream
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// redactedMark replaces every occurrence of the key.
+const redactedMark = "[REDACTED]"
+
+// redactor removes one key from provider replies and error texts in every
+// form a reader of them could turn back into the key: plain bytes, JSON
+// string escapes (\u006c, \/ and the like, in any mix and either case of
+// hex), percent-encoding (%6C or %6c, in any mix), and percent-encoding
+// whose characters are themselves JSON-escaped.
+//
+// A body that is a JSON document stays one: the key is removed from inside
+// each string that holds it, and the string is encoded again. Whatever a
+// JSON reading cannot account for (a key in a number, or one that spans
+// the document's structure) is removed from the raw bytes as well, which
+// may leave the body malformed; a malformed 2xx reply is reported as such,
+// never passed on with the key in it.
+type redactor struct {
+	key string
+}
+
+// redact returns b without the key. It returns b itself, unchanged and
+// without allocating, when b holds neither the key nor any backslash or
+// percent sign (the usual reply), since then no encoded form can be there.
+func (r redactor) redact(b []byte) []byte {
+	if r.key == "" || r.clean(b) {
+		return b
+	}
+	if json.Valid(b) {
+		b = r.redactJSONStrings(b)
+	}
+	return r.redactRaw(b)
+}
+
+// redactString is redact for error texts.
+func (r redactor) redactString(s string) string {
+	if r.key == "" || (strings.IndexByte(s, '\\') < 0 && strings.IndexByte(s, '%') < 0 && !strings.Contains(s, r.key)) {
+		return s
+	}
+	return string(r.redact([]byte(s)))
+}
+
+// clean reports that b cannot hold the key in any form: the key is not
+// there as plain bytes, and nothing in b could be an escape.
+func (r redactor) clean(b []byte) bool {
+	return bytes.IndexByte(b, '\\') < 0 && bytes.IndexByte(b, '%') < 0 && !bytes.Contains(b, []byte(r.key))
+}
+
+// redactJSONStrings decodes each string token of the JSON document b that
+// might hold the key, removes the key from the decoded text (where it may
+// be further escaped or percent-encoded), and encodes it again. Other
+// tokens are copied byte for byte.
+func (r redactor) redactJSONStrings(b []byte) []byte {
+	var out []byte
+	last := 0
+	for i := 0; i < len(b); i++ {
+		if b[i] != '"' {
+			continue
+		}
+		j := i + 1
+		for j < len(b) && b[j] != '"' {
+			if b[j] == '\\' {
+				j++
+			}
+			j++
+		}
+		if j >= len(b) {
+			break // not valid JSON after all; the raw pass handles it
+		}
+		tok := b[i : j+1]
+		if !r.clean(tok[1 : len(tok)-1]) {
+			var s string
+			if json.Unmarshal(tok, &s) == nil {
+				if red := r.redactRaw([]byte(s)); !bytes.Equal(red, []byte(s)) {
+					out = append(out, b[last:i]...)
+					out = appendJSONString(out, red)
+					last = j + 1
+				}
+			}
+		}
+		i = j
+	}
+	if out == nil {
+		return b
+	}
+	return append(out, b[last:]...)
+}
+
+// appendJSONString appends s as a JSON string, escaping only what JSON
+// requires (and invalid UTF-8, as U+FFFD).
+func appendJSONString(dst, s []byte) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for len(s) > 0 {
+		c := s[0]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				dst = append(dst, '\\', c)
+			case c < 0x20:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				dst = append(dst, c)
+			}
+			s = s[1:]
+			continue
+		}
+		rn, size := utf8.DecodeRune(s)
+		if rn == utf8.RuneError && size == 1 {
+			dst = append(dst, `\ufffd`...)
+		} else {
+			dst = append(dst, s[:size]...)
+		}
+		s = s[size:]
+	}
+	return append(dst, '"')
+}
+
+// redactRaw replaces every stretch of b that decodes to the key, in any
+// mix of the encodings the redactor knows, with the mark.
+func (r redactor) redactRaw(b []byte) []byte {
+	if r.clean(b) {
+		return b
+	}
+	var out []byte
+	last := 0     // end of what has been copied or replaced
+	spanEnd := -1 // end of the stretch being replaced, if any
+	spanStart := 0
+	for i := 0; i < len(b); i++ {
+		if spanEnd >= 0 && i >= spanEnd {
+			out = append(out, b[last:spanStart]...)
+			out = append(out, redactedMark...)
+			last, spanEnd = spanEnd, -1
+		}
+		c := b[i]
+		if c != r.key[0] && c != '%' && c != '\\' {
+			continue
+		}
+		end := r.matchEnd(b, i)
+		if end < 0 {
+			continue
+		}
+		if spanEnd < 0 {
+			spanStart, spanEnd = i, end
+		} else {
+			spanEnd = max(spanEnd, end)
+		}
+	}
+	if spanEnd >= 0 {
+		out = append(out, b[last:spanStart]...)
+		out = append(out, redactedMark...)
+		last = spanEnd
+	}
+	if out == nil {
+		return b
+	}
+	return append(out, b[last:]...)
+}
+
+// unit is one character as a reader may decode it: its bytes, and where
+// the next one starts.
+type unit struct {
+	b    [utf8.UTFMax]byte
+	n    int
+	next int
+}
+
+func (u unit) bytes() []byte { return u.b[:u.n] }
+
+// matchEnd returns the end of the longest stretch of b starting at i that
+// decodes to the key, or -1. Each character of the key may be written
+// plainly, JSON-escaped or percent-encoded, so the search follows every
+// reading at once; the states (position, characters matched) are few and
+// each is visited once.
+func (r redactor) matchEnd(b []byte, i int) int {
+	type state struct{ p, j int }
+	var stackBuf [8]state
+	stack := append(stackBuf[:0], state{i, 0})
+	var seen map[state]bool // only when readings branch
+	var unitBuf [8]unit
+	best := -1
+	for len(stack) > 0 {
+		s := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if s.j == len(r.key) {
+			best = max(best, s.p)
+			continue
+		}
+		units := percentUnits(b, s.p, unitBuf[:0])
+		for _, u := range units {
+			if !strings.HasPrefix(r.key[s.j:], string(u.bytes())) {
+				continue
+			}
+			next := state{u.next, s.j + u.n}
+			if len(units) > 1 || seen != nil {
+				if seen == nil {
+					seen = make(map[state]bool)
+				}
+				if seen[next] {
+					continue
+				}
+				seen[next] = true
+			}
+			stack = append(stack, next)
+		}
+	}
+	return best
+}
+
+// percentUnits appends the readings of the character at b[p]: the JSON
+// readings, and a percent-encoded byte whose %, and hex digits, may each
+// be JSON-escaped.
+func percentUnits(b []byte, p int, out []unit) []unit {
+	out = jsonUnits(b, p, out)
+	n := len(out)
+	for k := 0; k < n; k++ {
+		if out[k].n != 1 || out[k].b[0] != '%' {
+			continue
+		}
+		hi, q, ok := hexUnit(b, out[k].next)
+		if !ok {
+			continue
+		}
+		lo, q, ok := hexUnit(b, q)
+		if !ok {
+			continue
+		}
+		out = append(out, unit{b: [utf8.UTFMax]byte{hi<<4 | lo}, n: 1, next: q})
+	}
+	return out
+}
+
+// hexUnit reads one hex digit at b[p], plain or JSON-escaped.
+func hexUnit(b []byte, p int) (byte, int, bool) {
+	var buf [4]unit
+	for _, u := range jsonUnits(b, p, buf[:0]) {
+		if u.n == 1 {
+			if v, ok := hexVal(u.b[0]); ok {
+				return v, u.next, true
+			}
+		}
+	}
+	return 0, 0, false
+}
+
+// jsonUnits appends the readings of the character at b[p]: the byte
+// itself, and, where a backslash starts a JSON escape, what it stands for.
+func jsonUnits(b []byte, p int, out []unit) []unit {
+	if p >= len(b) {
+		return out
+	}
+	out = append(out, unit{b: [utf8.UTFMax]byte{b[p]}, n: 1, next: p + 1})
+	if b[p] != '\\' || p+1 >= len(b) {
+		return out
+	}
+	switch c := b[p+1]; c {
+	case '"', '\\', '/':
+		return append(out, unit{b: [utf8.UTFMax]byte{c}, n: 1, next: p + 2})
+	case 'b', 'f', 'n', 'r', 't':
+		return append(out, unit{b: [utf8.UTFMax]byte{shortEscape(c)}, n: 1, next: p + 2})
+	case 'u':
+		r1, ok := hex4(b, p+2)
+		if !ok {
+			return out
+		}
+		rn, next := rune(r1), p+6
+		if utf16.IsSurrogate(rn) {
+			if r2, ok := hex4(b, p+8); ok && p+7 < len(b) && b[p+6] == '\\' && b[p+7] == 'u' {
+				if c := utf16.DecodeRune(rn, rune(r2)); c != utf8.RuneError {
+					rn, next = c, p+12
+				}
+			}
+		}
+		var u unit
+		u.n = utf8.EncodeRune(u.b[:], rn)
+		u.next = next
+		return append(out, u)
+	}
+	return out
+}
+
+// shortEscape is the control character a JSON escape letter stands for.
+func shortEscape(c byte) byte {
+	switch c {
+	case 'b':
+		return '\b'
+	case 'f':
+		return '\f'
+	case 'n':
+		return '\n'
+	case 'r':
+		return '\r'
+	}
+	return '\t'
+}
+
+func hex4(b []byte, p int) (uint16, bool) {
+	if p+4 > len(b) {
+		return 0, false
+	}
+	var v uint16
+	for _, c := range b[p : p+4] {
+		d, ok := hexVal(c)
+		if !ok {
+			return 0, false
+		}
+		v = v<<4 | uint16(d)
+	}
+	return v, true
+}
+
+func hexVal(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
