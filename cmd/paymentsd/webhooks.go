@@ -51,6 +51,9 @@ func listenWebhooks(cfg *config, st *store.Store, events *service.Events, logger
 	if err != nil {
 		return nil, fmt.Errorf("PAYMENTS_WEBHOOK_ADDR: %w", err)
 	}
+	// Internet-facing: the same per-port connection cap as the internal
+	// ports.
+	ln = service.LimitListener(ln, cfg.MaxConnections)
 	w := &webhooks{srv: inbox.NewServer(h, logger), ln: ln}
 	if tlsConfig != nil {
 		tc := tlsConfig.Clone()
