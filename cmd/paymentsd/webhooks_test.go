@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"io"
@@ -382,4 +384,32 @@ func startWebhookProcess(t *testing.T, bin string, env map[string]string) *hookP
 		t.Fatalf("paymentsd did not serve within 30s")
 	}
 	return p
+}
+
+// TestWebhookTLSNeedsNoClientCertificate: with mTLS required on the
+// internal ports, the webhook port serves TLS with the same certificate
+// and takes deliveries from a sender without one, as the provider is.
+func TestWebhookTLSNeedsNoClientCertificate(t *testing.T) {
+	t.Parallel()
+	serverCA, clientCA := newTestCA(t, "server CA"), newTestCA(t, "client CA")
+	certFile, keyFile := writePEMFiles(t, serverCA.issue(t, x509.ExtKeyUsageServerAuth))
+	clientCAFile := filepath.Join(t.TempDir(), "client-ca.pem")
+	if err := os.WriteFile(clientCAFile, clientCA.pem, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in := start(t, with(webhookEnv(t),
+		"PAYMENTS_TLS_CERT_FILE", certFile,
+		"PAYMENTS_TLS_KEY_FILE", keyFile,
+		"PAYMENTS_TLS_CLIENT_CA_FILE", clientCAFile))
+	transport := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: serverCA.pool, MinVersion: tls.VersionTLS12}}
+	defer transport.CloseIdleConnections()
+	client := &http.Client{Transport: transport}
+	if status, reply := deliver(t, client, "https://"+in.webhookAddr+"/webhooks/"+webhookToken, "text/plain", []byte("tls")); status != http.StatusOK {
+		t.Errorf("delivery over TLS without a client certificate = %d %s, want 200", status, reply)
+	}
+	// The internal HTTP port still wants one.
+	if resp, err := client.Get("https://" + in.httpAddr + "/healthz"); err == nil {
+		resp.Body.Close()
+		t.Errorf("internal HTTP port without a client certificate = %d, want a TLS failure", resp.StatusCode)
+	}
 }
