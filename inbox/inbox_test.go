@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -92,7 +94,16 @@ func startIntake(t *testing.T, tokens ...string) *intake {
 	}
 	srv := inbox.NewServer(h, logger)
 	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	t.Cleanup(func() {
+		// Shutdown, not Close: it waits for connections the server is
+		// closing after a refusal (net/http lingers on those), which
+		// goleak would otherwise find.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	})
 	in.addr = ln.Addr().String()
 	transport := &http.Transport{}
 	t.Cleanup(transport.CloseIdleConnections)
