@@ -137,15 +137,7 @@ func (s *Service) send(ctx context.Context, owner string, began store.Began) (*p
 		fin.Code, fin.LastError = int32(st.Code()), st.Message()
 	}
 
-	// The outcome is written even when the caller has gone: it is what
-	// settlement and later calls with the key go by.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	start := time.Now()
-	_, ferr := s.store.Finish(fctx, fin)
-	s.metrics.storeOp("finish", start, ferr)
-	s.waiters.notify(rec.Key)
-	if ferr != nil {
+	if ferr := s.finish(ctx, fin); ferr != nil {
 		// The record stays InProgress until its lease expires; settlement
 		// then re-sends the same body with the same key, which gives the
 		// provider's answer again.
@@ -153,6 +145,19 @@ func (s *Service) send(ctx context.Context, owner string, began store.Began) (*p
 			keyAttrs(rec.Key, slog.String("state", fin.State.String()), slog.String("error", ferr.Error()))...)
 	}
 	return resp, err
+}
+
+// finish records an outcome and wakes this process's callers waiting on
+// the key. It writes even when ctx has ended (the caller has gone): the
+// record is what settlement and later calls with the key go by.
+func (s *Service) finish(ctx context.Context, fin store.Finish) error {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	start := time.Now()
+	_, err := s.store.Finish(fctx, fin)
+	s.metrics.storeOp("finish", start, err)
+	s.waiters.notify(fin.Key)
+	return err
 }
 
 // outcome turns a provider call's result into the record's new state.

@@ -109,6 +109,9 @@ func startProcess(t *testing.T, env map[string]string) *process {
 		close(drained)
 	}()
 	t.Cleanup(func() {
+		if cmd.ProcessState != nil {
+			return // the test killed it and waited
+		}
 		cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
