@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -11,10 +10,8 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -291,24 +288,20 @@ func TestWebhookSurvivesSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and kills the binary")
 	}
-	bin := paymentsdBinary(t)
-	env := with(webhookEnv(t),
-		"PAYMENTS_DATABASE_URL", "sqlite:"+filepath.Join(t.TempDir(), "inbox.db"),
-		"PAYMENTS_GRPC_ADDR", "127.0.0.1:0",
-		"PAYMENTS_HTTP_ADDR", "127.0.0.1:0",
-	)
+	env := with(webhookEnv(t), "PAYMENTS_DATABASE_URL", "sqlite:"+filepath.Join(t.TempDir(), "inbox.db"))
 	client := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(client.CloseIdleConnections)
 
-	first := startWebhookProcess(t, bin, env)
+	first := startProcess(t, env)
 	body := []byte("durable \x00 delivery")
-	if status, _ := deliver(t, client, "http://"+first.addrs["webhook_addr"]+"/webhooks/"+webhookToken, "application/octet-stream", body); status != http.StatusOK {
+	if status, _ := deliver(t, client, "http://"+first.webhookAddr+"/webhooks/"+webhookToken, "application/octet-stream", body); status != http.StatusOK {
 		t.Fatalf("delivery = %d, want 200", status)
 	}
-	first.kill()
+	first.cmd.Process.Kill()
+	first.cmd.Wait()
 
-	second := startWebhookProcess(t, bin, env)
-	conn, err := grpc.NewClient(second.addrs["grpc_addr"], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	second := startProcess(t, env)
+	conn, err := grpc.NewClient(second.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,73 +310,6 @@ func TestWebhookSurvivesSIGKILL(t *testing.T) {
 	if len(got) != 1 || !bytes.Equal(got[0].GetBody(), body) {
 		t.Fatalf("after SIGKILL and restart, events = %v, want the acknowledged delivery", got)
 	}
-}
-
-// hookProcess is paymentsd running as a process of its own.
-type hookProcess struct {
-	cmd   *exec.Cmd
-	addrs map[string]string // grpc_addr, http_addr, webhook_addr
-	done  chan struct{}     // closed once its stderr is read to the end
-	once  sync.Once
-}
-
-// kill sends SIGKILL and waits for the process to be gone.
-func (p *hookProcess) kill() {
-	p.once.Do(func() {
-		p.cmd.Process.Kill()
-		<-p.done
-		p.cmd.Wait()
-	})
-}
-
-// startWebhookProcess runs bin with env and waits until it serves. Its log
-// must never contain a token.
-func startWebhookProcess(t *testing.T, bin string, env map[string]string) *hookProcess {
-	t.Helper()
-	cmd := exec.Command(bin)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start paymentsd: %v", err)
-	}
-	p := &hookProcess{cmd: cmd, done: make(chan struct{})}
-	serving := make(chan map[string]string, 1)
-	go func() {
-		defer close(p.done)
-		defer close(serving)
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			var line map[string]any
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == "serving" {
-				addrs := map[string]string{}
-				for _, k := range []string{"grpc_addr", "http_addr", "webhook_addr"} {
-					addrs[k], _ = line[k].(string)
-				}
-				serving <- addrs
-			}
-			if strings.Contains(sc.Text(), "SENTINEL") {
-				t.Errorf("paymentsd logged a token: %s", sc.Text())
-			}
-		}
-	}()
-	t.Cleanup(p.kill)
-	select {
-	case addrs, ok := <-serving:
-		if !ok {
-			t.Fatalf("paymentsd exited before serving")
-		}
-		p.addrs = addrs
-	case <-time.After(30 * time.Second):
-		t.Fatalf("paymentsd did not serve within 30s")
-	}
-	return p
 }
 
 // TestWebhookTLSNeedsNoClientCertificate: with mTLS required on the
