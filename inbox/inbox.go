@@ -39,6 +39,10 @@ const PathPrefix = "/webhooks/"
 // DefaultMaxBytes is the default largest delivery body.
 const DefaultMaxBytes = 256 << 10
 
+// DefaultMaxInFlight is how many deliveries may be read and stored at once
+// by default: with DefaultMaxBytes, at most 4 MiB of bodies in memory.
+const DefaultMaxInFlight = 16
+
 // MinTokenLength is the shortest token accepted: 32 characters from the
 // URL-unreserved set carry at least 190 bits when generated at random.
 const MinTokenLength = 32
@@ -56,11 +60,15 @@ const (
 	OutcomeBadMethod    = "bad_method"
 	// OutcomeBadRequest: the body could not be read (cut off, or too slow).
 	OutcomeBadRequest = "bad_request"
+	// OutcomeBusy: too many deliveries were in progress; 503, and the
+	// provider retries.
+	OutcomeBusy = "busy"
 )
 
 // Metrics counts deliveries.
 type Metrics struct {
 	deliveries *prometheus.CounterVec
+	inProgress prometheus.Gauge
 }
 
 // NewMetrics registers the inbox's metrics on reg; labels common to every
@@ -68,10 +76,15 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "paymentsd_webhook_deliveries_total",
-		Help: "Webhook deliveries received, by outcome: stored, duplicate (stored, same body as an earlier event), bad_token, bad_method, too_large, bad_request, store_failure.",
-	}, []string{"outcome"})}
-	reg.MustRegister(m.deliveries)
-	for _, o := range []string{OutcomeStored, OutcomeDuplicate, OutcomeBadToken, OutcomeTooLarge, OutcomeStoreFailure, OutcomeBadMethod, OutcomeBadRequest} {
+		Help: "Webhook deliveries received, by outcome: stored, duplicate (stored, same body as an earlier event), bad_token, bad_method, too_large, bad_request, store_failure, busy.",
+	}, []string{"outcome"}),
+		inProgress: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paymentsd_webhook_deliveries_in_progress",
+			Help: "Webhook deliveries being read and stored now.",
+		}),
+	}
+	reg.MustRegister(m.deliveries, m.inProgress)
+	for _, o := range []string{OutcomeStored, OutcomeDuplicate, OutcomeBadToken, OutcomeTooLarge, OutcomeStoreFailure, OutcomeBadMethod, OutcomeBadRequest, OutcomeBusy} {
 		m.deliveries.WithLabelValues(o)
 	}
 	return m
@@ -87,6 +100,9 @@ type Config struct {
 	// MaxBytes is the largest body accepted (413 beyond); 0 means
 	// DefaultMaxBytes.
 	MaxBytes int64
+	// MaxInFlight bounds the deliveries read and stored at once (503
+	// beyond, which the provider retries); 0 means DefaultMaxInFlight.
+	MaxInFlight int
 	// StoreTimeout bounds one commit; 0 means 10s.
 	StoreTimeout time.Duration
 	// Appended, if set, is called after each event is committed, to wake
@@ -106,6 +122,7 @@ type Handler struct {
 	tokens       [][sha256.Size]byte
 	store        *store.Store
 	maxBytes     int64
+	slots        chan struct{}
 	storeTimeout time.Duration
 	appended     func(store.Event)
 	logger       *slog.Logger
@@ -157,6 +174,10 @@ func New(cfg Config) (*Handler, error) {
 	if h.maxBytes <= 0 {
 		h.maxBytes = DefaultMaxBytes
 	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	h.slots = make(chan struct{}, cfg.MaxInFlight)
 	if h.storeTimeout <= 0 {
 		h.storeTimeout = 10 * time.Second
 	}
@@ -275,6 +296,21 @@ func (h *Handler) serve(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	if r.ContentLength > h.maxBytes {
 		d.status, d.outcome = http.StatusRequestEntityTooLarge, OutcomeTooLarge
 		http.Error(w, fmt.Sprintf("body over the limit of %d bytes", h.maxBytes), d.status)
+		return d
+	}
+	// Only a caller holding the token gets this far, but its bodies are
+	// still bounded in number as well as size.
+	select {
+	case h.slots <- struct{}{}:
+		h.metrics.started()
+		defer func() {
+			<-h.slots
+			h.metrics.ended()
+		}()
+	default:
+		d.status, d.outcome = http.StatusServiceUnavailable, OutcomeBusy
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "too many deliveries in progress: retry", d.status)
 		return d
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.maxBytes))
@@ -403,5 +439,17 @@ func (h *Handler) redact(v string) string {
 func (m *Metrics) count(outcome string) {
 	if m != nil {
 		m.deliveries.WithLabelValues(outcome).Inc()
+	}
+}
+
+func (m *Metrics) started() {
+	if m != nil {
+		m.inProgress.Inc()
+	}
+}
+
+func (m *Metrics) ended() {
+	if m != nil {
+		m.inProgress.Dec()
 	}
 }

@@ -404,3 +404,61 @@ func TestNewRefusesBadTokens(t *testing.T) {
 
 // Compile-time check that the handler is what NewServer serves.
 var _ http.Handler = (*inbox.Handler)(nil)
+
+// TestDeliveriesInProgressCapped: bodies that never finish arriving hold
+// at most DefaultMaxInFlight slots; the next delivery gets 503 (which the
+// provider retries) and nothing is stored, and a freed slot is reused.
+func TestDeliveriesInProgressCapped(t *testing.T) {
+	t.Parallel()
+	in := startIntake(t, token)
+	var held []net.Conn
+	for range inbox.DefaultMaxInFlight {
+		conn, err := net.Dial("tcp", in.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, conn)
+		// The header promises a body that never comes.
+		fmt.Fprintf(conn, "POST /webhooks/%s HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", token)
+	}
+	// Wait until every held delivery holds its slot.
+	for {
+		if v := gaugeValue(t, in.registry, "paymentsd_webhook_deliveries_in_progress"); v == inbox.DefaultMaxInFlight {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // the gauge is the only signal
+	}
+	status, header, _ := in.do(t, http.MethodPost, "/webhooks/"+token, strings.NewReader(`{"n":1}`), nil)
+	if status != http.StatusServiceUnavailable || header.Get("Retry-After") == "" {
+		t.Errorf("delivery past the cap = %d (Retry-After %q), want 503 with Retry-After", status, header.Get("Retry-After"))
+	}
+	if n := len(in.events(t)); n != 0 {
+		t.Errorf("%d events stored, want none", n)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	for {
+		if gaugeValue(t, in.registry, "paymentsd_webhook_deliveries_in_progress") == 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if status, _, _ := in.do(t, http.MethodPost, "/webhooks/"+token, strings.NewReader(`{"n":2}`), nil); status != http.StatusOK {
+		t.Errorf("delivery after the slots were freed = %d, want 200", status)
+	}
+}
+
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) int {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name {
+			return int(f.GetMetric()[0].GetGauge().GetValue())
+		}
+	}
+	return -1
+}

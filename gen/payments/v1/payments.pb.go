@@ -850,7 +850,9 @@ type ProviderEvent struct {
 	// content_type is the delivery's Content-Type header as sent, or empty.
 	ContentType string `protobuf:"bytes,3,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
 	// headers are the delivery's HTTP headers as received, less hop-by-hop
-	// ones, in the order they came.
+	// ones: sorted by name, and each name's values in the order they came
+	// (the order of different names is not kept by paymentsd's HTTP server).
+	// A header repeating the webhook path has its token replaced.
 	Headers []*HttpHeader `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"`
 	// body is the delivery's body, byte for byte.
 	Body []byte `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
