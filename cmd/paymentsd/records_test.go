@@ -520,3 +520,57 @@ func TestSettlementGivesUpAfterTheWindow(t *testing.T) {
 		t.Errorf("give-up logged %d times, want once", n)
 	}
 }
+
+// TestDatabasePasswordNeverShown: a database URL's password appears in no
+// log line, refusal or metric, whether paymentsd starts or can't.
+func TestDatabasePasswordNeverShown(t *testing.T) {
+	t.Parallel()
+	const password = "PGPASS_SENTINEL_4b1d"
+	leaked := func(out string) bool {
+		for _, form := range []string{password, url.QueryEscape(password), strings.ToLower(password), "UEdQQVNTX1NFTlRJTkVM"} {
+			if strings.Contains(out, form) {
+				return true
+			}
+		}
+		return false
+	}
+	withPassword := func(raw string) string {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(u.User.Username(), password)
+		return u.String()
+	}
+
+	// Starts (the test server trusts loopback and ignores the password).
+	p := fakeProvider(t, "sandbox")
+	in := start(t, with(sandboxEnv(p), "PAYMENTS_DATABASE_URL", withPassword(storetest.PostgresURL(t))))
+	if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-pw")); err != nil {
+		t.Fatalf("CreateMultiCardPayment() = %v", err)
+	}
+	_, metrics := scrape(t, in)
+	if leaked(in.logs.String()) || leaked(metrics) {
+		t.Errorf("the database password appears in the logs or metrics")
+	}
+
+	// Can't start: nothing listens there, or the URL is malformed.
+	for _, bad := range []string{
+		"postgres://paymentsd:" + password + "@127.0.0.1:1/payments?connect_timeout=1",
+		"postgres://paymentsd:" + password + "@127.0.0.1:notaport/payments",
+		"postgres://paymentsd:" + password + "@127.0.0.1/payments?sslmode=bogus",
+	} {
+		env := with(sandboxEnv(p), "PAYMENTS_DATABASE_URL", bad, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0")
+		var stderr strings.Builder
+		err := run(t.Context(), []string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+		if err == nil {
+			t.Fatalf("run() with an unusable database URL = nil, want a refusal")
+		}
+		if !strings.Contains(err.Error(), "PAYMENTS_DATABASE_URL") {
+			t.Errorf("refusal %q does not name PAYMENTS_DATABASE_URL", err)
+		}
+		if leaked(err.Error()) || leaked(stderr.String()) {
+			t.Errorf("the database password appears in the refusal or the logs: %v\n%s", err, stderr.String())
+		}
+	}
+}
