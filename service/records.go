@@ -275,6 +275,9 @@ func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 		UpdateTime:         timestamppb.New(rec.UpdatedAt),
 		LastError:          rec.LastError,
 		Environment:        s.env,
+		Caller:             rec.Caller,
+		RequestId:          rec.RequestID,
+		TraceId:            rec.TraceID,
 	}
 	if rec.State == store.StateSucceeded {
 		if p, err := upstream.DecodeReply(rec.Reply); err == nil {
