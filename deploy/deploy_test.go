@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
 	"os/exec"
 	"path"
 	"regexp"
@@ -27,6 +28,7 @@ const (
 	containerName = "paymentsd"
 	grpcPort      = 9090
 	httpPort      = 8080
+	webhookPort   = 8081
 	nonrootUID    = 65532 // distroless "nonroot"
 	callerLabel   = "payments.example.com/caller"
 	envLabel      = "payments.example.com/environment"
@@ -46,8 +48,11 @@ func envSpecific(env string) []string {
 		env + ".payments-provider.example",
 		secretName(env),
 		databaseSecretName(env),
+		webhookSecretName(env),
 	}
 }
+
+func webhookSecretName(env string) string { return "paymentsd-" + env + "-webhook-token" }
 
 func secretName(env string) string         { return "paymentsd-" + env + "-api-key" }
 func databaseSecretName(env string) string { return "paymentsd-" + env + "-database" }
@@ -131,6 +136,27 @@ func one[T any](t *testing.T, r *rendered, kind, apiVersion string) T {
 		t.Fatalf("decoding %s/%s: %v", kind, o.Name, err)
 	}
 	return v
+}
+
+// named returns the object of the given kind and name, decoded into a T.
+func named[T any](t *testing.T, r *rendered, kind, apiVersion, name string) T {
+	t.Helper()
+	for _, o := range r.objs {
+		if o.Kind != kind || o.Name != name {
+			continue
+		}
+		if o.APIVersion != apiVersion {
+			t.Errorf("%s/%s apiVersion = %q, want %q", kind, o.Name, o.APIVersion, apiVersion)
+		}
+		var v T
+		if err := o.node.Decode(&v); err != nil {
+			t.Fatalf("decoding %s/%s: %v", kind, o.Name, err)
+		}
+		return v
+	}
+	t.Fatalf("rendered no %s named %q", kind, name)
+	var zero T
+	return zero
 }
 
 // ---- the parts of the Kubernetes API the checks read ----
@@ -368,6 +394,8 @@ var checks = []check{
 	{"HorizontalPodAutoscaler", checkHPA},
 	{"PodDisruptionBudget", checkPDB},
 	{"NetworkPolicy", checkNetworkPolicy},
+	{"WebhookIntake", checkWebhookIntake},
+	{"WebhookTokenFromSecretFile", checkWebhookTokenFromSecretFile},
 	{"APIKeyFromSecretFile", checkAPIKeyFromSecretFile},
 	{"NoLiteralAPIKey", checkNoLiteralAPIKey},
 	{"Environment", checkEnvironment},
@@ -587,7 +615,12 @@ func checkServiceAccountToken(t *testing.T, r *rendered, _ string) {
 
 func checkService(t *testing.T, r *rendered, _ string) {
 	d := one[deployment](t, r, "Deployment", "apps/v1")
-	s := one[service](t, r, "Service", "v1")
+	s := named[service](t, r, "Service", "v1", "paymentsd")
+	if slices.ContainsFunc(s.Spec.Ports, func(p servicePort) bool {
+		return p.Port == webhookPort || portIs(p.TargetPort, webhookPort, "webhooks")
+	}) {
+		t.Errorf("Service paymentsd has the webhook port; it belongs to paymentsd-webhooks alone")
+	}
 	if !selects(labelSelector{MatchLabels: s.Spec.Selector}, d.Spec.Template.Metadata.Labels) {
 		t.Errorf("Service selector %v does not select the pod labels %v", s.Spec.Selector, d.Spec.Template.Metadata.Labels)
 	}
@@ -661,7 +694,7 @@ func checkNetworkPolicy(t *testing.T, r *rendered, _ string) {
 	if len(np.Spec.Ingress) == 0 {
 		t.Fatal("NetworkPolicy has no ingress rules; internal callers could not reach paymentsd")
 	}
-	callers := false
+	callers, webhooks := false, 0
 	for i, rule := range np.Spec.Ingress {
 		if len(rule.From) == 0 {
 			t.Errorf("NetworkPolicy ingress[%d] has no from: it admits every source", i)
@@ -684,17 +717,34 @@ func checkNetworkPolicy(t *testing.T, r *rendered, _ string) {
 		}
 		if isCallerRule {
 			callers = true
+			// Internal callers need the internal ports only.
+			if len(rule.Ports) == 0 {
+				t.Errorf("NetworkPolicy ingress[%d] (the callers' rule) admits all ports, the webhook port too", i)
+			}
+			for _, p := range rule.Ports {
+				if portIs(p.Port, webhookPort, "webhooks") {
+					t.Errorf("NetworkPolicy ingress[%d] (the callers' rule) admits the webhook port %d", i, webhookPort)
+				}
+			}
 			continue
 		}
-		// Any other rule (the Prometheus scraper) reaches the http port only.
-		if len(rule.Ports) == 0 {
-			t.Errorf("NetworkPolicy ingress[%d] (not the callers' rule) admits all ports, want only %d", i, httpPort)
+		// Any other rule reaches one port: the http port (the Prometheus
+		// scraper) or the webhook port (the ingress controller), never the
+		// gRPC port and never both.
+		if len(rule.Ports) != 1 {
+			t.Errorf("NetworkPolicy ingress[%d] (not the callers' rule) admits %d ports (0 is all), want only %d or only %d", i, len(rule.Ports), httpPort, webhookPort)
+			continue
 		}
-		for _, p := range rule.Ports {
-			if !portIs(p.Port, httpPort, "http") {
-				t.Errorf("NetworkPolicy ingress[%d] (not the callers' rule) admits port %v, want only %d", i, p.Port, httpPort)
-			}
+		switch p := rule.Ports[0].Port; {
+		case portIs(p, httpPort, "http"):
+		case portIs(p, webhookPort, "webhooks"):
+			webhooks++
+		default:
+			t.Errorf("NetworkPolicy ingress[%d] (not the callers' rule) admits port %v, want only %d or only %d", i, p, httpPort, webhookPort)
 		}
+	}
+	if webhooks != 1 {
+		t.Errorf("NetworkPolicy has %d rules for the webhook port %d, want 1 (the ingress controller)", webhooks, webhookPort)
 	}
 	if !callers {
 		t.Errorf("NetworkPolicy has no ingress peer {namespaceSelector: {}, podSelector: {matchLabels: {%s: \"true\"}}}", callerLabel)
@@ -853,5 +903,110 @@ func checkPrometheusAnnotations(t *testing.T, r *rendered, _ string) {
 	}
 	if p := a["prometheus.io/path"]; p != "" && p != "/metrics" {
 		t.Errorf("pod annotation prometheus.io/path = %q, want /metrics", p)
+	}
+}
+
+// checkWebhookIntake: the intake listens on its own port, exposed by a
+// Service of its own whose only port it is.
+func checkWebhookIntake(t *testing.T, r *rendered, _ string) {
+	d := one[deployment](t, r, "Deployment", "apps/v1")
+	c := paymentsd(t, d)
+	if v, _ := envValue(c, "PAYMENTS_WEBHOOK_ADDR"); v != fmt.Sprintf(":%d", webhookPort) {
+		t.Errorf("PAYMENTS_WEBHOOK_ADDR = %q, want \":%d\"", v, webhookPort)
+	}
+	hasPort := false
+	for _, p := range c.Ports {
+		hasPort = hasPort || (p.Name == "webhooks" && p.ContainerPort == webhookPort)
+	}
+	if !hasPort {
+		t.Errorf("container %s has no port webhooks %d", c.Name, webhookPort)
+	}
+	s := named[service](t, r, "Service", "v1", "paymentsd-webhooks")
+	if !selects(labelSelector{MatchLabels: s.Spec.Selector}, d.Spec.Template.Metadata.Labels) {
+		t.Errorf("Service paymentsd-webhooks selector %v does not select the pod labels %v", s.Spec.Selector, d.Spec.Template.Metadata.Labels)
+	}
+	if len(s.Spec.Ports) != 1 || s.Spec.Ports[0].Port != webhookPort || !portIs(s.Spec.Ports[0].TargetPort, webhookPort, "webhooks") {
+		t.Errorf("Service paymentsd-webhooks ports = %+v, want only webhooks %d", s.Spec.Ports, webhookPort)
+	}
+	for _, o := range r.objs {
+		if o.Kind == "Ingress" {
+			t.Errorf("rendered Ingress %s; the webhook Ingress is an example (examples/), set up per cluster", o.Name)
+		}
+	}
+}
+
+// checkWebhookTokenFromSecretFile: the webhook token, a secret, comes from
+// a mounted Secret's file, never a literal.
+func checkWebhookTokenFromSecretFile(t *testing.T, r *rendered, env string) {
+	d := one[deployment](t, r, "Deployment", "apps/v1")
+	c := paymentsd(t, d)
+	literal := "PAYMENTS_" + strings.ToUpper(env) + "_WEBHOOK_TOKEN"
+	if _, ok := envValue(c, literal); ok {
+		t.Errorf("%s is set; the token must come from %s_FILE", literal, literal)
+	}
+	if m := regexp.MustCompile(`PAYMENTS_[A-Z0-9_]*WEBHOOK_TOKEN\b`).Find(r.text); m != nil {
+		t.Errorf("rendered output mentions %s; only *_WEBHOOK_TOKEN_FILE may appear", m)
+	}
+	checkFileFromSecret(t, d, literal+"_FILE", webhookSecretName(env))
+}
+
+// TestWebhookIngressExample checks the example Ingress: it routes only
+// /webhooks/ and only to the webhook Service's one port, and keeps the
+// path (which holds the token) out of the controller's access log.
+func TestWebhookIngressExample(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("examples/webhook-ingress.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ing struct {
+		Kind     string `yaml:"kind"`
+		Metadata meta   `yaml:"metadata"`
+		Spec     struct {
+			TLS   []any `yaml:"tls"`
+			Rules []struct {
+				Host string `yaml:"host"`
+				HTTP struct {
+					Paths []struct {
+						Path     string `yaml:"path"`
+						PathType string `yaml:"pathType"`
+						Backend  struct {
+							Service struct {
+								Name string `yaml:"name"`
+								Port struct {
+									Name   string `yaml:"name"`
+									Number int    `yaml:"number"`
+								} `yaml:"port"`
+							} `yaml:"service"`
+						} `yaml:"backend"`
+					} `yaml:"paths"`
+				} `yaml:"http"`
+			} `yaml:"rules"`
+			DefaultBackend any `yaml:"defaultBackend"`
+		} `yaml:"spec"`
+	}
+	if err := yaml.Unmarshal(b, &ing); err != nil {
+		t.Fatal(err)
+	}
+	if ing.Kind != "Ingress" || len(ing.Spec.TLS) == 0 || ing.Spec.DefaultBackend != nil || len(ing.Spec.Rules) == 0 {
+		t.Fatalf("example = %+v, want an Ingress with TLS, rules and no default backend", ing)
+	}
+	for _, rule := range ing.Spec.Rules {
+		if rule.Host == "" {
+			t.Error("a rule has no host: it would take every host's traffic")
+		}
+		for _, p := range rule.HTTP.Paths {
+			svc := p.Backend.Service
+			if p.Path != "/webhooks/" || p.PathType != "Prefix" || svc.Name != "paymentsd-webhooks" ||
+				!(svc.Port.Name == "webhooks" || svc.Port.Number == webhookPort) {
+				t.Errorf("path %s (%s) -> %s:%s%d, want /webhooks/ (Prefix) -> paymentsd-webhooks:webhooks", p.Path, p.PathType, svc.Name, svc.Port.Name, svc.Port.Number)
+			}
+		}
+	}
+	if ing.Metadata.Annotations["nginx.ingress.kubernetes.io/enable-access-log"] != "false" {
+		t.Error("the example leaves the ingress controller's access log on; it would log the token in the path")
+	}
+	if r := render(t, "overlays/sandbox"); bytes.Contains(r.text, []byte("kind: Ingress")) {
+		t.Error("an overlay renders the example Ingress")
 	}
 }

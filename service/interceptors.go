@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -178,4 +179,58 @@ func chainUnary(interceptors ...grpc.UnaryServerInterceptor) grpc.UnaryServerInt
 
 func bind(i grpc.UnaryServerInterceptor, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) grpc.UnaryHandler {
 	return func(ctx context.Context, req any) (any, error) { return i(ctx, req, info, next) }
+}
+
+// streamRequestID is requestID for streams.
+func streamRequestID(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	var id string
+	if md, ok := metadata.FromIncomingContext(ss.Context()); ok {
+		if v := md.Get(RequestIDHeader); len(v) > 0 && validRequestID(v[0]) {
+			id = v[0]
+		}
+	}
+	if id == "" {
+		id = newRequestID()
+	}
+	_ = ss.SetHeader(metadata.Pairs(RequestIDHeader, id))
+	wrapped := middleware.WrapServerStream(ss)
+	wrapped.WrappedContext = context.WithValue(ss.Context(), callInfoKey{}, &callInfo{requestID: id})
+	return handler(srv, wrapped)
+}
+
+// streamAccessLog writes one call line per stream, when it ends.
+func streamAccessLog(logger *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		start := time.Now()
+		err := handler(srv, ss)
+		ctx := ss.Context()
+		code := status.Code(err)
+		level := slog.LevelInfo
+		switch code {
+		case codes.OK, codes.InvalidArgument, codes.Canceled, codes.DeadlineExceeded:
+		case codes.Internal, codes.Unknown:
+			level = slog.LevelError
+		default:
+			level = slog.LevelWarn
+		}
+		if !logger.Enabled(ctx, level) {
+			return err
+		}
+		attrs := []slog.Attr{
+			slog.String("method", info.FullMethod),
+			slog.String("code", code.String()),
+			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+		}
+		if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
+			attrs = append(attrs, slog.String("request_id", ci.requestID))
+		}
+		if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
+			attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()))
+		}
+		if err != nil {
+			attrs = append(attrs, slog.String("error", status.Convert(err).Message()))
+		}
+		logger.LogAttrs(ctx, level, "call", attrs...)
+		return err
+	}
 }

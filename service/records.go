@@ -137,8 +137,6 @@ func (s *Service) send(ctx context.Context, owner string, began store.Began) (*p
 		fin.Code, fin.LastError = int32(st.Code()), st.Message()
 	}
 
-	// The outcome is written even when the caller has gone: it is what
-	// settlement and later calls with the key go by.
 	if fin.State == store.StateSucceeded {
 		// A success is answered without waiting for its record to commit.
 		// Were this process to die first, the record would stay InProgress
@@ -149,11 +147,11 @@ func (s *Service) send(ctx context.Context, owner string, began store.Began) (*p
 		s.finishLater(ctx, fin)
 		return resp, nil
 	}
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	start := time.Now()
-	_, ferr := s.store.Finish(fctx, fin)
-	s.finished(ctx, fin, start, ferr)
+	// A failure is recorded before it is answered, so that what the caller
+	// is told about the money is what the record says.
+	if ferr := s.finish(ctx, fin); ferr != nil {
+		s.logFinishError(ctx, fin, ferr)
+	}
 	return resp, err
 }
 
@@ -167,22 +165,20 @@ func (s *Service) finishLater(ctx context.Context, fin store.Finish) {
 	s.store.FinishLater(fin, func(_ store.Record, ferr error) {
 		s.pending.CompareAndDelete(fin.Key, done)
 		close(done)
-		s.finished(ctx, fin, start, ferr)
+		s.metrics.storeOp("finish", start, ferr)
+		s.waiters.notify(fin.Key)
+		if ferr != nil {
+			s.logFinishError(ctx, fin, ferr)
+		}
 	})
 }
 
-// finished accounts for a Finish, wakes the calls waiting on its key, and
-// logs a failure.
-func (s *Service) finished(ctx context.Context, fin store.Finish, start time.Time, ferr error) {
-	s.metrics.storeOp("finish", start, ferr)
-	s.waiters.notify(fin.Key)
-	if ferr != nil {
-		// The record stays InProgress until its lease expires; settlement
-		// then re-sends the same body with the same key, which gives the
-		// provider's answer again.
-		s.logger.ErrorContext(ctx, "could not record a payment's outcome; settlement will re-send it when its lease expires",
-			keyAttrs(fin.Key, slog.String("state", fin.State.String()), slog.String("error", ferr.Error()))...)
-	}
+func (s *Service) logFinishError(ctx context.Context, fin store.Finish, ferr error) {
+	// The record stays InProgress until its lease expires; settlement
+	// then re-sends the same body with the same key, which gives the
+	// provider's answer again.
+	s.logger.ErrorContext(ctx, "could not record a payment's outcome; settlement will re-send it when its lease expires",
+		keyAttrs(fin.Key, slog.String("state", fin.State.String()), slog.String("error", ferr.Error()))...)
 }
 
 // waitPending waits until a success this process answered for key, if any,
@@ -194,6 +190,19 @@ func (s *Service) waitPending(ctx context.Context, key string) {
 		case <-ctx.Done():
 		}
 	}
+}
+
+// finish records an outcome and wakes this process's callers waiting on
+// the key. It writes even when ctx has ended (the caller has gone): the
+// record is what settlement and later calls with the key go by.
+func (s *Service) finish(ctx context.Context, fin store.Finish) error {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	start := time.Now()
+	_, err := s.store.Finish(fctx, fin)
+	s.metrics.storeOp("finish", start, err)
+	s.waiters.notify(fin.Key)
+	return err
 }
 
 // outcome turns a provider call's result into the record's new state.
@@ -313,6 +322,9 @@ func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 		UpdateTime:         timestamppb.New(rec.UpdatedAt),
 		LastError:          rec.LastError,
 		Environment:        s.env,
+		Caller:             rec.Caller,
+		RequestId:          rec.RequestID,
+		TraceId:            rec.TraceID,
 	}
 	if rec.State == store.StateSucceeded {
 		if p, err := upstream.DecodeReply(rec.Reply); err == nil {

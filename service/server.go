@@ -60,6 +60,9 @@ type Options struct {
 	MaxRequestBytes int
 	// GRPCOptions are added to the gRPC server's, for example credentials.
 	GRPCOptions []grpc.ServerOption
+	// Events, if set, serves ProviderEventsService (the webhook inbox) on
+	// both ports, through the same interceptors.
+	Events paymentsv1.ProviderEventsServiceServer
 	// MaxInFlight caps calls in progress over both ports together; past it
 	// gRPC callers get RESOURCE_EXHAUSTED and REST callers 429. Health
 	// checks, reflection and the HTTP port's other endpoints are exempt.
@@ -138,9 +141,21 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		s.hardStopUnary,
 	)
 
+	// The same, for streams (WatchProviderEvents, health Watch,
+	// reflection).
+	streamChain := grpc.ChainStreamInterceptor(
+		metrics.StreamServerInterceptor(),
+		streamRequestID,
+		streamAccessLog(opts.Logger),
+		allowed.stream,
+		recovery.StreamServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger))),
+		validatemw.StreamServerInterceptor(validator),
+		s.hardStopStream,
+	)
+
 	grpcOpts := []grpc.ServerOption{
 		grpc.UnaryInterceptor(chain),
-		grpc.ChainStreamInterceptor(allowed.stream, s.hardStopStream),
+		streamChain,
 		grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
 		// Reuse handler goroutines, whose stacks have already grown to what
 		// a call needs, instead of starting (and growing) one per call.
@@ -157,6 +172,9 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 
 	s.GRPC = grpc.NewServer(grpcOpts...)
 	paymentsv1.RegisterPaymentsServiceServer(s.GRPC, svc)
+	if opts.Events != nil {
+		paymentsv1.RegisterProviderEventsServiceServer(s.GRPC, opts.Events)
+	}
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
 	reflection.Register(s.GRPC)
 	metrics.InitializeMetrics(s.GRPC)
@@ -197,6 +215,11 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	// gRPC calls, rather than over a loopback connection.
 	if err := paymentsv1.RegisterPaymentsServiceHandlerServer(context.Background(), gateway, &chained{svc: svc, chain: chain}); err != nil {
 		return nil, fmt.Errorf("register gateway: %w", err)
+	}
+	if opts.Events != nil {
+		if err := paymentsv1.RegisterProviderEventsServiceHandlerServer(context.Background(), gateway, &chainedEvents{svc: opts.Events, chain: chain}); err != nil {
+			return nil, fmt.Errorf("register events gateway: %w", err)
+		}
 	}
 	var rest http.Handler = gateway
 	if opts.TracerProvider != nil {
@@ -336,6 +359,20 @@ func callChain[Req, Resp any](ctx context.Context, chain grpc.UnaryServerInterce
 		return zero, err
 	}
 	return resp.(Resp), nil
+}
+
+// chainedEvents is ProviderEventsService as the REST gateway sees it, like
+// chained.
+type chainedEvents struct {
+	paymentsv1.UnimplementedProviderEventsServiceServer
+	svc   paymentsv1.ProviderEventsServiceServer
+	chain grpc.UnaryServerInterceptor
+}
+
+var listEventsInfo = &grpc.UnaryServerInfo{FullMethod: paymentsv1.ProviderEventsService_ListProviderEvents_FullMethodName}
+
+func (c *chainedEvents) ListProviderEvents(ctx context.Context, req *paymentsv1.ListProviderEventsRequest) (*paymentsv1.ListProviderEventsResponse, error) {
+	return callChain(ctx, c.chain, listEventsInfo, req, c.svc.ListProviderEvents)
 }
 
 // restError is the gateway's error handler with one change: a reused

@@ -80,12 +80,7 @@ func (s *Service) settle(ctx context.Context, rec store.Record) {
 	if fin.State == store.StateOutcomeUnknown {
 		fin.NextSettleAt = fin.Now.Add(settleBackoff(s.settleBase, rec.SettleAttempts+1))
 	}
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	start := time.Now()
-	_, err := s.store.Finish(fctx, fin)
-	s.metrics.storeOp("finish", start, err)
-	s.waiters.notify(rec.Key)
+	err := s.finish(ctx, fin)
 	outcome := "succeeded"
 	if fin.State != store.StateSucceeded {
 		outcome = "unknown"

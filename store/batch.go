@@ -134,14 +134,12 @@ func (b *batcher) loop() {
 func (s *Store) runBatch(ops []*batchOp) {
 	ctx := context.Background()
 	errs := make([]error, len(ops))
-	ran := make([]bool, len(ops))
 	err := s.transact(ctx, func(tx *sql.Tx) error {
 		for i, op := range ops {
 			if op.ctx != nil && op.ctx.Err() != nil {
 				errs[i] = op.ctx.Err()
 				continue
 			}
-			ran[i] = true
 			if err := op.fn(ctx, tx); err != nil {
 				if !clean(err) {
 					return errBatchFailed
@@ -162,8 +160,10 @@ func (s *Store) runBatch(ops []*batchOp) {
 		return
 	}
 	for i, op := range ops {
-		if err != nil && ran[i] && errs[i] == nil {
-			errs[i] = err // the commit failed: nothing is written
+		if err != nil && errs[i] == nil {
+			// The transaction could not begin or commit: nothing is
+			// written.
+			errs[i] = err
 		}
 		op.done(errs[i])
 	}

@@ -152,6 +152,15 @@ func TestCallerAllowlist(t *testing.T) {
 			if n := len(p.Requests()); n != wantCalls {
 				t.Errorf("provider saw %d requests, want %d", n, wantCalls)
 			}
+			// The record of a payment names the caller that made it.
+			if tt.wantOK {
+				for _, key := range []string{"k-allow", "k-allow-rest"} {
+					got, err := paymentsv1.NewPaymentsServiceClient(conn).GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: key})
+					if err != nil || got.GetCaller() != tt.wantCaller || got.GetRequestId() == "" {
+						t.Errorf("GetMultiCardPayment(%s) caller %q, request_id %q, err %v; want caller %q and a request ID", key, got.GetCaller(), got.GetRequestId(), err, tt.wantCaller)
+					}
+				}
+			}
 			// The call lines name the caller, over both transports.
 			var payments int
 			for _, line := range in.logs.lines("call") {

@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/inbox"
 	"example.com/paymentsd/service"
 	"example.com/paymentsd/upstream"
 )
@@ -81,6 +82,15 @@ type config struct {
 	TLSClientCAFile string
 
 	LogLevel slog.Level
+
+	// WebhookAddr, if set, is the webhook intake's listen address.
+	WebhookAddr string
+	// WebhookTokens are the accepted webhook URL tokens (two while
+	// rotating), and WebhookTokensFrom the variable (and file) they came
+	// from.
+	WebhookTokens     []secret
+	WebhookTokensFrom string
+	WebhookMaxBytes   int64
 }
 
 func (c *config) env() paymentsv1.Environment {
@@ -120,6 +130,10 @@ func (c *config) LogValue() slog.Value {
 		slog.Bool("tls", c.TLSCertFile != ""),
 		slog.Bool("mtls", c.TLSClientCAFile != ""),
 		slog.String("log_level", c.LogLevel.String()),
+		slog.String("webhook_addr", c.WebhookAddr),
+		slog.Int("webhook_tokens", len(c.WebhookTokens)),
+		slog.String("webhook_tokens_from", c.WebhookTokensFrom),
+		slog.Int64("webhook_max_bytes", c.WebhookMaxBytes),
 	)
 }
 
@@ -222,6 +236,12 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		c.loadProvider(getenv, problem)
 	}
 
+	c.WebhookAddr = getenv("PAYMENTS_WEBHOOK_ADDR")
+	c.WebhookMaxBytes = int64(intVar(getenv, "PAYMENTS_WEBHOOK_MAX_BYTES", inbox.DefaultMaxBytes, 1024, 16<<20, problem))
+	if c.Environment == "sandbox" || c.Environment == "live" {
+		c.loadWebhookTokens(getenv, problem)
+	}
+
 	if err := errors.Join(problems...); err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
@@ -284,6 +304,59 @@ func (c *config) loadProvider(getenv func(string) string, problem func(string, .
 			problem("%s names a file that %s", fileVar, keyProblem(string(c.APIKey)))
 		}
 	}
+}
+
+// loadWebhookTokens reads the selected environment's webhook tokens, one or
+// two separated by commas or newlines, and never prints them.
+func (c *config) loadWebhookTokens(getenv func(string) string, problem func(string, ...any)) {
+	prefix := "PAYMENTS_" + strings.ToUpper(c.Environment) + "_"
+	tokVar, fileVar := prefix+"WEBHOOK_TOKEN", prefix+"WEBHOOK_TOKEN_FILE"
+	tok, file := getenv(tokVar), getenv(fileVar)
+	var raw, from string
+	switch {
+	case tok != "" && file != "":
+		problem("%s and %s are both set: set one", tokVar, fileVar)
+		return
+	case tok == "" && file == "":
+		if c.WebhookAddr != "" {
+			problem("PAYMENTS_WEBHOOK_ADDR is set, so %s or %s must be set", tokVar, fileVar)
+		}
+		return
+	case tok != "":
+		raw, from = tok, tokVar
+	default:
+		b, err := os.ReadFile(file)
+		if err != nil {
+			// The error names the file, never its contents.
+			problem("%s: cannot read the token file: %v", fileVar, err)
+			return
+		}
+		raw, from = string(b), fileVar+"="+file
+	}
+	var tokens []secret
+	for t := range strings.FieldsFuncSeq(raw, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }) {
+		if t = strings.TrimSpace(t); t != "" {
+			tokens = append(tokens, secret(t))
+		}
+	}
+	switch {
+	case len(tokens) == 0:
+		problem("%s holds no token", from)
+		return
+	case len(tokens) > 2:
+		problem("%s holds %d tokens: want one, or two while rotating", from, len(tokens))
+		return
+	case len(tokens) == 2 && tokens[0] == tokens[1]:
+		problem("%s holds the same token twice", from)
+		return
+	}
+	for _, t := range tokens {
+		if err := inbox.ValidateToken(string(t)); err != nil {
+			problem("%s: %v", from, err)
+			return
+		}
+	}
+	c.WebhookTokens, c.WebhookTokensFrom = tokens, from
 }
 
 // loadDatabase reads PAYMENTS_DATABASE_URL or PAYMENTS_DATABASE_URL_FILE.

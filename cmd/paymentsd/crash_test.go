@@ -1,15 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,60 +21,15 @@ import (
 	"example.com/paymentsd/upstream/upstreamtest"
 )
 
-// killable is paymentsd running as a process of its own, for tests that
-// kill it.
-type killable struct {
-	cmd    *exec.Cmd
-	client paymentsv1.PaymentsServiceClient
-}
-
-// startKillable runs bin with env and waits until it serves.
-func startKillable(t *testing.T, bin string, env map[string]string) *killable {
+// grpcClient connects to a paymentsd process's gRPC port.
+func grpcClient(t *testing.T, p *process) paymentsv1.PaymentsServiceClient {
 	t.Helper()
-	cmd := exec.Command(bin)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start paymentsd: %v", err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	serving := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			var line map[string]any
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == "serving" {
-				serving <- line["grpc_addr"].(string)
-			}
-		}
-		close(serving)
-	}()
-	var addr string
-	select {
-	case a, ok := <-serving:
-		if !ok {
-			t.Fatalf("paymentsd exited before serving")
-		}
-		addr = a
-	case <-time.After(30 * time.Second):
-		t.Fatalf("paymentsd did not serve within 30s")
-	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &killable{cmd: cmd, client: paymentsv1.NewPaymentsServiceClient(conn)}
+	return paymentsv1.NewPaymentsServiceClient(conn)
 }
 
 // TestKilledMidCallSettlesOnRestart kills paymentsd with SIGKILL while the
@@ -89,7 +40,21 @@ func TestKilledMidCallSettlesOnRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and kills the binary")
 	}
-	bin := paymentsdBinary(t)
+	for _, tt := range []struct {
+		name string
+		db   func(t testing.TB) string
+	}{
+		{"sqlite", storetest.SQLiteURL},
+		{"postgres", storetest.PostgresURL},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			testKilledMidCall(t, tt.db(t))
+		})
+	}
+}
+
+func testKilledMidCall(t *testing.T, db string) {
 	p := idempotentProvider(t)
 	arrived := make(chan struct{}, 1)
 	never := make(chan struct{})
@@ -101,15 +66,14 @@ func TestKilledMidCallSettlesOnRestart(t *testing.T) {
 		return upstreamtest.Reply{}
 	})
 	env := with(sandboxEnv(p),
-		"PAYMENTS_DATABASE_URL", "sqlite:"+filepath.Join(t.TempDir(), "records.db"),
-		"PAYMENTS_GRPC_ADDR", "127.0.0.1:0",
-		"PAYMENTS_HTTP_ADDR", "127.0.0.1:0",
+		"PAYMENTS_DATABASE_URL", db,
 		"PAYMENTS_UPSTREAM_TIMEOUT", "2s", // the lease: 2s + 5s
 	)
-	first := startKillable(t, bin, env)
+	first := startProcess(t, env)
+	firstClient := grpcClient(t, first)
 	callErr := make(chan error, 1)
 	go func() {
-		_, err := first.client.CreateMultiCardPayment(context.Background(), validRequest("k-kill"))
+		_, err := firstClient.CreateMultiCardPayment(context.Background(), validRequest("k-kill"))
 		callErr <- err
 	}()
 	<-arrived
@@ -119,10 +83,10 @@ func TestKilledMidCallSettlesOnRestart(t *testing.T) {
 		t.Errorf("call to the killed process = %v, want Unavailable", err)
 	}
 
-	second := startKillable(t, bin, env)
+	second := grpcClient(t, startProcess(t, env))
 	deadline := time.Now().Add(40 * time.Second)
 	for {
-		got, err := second.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-kill"})
+		got, err := second.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-kill"})
 		if err == nil && got.GetState() == paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED {
 			if !strings.Contains(string(got.GetPaymentJson()), `"pay_sim_1"`) {
 				t.Errorf("settled record holds %s, want the payment the first attempt created", got.GetPaymentJson())

@@ -44,6 +44,7 @@ const floodBudget = 64 << 20
 type process struct {
 	cmd                *exec.Cmd
 	grpcAddr, httpAddr string
+	webhookAddr        string // "" unless PAYMENTS_WEBHOOK_ADDR is set
 }
 
 var buildOnce struct {
@@ -100,6 +101,7 @@ func startProcess(t *testing.T, env map[string]string) *process {
 		var m map[string]any
 		if json.Unmarshal(lines.Bytes(), &m) == nil && m["msg"] == "serving" {
 			p.grpcAddr, p.httpAddr = m["grpc_addr"].(string), m["http_addr"].(string)
+			p.webhookAddr, _ = m["webhook_addr"].(string)
 			break
 		}
 	}
@@ -109,6 +111,9 @@ func startProcess(t *testing.T, env map[string]string) *process {
 		close(drained)
 	}()
 	t.Cleanup(func() {
+		if cmd.ProcessState != nil {
+			return // the test killed it and waited
+		}
 		cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()

@@ -99,6 +99,7 @@ func (l *logBuffer) waitFor(t *testing.T, msg string, done <-chan error) map[str
 // instance is a paymentsd started in-process through run.
 type instance struct {
 	grpcAddr, httpAddr string
+	webhookAddr        string // "" unless PAYMENTS_WEBHOOK_ADDR is set
 	conn               *grpc.ClientConn
 	http               *http.Client
 	client             paymentsv1.PaymentsServiceClient
@@ -160,6 +161,7 @@ func startConfigured(t *testing.T, env map[string]string, tp trace.TracerProvide
 		httpAddr: serving["http_addr"].(string),
 		logs:     logs,
 	}
+	in.webhookAddr, _ = serving["webhook_addr"].(string)
 	var once sync.Once
 	var runErr error
 	in.stop = func() error {

@@ -151,6 +151,12 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		SettlementWindow: cfg.SettlementWindow,
 		Retention:        cfg.RecordRetention,
 	})
+	// The webhook inbox's reader; its events are deleted with the records
+	// after PAYMENTS_RECORD_RETENTION.
+	events, err := service.NewEvents(records, cfg.env(), service.EventsOptions{Registerer: registerer, Logger: logger})
+	if err != nil {
+		return err
+	}
 
 	tlsConfig, err := loadTLS(cfg)
 	if err != nil {
@@ -163,6 +169,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		TracerProvider:  tracerProvider,
 		Propagator:      propagator,
 		MaxRequestBytes: cfg.MaxRequestBytes,
+		Events:          events,
 		MaxInFlight:     cfg.MaxInFlight,
 		ReadTimeout:     cfg.HTTPReadTimeout,
 		AllowedCallers:  cfg.AllowedCallers,
@@ -188,6 +195,12 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	// cost memory whatever they send.
 	grpcLn = service.LimitListener(grpcLn, cfg.MaxConnections)
 	httpLn = service.LimitListener(httpLn, cfg.MaxConnections)
+	hooks, err := listenWebhooks(cfg, records, events, logger, registerer, tlsConfig, tracerProvider)
+	if err != nil {
+		grpcLn.Close()
+		httpLn.Close()
+		return err
+	}
 	httpSrv := &http.Server{
 		Handler:           srv.HTTP,
 		TLSConfig:         tlsConfig,
@@ -205,7 +218,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- srv.GRPC.Serve(grpcLn) }()
 	go func() {
 		if tlsConfig != nil {
@@ -214,12 +227,13 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		}
 		errc <- httpSrv.Serve(httpLn)
 	}()
+	hooks.serve(errc)
 	srv.SetServing(true)
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
 	background.Go(func() { svc.Run(bgCtx) })
 	background.Go(func() { srv.WatchStore(bgCtx, records.Ping, storeCheckInterval) })
-	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String())
+	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String(), "webhook_addr", hooks.addr())
 
 	var serveErr error
 	select {
@@ -237,6 +251,11 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	}
 	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer cancel()
+	// Open watches never end by themselves: end them, or GracefulStop
+	// would wait for them until the timeout.
+	events.Close()
+	hooksDone := make(chan error, 1)
+	go func() { hooksDone <- hooks.shutdown(drainCtx) }()
 	// At the drain deadline, calls still in flight are cut off: their
 	// handlers' contexts end, and each answers with paymentsd's own status
 	// (ErrorInfo says whether a payment may exist). They get hardStopGrace
@@ -265,6 +284,9 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if httpErr != nil {
 		httpSrv.Close()
 		logger.Warn("shutdown timeout expired with REST calls in flight", "error", httpErr.Error())
+	}
+	if err := <-hooksDone; err != nil {
+		logger.Warn("shutdown timeout expired with webhook deliveries in flight", "error", err.Error())
 	}
 	stopBackground()
 	background.Wait()

@@ -476,3 +476,101 @@ func retryDelay(st *status.Status) time.Duration {
 	}
 	return 0
 }
+
+// TestSettlementGivesUpAfterTheWindow: a record whose outcome stays
+// unknown past the settlement window is logged at error level once,
+// counted, and never sent again, not even when its caller retries.
+func TestSettlementGivesUpAfterTheWindow(t *testing.T) {
+	t.Parallel()
+	p := idempotentProvider(t)
+	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	in := start(t, with(sandboxEnv(p),
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
+		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
+	))
+	_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-window"))
+	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+
+	const gaveUp = "settlement window closed with the payment's outcome unknown; check the provider's dashboard"
+	line := in.logs.waitFor(t, gaveUp, nil)
+	if line["level"] != "ERROR" {
+		t.Errorf("give-up line level = %v, want ERROR", line["level"])
+	}
+	families, _ := scrape(t, in)
+	if v, _ := sample(families, "paymentsd_settlement_gave_up_total", nil); v != 1 {
+		t.Errorf("paymentsd_settlement_gave_up_total = %v, want 1", v)
+	}
+
+	sent := len(p.Requests())
+	_, err = in.client.CreateMultiCardPayment(t.Context(), validRequest("k-window"))
+	st := status.Convert(err)
+	checkReason(t, st, "PAYMENT_OUTCOME_UNKNOWN")
+	if retryDelay(st) != 0 {
+		t.Errorf("a retry past the window carries RetryInfo; retrying can't help")
+	}
+	got, err := in.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-window"})
+	if err != nil || got.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN {
+		t.Errorf("GetMultiCardPayment() = %v, %v; want OUTCOME_UNKNOWN", got.GetState(), err)
+	}
+	if n := len(p.Requests()); n != sent {
+		t.Errorf("provider received %d more requests past the window, want none", n-sent)
+	}
+	if n := len(in.logs.lines(gaveUp)); n != 1 {
+		t.Errorf("give-up logged %d times, want once", n)
+	}
+}
+
+// TestDatabasePasswordNeverShown: a database URL's password appears in no
+// log line, refusal or metric, whether paymentsd starts or can't.
+func TestDatabasePasswordNeverShown(t *testing.T) {
+	t.Parallel()
+	const password = "PGPASS_SENTINEL_4b1d"
+	leaked := func(out string) bool {
+		for _, form := range []string{password, url.QueryEscape(password), strings.ToLower(password), "UEdQQVNTX1NFTlRJTkVM"} {
+			if strings.Contains(out, form) {
+				return true
+			}
+		}
+		return false
+	}
+	withPassword := func(raw string) string {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(u.User.Username(), password)
+		return u.String()
+	}
+
+	// Starts (the test server trusts loopback and ignores the password).
+	p := fakeProvider(t, "sandbox")
+	in := start(t, with(sandboxEnv(p), "PAYMENTS_DATABASE_URL", withPassword(storetest.PostgresURL(t))))
+	if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-pw")); err != nil {
+		t.Fatalf("CreateMultiCardPayment() = %v", err)
+	}
+	_, metrics := scrape(t, in)
+	if leaked(in.logs.String()) || leaked(metrics) {
+		t.Errorf("the database password appears in the logs or metrics")
+	}
+
+	// Can't start: nothing listens there, or the URL is malformed.
+	for _, bad := range []string{
+		"postgres://paymentsd:" + password + "@127.0.0.1:1/payments?connect_timeout=1",
+		"postgres://paymentsd:" + password + "@127.0.0.1:notaport/payments",
+		"postgres://paymentsd:" + password + "@127.0.0.1/payments?sslmode=bogus",
+	} {
+		env := with(sandboxEnv(p), "PAYMENTS_DATABASE_URL", bad, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0")
+		var stderr strings.Builder
+		err := run(t.Context(), []string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+		if err == nil {
+			t.Fatalf("run() with an unusable database URL = nil, want a refusal")
+		}
+		if !strings.Contains(err.Error(), "PAYMENTS_DATABASE_URL") {
+			t.Errorf("refusal %q does not name PAYMENTS_DATABASE_URL", err)
+		}
+		if leaked(err.Error()) || leaked(stderr.String()) {
+			t.Errorf("the database password appears in the refusal or the logs: %v\n%s", err, stderr.String())
+		}
+	}
+}

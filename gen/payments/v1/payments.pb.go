@@ -224,7 +224,8 @@ type CreateMultiCardPaymentRequest struct {
 	// what it can't carry faithfully through its record store, logs and
 	// headers: ASCII control characters (U+0000 to U+001F and U+007F, NUL,
 	// CR and LF among them). Keys are stored and compared exactly, byte for
-	// byte; the request size limit bounds their length.
+	// byte; the request size limit bounds their length. Logs carry at most
+	// the first 64 bytes of a key and a SHA-256 prefix of the whole key.
 	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -280,6 +281,11 @@ type CreateMultiCardPaymentResponse struct {
 	// payment is the provider's reply body, a JSON object: every field the
 	// provider sent, and nothing else. Its shape is not documented by the
 	// provider.
+	//
+	// This deployment's API key is replaced with [REDACTED] wherever the
+	// provider echoes it, plainly, JSON-escaped or percent-encoded; if it
+	// can't be removed while keeping a JSON object, the call fails with
+	// UNKNOWN and PAYMENT_OUTCOME_UNKNOWN instead.
 	//
 	// Over gRPC it is a google.protobuf.Struct, which carries numbers as
 	// doubles: integers beyond 2^53 lose precision, and duplicate keys keep
@@ -445,7 +451,15 @@ type GetMultiCardPaymentResponse struct {
 	// last_error says why the last attempt failed; empty after a success.
 	LastError string `protobuf:"bytes,9,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	// environment is the provider environment the record belongs to.
-	Environment   Environment `protobuf:"varint,10,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
+	Environment Environment `protobuf:"varint,10,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
+	// caller is the mTLS identity (the client certificate's first URI SAN,
+	// else its first DNS SAN) of the service whose call created the record;
+	// empty without mTLS.
+	Caller string `protobuf:"bytes,11,opt,name=caller,proto3" json:"caller,omitempty"`
+	// request_id and trace_id are those of the call that created the record,
+	// for finding its log lines and trace.
+	RequestId     string `protobuf:"bytes,12,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	TraceId       string `protobuf:"bytes,13,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -550,6 +564,27 @@ func (x *GetMultiCardPaymentResponse) GetEnvironment() Environment {
 	return Environment_ENVIRONMENT_UNSPECIFIED
 }
 
+func (x *GetMultiCardPaymentResponse) GetCaller() string {
+	if x != nil {
+		return x.Caller
+	}
+	return ""
+}
+
+func (x *GetMultiCardPaymentResponse) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *GetMultiCardPaymentResponse) GetTraceId() string {
+	if x != nil {
+		return x.TraceId
+	}
+	return ""
+}
+
 // ProviderError is attached as a status detail to every error that comes from
 // a provider reply, so callers can see what the provider said.
 type ProviderError struct {
@@ -557,7 +592,9 @@ type ProviderError struct {
 	// http_status is the provider's HTTP status code.
 	HttpStatus int32 `protobuf:"varint,1,opt,name=http_status,json=httpStatus,proto3" json:"http_status,omitempty"`
 	// body is the provider's reply body (its shape is not documented), up to
-	// 8 KiB, as text. Invalid UTF-8 is replaced with U+FFFD.
+	// 8 KiB, as text. Invalid UTF-8 is replaced with U+FFFD, and this
+	// deployment's API key with [REDACTED] wherever it appears: plainly,
+	// JSON-escaped or percent-encoded.
 	Body string `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
 	// environment is the provider environment that answered.
 	Environment Environment `protobuf:"varint,3,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
@@ -842,7 +879,9 @@ type ProviderEvent struct {
 	// content_type is the delivery's Content-Type header as sent, or empty.
 	ContentType string `protobuf:"bytes,3,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
 	// headers are the delivery's HTTP headers as received, less hop-by-hop
-	// ones, in the order they came.
+	// ones: sorted by name, and each name's values in the order they came
+	// (the order of different names is not kept by paymentsd's HTTP server).
+	// A header repeating the webhook path has its token replaced.
 	Headers []*HttpHeader `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"`
 	// body is the delivery's body, byte for byte.
 	Body []byte `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
@@ -1029,7 +1068,7 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\breplayed\x18\x04 \x01(\bR\breplayed\x12!\n" +
 	"\fpayment_json\x18\x05 \x01(\fR\vpaymentJson\"c\n" +
 	"\x1aGetMultiCardPaymentRequest\x12E\n" +
-	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\x8d\x04\n" +
+	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\xdf\x04\n" +
 	"\x1bGetMultiCardPaymentResponse\x12/\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x19.payments.v1.PaymentStateR\x05state\x12D\n" +
 	"\arequest\x18\x02 \x01(\v2*.payments.v1.CreateMultiCardPaymentRequestR\arequest\x121\n" +
@@ -1044,7 +1083,11 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\n" +
 	"last_error\x18\t \x01(\tR\tlastError\x12:\n" +
 	"\venvironment\x18\n" +
-	" \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\"\x9c\x01\n" +
+	" \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\x12\x16\n" +
+	"\x06caller\x18\v \x01(\tR\x06caller\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\f \x01(\tR\trequestId\x12\x19\n" +
+	"\btrace_id\x18\r \x01(\tR\atraceId\"\x9c\x01\n" +
 	"\rProviderError\x12\x1f\n" +
 	"\vhttp_status\x18\x01 \x01(\x05R\n" +
 	"httpStatus\x12\x12\n" +

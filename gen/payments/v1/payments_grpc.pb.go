@@ -79,8 +79,21 @@ type PaymentsServiceClient interface {
 	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
 	//     deployment's allowlist; nothing was sent.
 	//
+	// PAYMENT_NOT_CREATED is reported only when nothing was sent, and for the
+	// provider refusals that prove the request was not acted on: 400, 401,
+	// 403, 404, 405, 406, 411, 413, 414, 415, 429 and 431. Every other
+	// provider answer is PAYMENT_OUTCOME_UNKNOWN, among them 409 (another
+	// request with the key in flight), 408, 412, 422, other 4xx, 1xx, 3xx
+	// (redirects are never followed) and 5xx. Once an attempt for a key may
+	// have created a payment, later failures for that key stay
+	// PAYMENT_OUTCOME_UNKNOWN until a 2xx settles it.
+	//
 	// Retryable errors also carry a google.rpc.RetryInfo, and errors that come
 	// from a provider reply carry a ProviderError with its HTTP status and body.
+	//
+	// REST: the body must be sent with Content-Type: application/json (415
+	// otherwise) and be exactly one JSON object (400 if anything but
+	// whitespace follows it).
 	//
 	// Codes (REST status in brackets):
 	//
@@ -114,6 +127,11 @@ type PaymentsServiceClient interface {
 	//     not write its record; nothing was sent to the provider.
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
 	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
+	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED: paymentsd has too
+	//     many calls in progress; retry shortly with the same key.
+	//   - UNAVAILABLE (503): paymentsd shut down before the call finished; the
+	//     reason says whether the request may have been sent. Retry with the
+	//     same key.
 	CreateMultiCardPayment(ctx context.Context, in *CreateMultiCardPaymentRequest, opts ...grpc.CallOption) (*CreateMultiCardPaymentResponse, error)
 	// GetMultiCardPayment returns paymentsd's record of the payment made with
 	// an idempotency key. It answers from the record only and never calls the
@@ -210,8 +228,21 @@ type PaymentsServiceServer interface {
 	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
 	//     deployment's allowlist; nothing was sent.
 	//
+	// PAYMENT_NOT_CREATED is reported only when nothing was sent, and for the
+	// provider refusals that prove the request was not acted on: 400, 401,
+	// 403, 404, 405, 406, 411, 413, 414, 415, 429 and 431. Every other
+	// provider answer is PAYMENT_OUTCOME_UNKNOWN, among them 409 (another
+	// request with the key in flight), 408, 412, 422, other 4xx, 1xx, 3xx
+	// (redirects are never followed) and 5xx. Once an attempt for a key may
+	// have created a payment, later failures for that key stay
+	// PAYMENT_OUTCOME_UNKNOWN until a 2xx settles it.
+	//
 	// Retryable errors also carry a google.rpc.RetryInfo, and errors that come
 	// from a provider reply carry a ProviderError with its HTTP status and body.
+	//
+	// REST: the body must be sent with Content-Type: application/json (415
+	// otherwise) and be exactly one JSON object (400 if anything but
+	// whitespace follows it).
 	//
 	// Codes (REST status in brackets):
 	//
@@ -245,6 +276,11 @@ type PaymentsServiceServer interface {
 	//     not write its record; nothing was sent to the provider.
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
 	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
+	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED: paymentsd has too
+	//     many calls in progress; retry shortly with the same key.
+	//   - UNAVAILABLE (503): paymentsd shut down before the call finished; the
+	//     reason says whether the request may have been sent. Retry with the
+	//     same key.
 	CreateMultiCardPayment(context.Context, *CreateMultiCardPaymentRequest) (*CreateMultiCardPaymentResponse, error)
 	// GetMultiCardPayment returns paymentsd's record of the payment made with
 	// an idempotency key. It answers from the record only and never calls the
@@ -362,7 +398,9 @@ const (
 //
 // ProviderEventsService reads the provider's webhook deliveries, which
 // paymentsd stores durably in an inbox as they arrive on its webhook
-// listener.
+// listener. It is subject to the same caller allowlist (PERMISSION_DENIED,
+// CALLER_NOT_ALLOWED) and in-flight cap (RESOURCE_EXHAUSTED) as
+// PaymentsService.
 //
 // The provider documents no kinds of event, no payload shape and no
 // signature scheme, so an event is an opaque delivery: its bytes exactly as
@@ -428,7 +466,9 @@ type ProviderEventsService_WatchProviderEventsClient = grpc.ServerStreamingClien
 //
 // ProviderEventsService reads the provider's webhook deliveries, which
 // paymentsd stores durably in an inbox as they arrive on its webhook
-// listener.
+// listener. It is subject to the same caller allowlist (PERMISSION_DENIED,
+// CALLER_NOT_ALLOWED) and in-flight cap (RESOURCE_EXHAUSTED) as
+// PaymentsService.
 //
 // The provider documents no kinds of event, no payload shape and no
 // signature scheme, so an event is an opaque delivery: its bytes exactly as

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+
+	"example.com/paymentsd/inbox"
+	"example.com/paymentsd/service"
+	"example.com/paymentsd/store"
+)
+
+// webhooks is the webhook intake's own listener and server, or nothing when
+// PAYMENTS_WEBHOOK_ADDR is unset. It shares no mux with the internal API.
+type webhooks struct {
+	srv *http.Server
+	ln  net.Listener
+	tls bool
+}
+
+// listenWebhooks binds the intake's listener. With server TLS configured it
+// serves TLS with the same certificate but never asks for a client
+// certificate: the provider has none.
+func listenWebhooks(cfg *config, st *store.Store, events *service.Events, logger *slog.Logger, reg prometheus.Registerer, tlsConfig *tls.Config, tp trace.TracerProvider) (*webhooks, error) {
+	if cfg.WebhookAddr == "" {
+		return &webhooks{}, nil
+	}
+	tokens := make([]string, len(cfg.WebhookTokens))
+	for i, t := range cfg.WebhookTokens {
+		tokens[i] = string(t)
+	}
+	h, err := inbox.New(inbox.Config{
+		Tokens:         tokens,
+		Store:          st,
+		MaxBytes:       cfg.WebhookMaxBytes,
+		Appended:       events.Appended,
+		Logger:         logger,
+		Metrics:        inbox.NewMetrics(reg),
+		TracerProvider: tp,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cfg.WebhookTokensFrom, err)
+	}
+	ln, err := net.Listen("tcp", cfg.WebhookAddr)
+	if err != nil {
+		return nil, fmt.Errorf("PAYMENTS_WEBHOOK_ADDR: %w", err)
+	}
+	// Internet-facing: the same per-port connection cap as the internal
+	// ports.
+	ln = service.LimitListener(ln, cfg.MaxConnections)
+	w := &webhooks{srv: inbox.NewServer(h, logger), ln: ln}
+	if tlsConfig != nil {
+		tc := tlsConfig.Clone()
+		tc.ClientAuth, tc.ClientCAs = tls.NoClientCert, nil
+		w.srv.TLSConfig, w.tls = tc, true
+	}
+	return w, nil
+}
+
+// serve serves until shutdown; it returns at once without a listener.
+func (w *webhooks) serve(errc chan<- error) {
+	if w.srv == nil {
+		return
+	}
+	go func() {
+		if w.tls {
+			errc <- w.srv.ServeTLS(w.ln, "", "")
+			return
+		}
+		errc <- w.srv.Serve(w.ln)
+	}()
+}
+
+// addr is the bound address, or "" without a listener.
+func (w *webhooks) addr() string {
+	if w.ln == nil {
+		return ""
+	}
+	return w.ln.Addr().String()
+}
+
+// shutdown stops accepting deliveries and waits, until ctx ends, for those
+// in flight to be committed and answered.
+func (w *webhooks) shutdown(ctx context.Context) error {
+	if w.srv == nil {
+		return nil
+	}
+	err := w.srv.Shutdown(ctx)
+	if err != nil {
+		w.srv.Close()
+	}
+	return err
+}
