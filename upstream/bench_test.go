@@ -33,7 +33,7 @@ func BenchmarkDecodeReply(b *testing.B) {
 // BenchmarkRedactReply is the redaction every 2xx reply goes through: the
 // usual reply, with nothing to redact, and one with escapes but no key.
 func BenchmarkRedactReply(b *testing.B) {
-	r := redactor{key: "sk_live_0123456789abcdef0123"}
+	r := newRedactor("sk_live_0123456789abcdef0123")
 	escaped := []byte(`{"payment":{"id":"pay_8f2b61c4d0e9","note":"caf\u00e9 \/ 50%25","idempotencyKey":"order-1234-attempt-1"}}`)
 	for _, bc := range []struct {
 		name string

@@ -9,4 +9,8 @@ var RetryAfter = retryAfter
 const MaxErrorBody = maxErrorBody
 
 // Redact is the client's redaction of key from b.
-func Redact(key string, b []byte) []byte { return redactor{key: key}.redact(b) }
+func Redact(key string, b []byte) []byte { return newRedactor(key).redact(b) }
+
+// Redactor is the client's redaction of key, with its encoded forms worked
+// out once, as the client does.
+func Redactor(key string) func([]byte) []byte { return newRedactor(key).redact }

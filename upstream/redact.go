@@ -2,6 +2,8 @@ package upstream
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"unicode/utf16"
@@ -15,7 +17,10 @@ const redactedMark = "[REDACTED]"
 // form a reader of them could turn back into the key: plain bytes, JSON
 // string escapes (\u006c, \/ and the like, in any mix and either case of
 // hex), percent-encoding (%6C or %6c, in any mix), and percent-encoding
-// whose characters are themselves JSON-escaped.
+// whose characters are themselves JSON-escaped. It also removes the key
+// base64-encoded (standard or URL alphabet, padded or not, at any of the
+// three byte alignments inside a longer encoded value, and with + and /
+// percent-encoded) and hex-encoded (either case).
 //
 // A body that is a JSON document stays one: the key is removed from inside
 // each string that holds it, and the string is encoded again. Whatever a
@@ -24,7 +29,62 @@ const redactedMark = "[REDACTED]"
 // may leave the body malformed; a malformed 2xx reply is reported as such,
 // never passed on with the key in it.
 type redactor struct {
-	key string
+	key   string
+	forms []encodedForm
+}
+
+// encodedForm is a stretch of text that only an encoding of the key
+// produces.
+type encodedForm struct {
+	text []byte
+	// base64 marks a form cut from the middle of a base64 encoding: the
+	// characters either side of it may each carry a few of the key's bits,
+	// and are removed with it.
+	base64 bool
+}
+
+// minEncodedForm is the shortest encoded form the redactor looks for. A
+// shorter one (from a key of under about nine bytes) could turn up by
+// chance in a reply, which removing it would corrupt; such a key is still
+// removed in every other form.
+const minEncodedForm = 12
+
+// newRedactor returns the redactor for key, with its encoded forms worked
+// out once.
+func newRedactor(key string) redactor {
+	r := redactor{key: key}
+	if key == "" {
+		return r
+	}
+	add := func(text string, b64 bool) {
+		if len(text) < minEncodedForm {
+			return
+		}
+		for _, f := range r.forms {
+			if string(f.text) == text {
+				return
+			}
+		}
+		r.forms = append(r.forms, encodedForm{text: []byte(text), base64: b64})
+	}
+	h := hex.EncodeToString([]byte(key))
+	add(h, false)
+	add(strings.ToUpper(h), false)
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding} {
+		for align := range 3 {
+			// The key after align other bytes: the characters between the
+			// first and last that mix in bits from outside the key depend
+			// on the key alone.
+			e := enc.EncodeToString(append(make([]byte, align), key...))
+			form := e[(8*align+5)/6 : 8*(align+len(key))/6]
+			add(form, true)
+			if strings.ContainsAny(form, "+/") {
+				add(strings.NewReplacer("+", "%2B", "/", "%2F").Replace(form), true)
+				add(strings.NewReplacer("+", "%2b", "/", "%2f").Replace(form), true)
+			}
+		}
+	}
+	return r
 }
 
 // redact returns b without the key. It returns b itself, unchanged and
@@ -42,16 +102,37 @@ func (r redactor) redact(b []byte) []byte {
 
 // redactString is redact for error texts.
 func (r redactor) redactString(s string) string {
-	if r.key == "" || (strings.IndexByte(s, '\\') < 0 && strings.IndexByte(s, '%') < 0 && !strings.Contains(s, r.key)) {
+	if r.key == "" || r.cleanString(s) {
 		return s
 	}
 	return string(r.redact([]byte(s)))
 }
 
-// clean reports that b cannot hold the key in any form: the key is not
-// there as plain bytes, and nothing in b could be an escape.
+// clean reports that b cannot hold the key in any form: neither the key
+// nor an encoded form of it is there, and nothing in b could be an escape.
 func (r redactor) clean(b []byte) bool {
-	return bytes.IndexByte(b, '\\') < 0 && bytes.IndexByte(b, '%') < 0 && !bytes.Contains(b, []byte(r.key))
+	if bytes.IndexByte(b, '\\') >= 0 || bytes.IndexByte(b, '%') >= 0 || bytes.Contains(b, []byte(r.key)) {
+		return false
+	}
+	for _, f := range r.forms {
+		if bytes.Contains(b, f.text) {
+			return false
+		}
+	}
+	return true
+}
+
+// cleanString is clean for a string, without copying it.
+func (r redactor) cleanString(s string) bool {
+	if strings.IndexByte(s, '\\') >= 0 || strings.IndexByte(s, '%') >= 0 || strings.Contains(s, r.key) {
+		return false
+	}
+	for _, f := range r.forms {
+		if strings.Contains(s, string(f.text)) {
+			return false
+		}
+	}
+	return true
 }
 
 // redactJSONStrings decodes each string token of the JSON document b that
@@ -159,10 +240,48 @@ func (r redactor) redactRaw(b []byte) []byte {
 		out = append(out, redactedMark...)
 		last = spanEnd
 	}
-	if out == nil {
-		return b
+	if out != nil {
+		b = append(out, b[last:]...)
 	}
-	return append(out, b[last:]...)
+	return r.redactForms(b)
+}
+
+// redactForms replaces each encoded form of the key in b with the mark,
+// returning b itself when there is none.
+func (r redactor) redactForms(b []byte) []byte {
+	for _, f := range r.forms {
+		i := bytes.Index(b, f.text)
+		if i < 0 {
+			continue
+		}
+		var out []byte
+		rest := b
+		for ; i >= 0; i = bytes.Index(rest, f.text) {
+			start, end := i, i+len(f.text)
+			if f.base64 {
+				if start > 0 && isBase64Char(rest[start-1]) {
+					start--
+				}
+				if end < len(rest) && isBase64Char(rest[end]) {
+					end++
+				}
+				for end < len(rest) && rest[end] == '=' {
+					end++
+				}
+			}
+			out = append(out, rest[:start]...)
+			out = append(out, redactedMark...)
+			rest = rest[end:]
+		}
+		b = append(out, rest...)
+	}
+	return b
+}
+
+// isBase64Char reports whether c is in either base64 alphabet.
+func isBase64Char(c byte) bool {
+	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' ||
+		c == '+' || c == '/' || c == '-' || c == '_'
 }
 
 // unit is one character as a reader may decode it: its bytes, and where

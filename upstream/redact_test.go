@@ -2,9 +2,12 @@ package upstream_test
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -74,11 +77,80 @@ func leaks(b []byte, key string) bool {
 		}
 	}
 	for _, f := range forms {
-		if bytes.Contains(f, k) {
+		if bytes.Contains(f, k) || bytes.Contains(unbase64(f), k) || bytes.Contains(unhex(f), k) {
 			return true
 		}
 	}
 	return false
+}
+
+// unbase64 decodes every run of base64 characters in b (either alphabet,
+// any padding), at each of the four places a group of four may start, and
+// returns the decodings joined.
+func unbase64(b []byte) []byte {
+	isB64 := func(c byte) bool {
+		return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || strings.IndexByte("+/-_", c) >= 0
+	}
+	var out []byte
+	for _, run := range runs(b, isB64) {
+		std := strings.NewReplacer("-", "+", "_", "/").Replace(string(run))
+		for k := 0; k < 4 && k < len(std); k++ {
+			r := std[k:]
+			if len(r)%4 == 1 {
+				r = r[:len(r)-1]
+			}
+			d, _ := base64.RawStdEncoding.DecodeString(r)
+			out = append(append(out, d...), 0)
+		}
+	}
+	return out
+}
+
+// unhex decodes every run of hex digits in b, from its first and its second
+// digit, and returns the decodings joined.
+func unhex(b []byte) []byte {
+	var out []byte
+	for _, run := range runs(b, func(c byte) bool { return isHex([]byte{c}) }) {
+		for k := 0; k < 2 && k < len(run); k++ {
+			r := run[k:]
+			d, _ := hex.DecodeString(string(r[:len(r)/2*2]))
+			out = append(append(out, d...), 0)
+		}
+	}
+	return out
+}
+
+// runs returns the maximal runs of b whose bytes satisfy in.
+func runs(b []byte, in func(byte) bool) [][]byte {
+	var out [][]byte
+	start := -1
+	for i := 0; i <= len(b); i++ {
+		if i < len(b) && in(b[i]) {
+			if start < 0 {
+				start = i
+			}
+			continue
+		}
+		if start >= 0 {
+			out = append(out, b[start:i])
+			start = -1
+		}
+	}
+	return out
+}
+
+// binaryEncodings are the ways a provider might carry bytes holding the
+// key: base64 in both alphabets, padded or not, and hex in either case.
+var binaryEncodings = []struct {
+	name   string
+	encode func(string) string
+}{
+	{"base64", func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }},
+	{"base64url", func(s string) string { return base64.URLEncoding.EncodeToString([]byte(s)) }},
+	{"base64 raw", func(s string) string { return base64.RawStdEncoding.EncodeToString([]byte(s)) }},
+	{"base64url raw", func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }},
+	{"hex", func(s string) string { return hex.EncodeToString([]byte(s)) }},
+	{"HEX", func(s string) string { return strings.ToUpper(hex.EncodeToString([]byte(s))) }},
 }
 
 func jsonStrings(v any) []string {
@@ -208,13 +280,54 @@ func TestRedactEncodings(t *testing.T) {
 	}
 }
 
+// The key inside bytes a provider base64- or hex-encodes, at every byte
+// alignment: as a Basic credential, in a JSON string (with / escaped), and
+// percent-encoded in a URL.
+func TestRedactBinaryEncodings(t *testing.T) {
+	t.Parallel()
+	redact := upstream.Redactor(redactKey)
+	for _, enc := range binaryEncodings {
+		for _, around := range [][2]string{{"", ""}, {"u", "!"}, {"us", "!!"}, {"user:", ""}, {"{\"k\":\"", "\"}"}} {
+			text := enc.encode(around[0] + redactKey + around[1])
+			name := fmt.Sprintf("%s/%q", enc.name, around[0])
+			bodies := []string{
+				`{"id":"pay_1","auth":"Basic ` + text + `","echo":"` + strings.ReplaceAll(text, "/", `\/`) + `"}`,
+				"<p>Authorization: Basic " + text + "</p>",
+				"https://provider.example/debug?blob=" + url.QueryEscape(text) + "&x=1",
+			}
+			for _, body := range bodies {
+				got := redact([]byte(body))
+				if leaks(got, redactKey) {
+					t.Errorf("%s: Redact(%s) = %s, which still holds the key", name, body, got)
+				}
+				if json.Valid([]byte(body)) {
+					var obj map[string]any
+					if err := json.Unmarshal(got, &obj); err != nil {
+						t.Errorf("%s: Redact(%s) = %s, not a JSON object: %v", name, body, got, err)
+					} else if obj["id"] != "pay_1" {
+						t.Errorf("%s: Redact(%s) = %s, want the rest kept", name, body, got)
+					}
+				}
+			}
+		}
+	}
+	// Encoded bytes that hold some other key are left alone.
+	for _, enc := range binaryEncodings {
+		body := []byte(`{"blob":"` + enc.encode("sk_live_OTHER_KEY_0123456789") + `"}`)
+		if got := redact(body); !bytes.Equal(got, body) {
+			t.Errorf("%s: Redact(%s) = %s, want it unchanged", enc.name, body, got)
+		}
+	}
+}
+
 // The usual reply, with no key and nothing escaped, is returned as it is.
 func TestRedactFastPath(t *testing.T) {
 	body := []byte(`{"id":"pay_1","status":"COMPLETED","amountMoney":{"amount":1250,"currency":"USD"}}`)
-	if got := upstream.Redact(redactKey, body); &got[0] != &body[0] {
+	redact := upstream.Redactor(redactKey)
+	if got := redact(body); &got[0] != &body[0] {
 		t.Errorf("Redact copied a reply with nothing to redact")
 	}
-	if n := testing.AllocsPerRun(100, func() { upstream.Redact(redactKey, body) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { redact(body) }); n != 0 {
 		t.Errorf("Redact of a clean reply allocates %v times, want 0", n)
 	}
 	// Escapes without the key leave a JSON body byte for byte.
@@ -238,6 +351,13 @@ func FuzzRedact(f *testing.F) {
 		raw := []byte(prefix + enc + suffix)
 		if got := upstream.Redact(redactKey, raw); leaks(got, redactKey) {
 			t.Fatalf("Redact(%q) = %q, which still holds the key", raw, got)
+		}
+		// The key inside bytes carried base64- or hex-encoded, the prefix
+		// setting its alignment.
+		be := binaryEncodings[choice%uint64(len(binaryEncodings))]
+		bin := []byte("x " + be.encode(prefix+redactKey+suffix) + " y")
+		if got := upstream.Redact(redactKey, bin); leaks(got, redactKey) {
+			t.Fatalf("Redact(%q) = %q (%s), which still holds the key", bin, got, be.name)
 		}
 		// As a JSON string: the prefix and suffix JSON-encoded, the key's
 		// encoding as it is (it is valid inside a JSON string).

@@ -140,7 +140,7 @@ func New(cfg Config) (*Client, error) {
 		cfg:     cfg,
 		metrics: cfg.Metrics,
 		logger:  cfg.Logger,
-		red:     redactor{key: cfg.APIKey},
+		red:     newRedactor(cfg.APIKey),
 	}
 	c.breaker = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:    "provider",
