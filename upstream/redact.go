@@ -44,9 +44,9 @@ type encodedForm struct {
 }
 
 // minEncodedForm is the shortest encoded form the redactor looks for. A
-// shorter one (base64 of a key under ten bytes, hex of one under six) could turn up by
-// chance in a reply, which removing it would corrupt; such a key is still
-// removed in every other form.
+// shorter one (base64 of a key under ten bytes, hex of one under six)
+// could turn up by chance in a reply, which removing it would corrupt;
+// such a key is still removed in every other form.
 const minEncodedForm = 12
 
 // newRedactor returns the redactor for key, with its encoded forms worked
