@@ -382,7 +382,7 @@ func FuzzRedact(f *testing.F) {
 // reply's Body and Payment and from an error's body.
 func TestKeyRedactedInReplies(t *testing.T) {
 	t.Parallel()
-	for i, enc := range []string{
+	encs := []string{
 		redactKey,
 		encodeKey(redactKey, 1),
 		encodeKey(redactKey, 2),
@@ -390,7 +390,11 @@ func TestKeyRedactedInReplies(t *testing.T) {
 		encodeKey(redactKey, 4),
 		encodeKey(redactKey, 5),
 		encodeKey(redactKey, 0xfeedface),
-	} {
+	}
+	for _, be := range binaryEncodings {
+		encs = append(encs, be.encode("Bearer "+redactKey))
+	}
+	for i, enc := range encs {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			t.Parallel()
 			body := `{"id":"pay_1","echo":"` + enc + `","nested":{"` + enc + `":["` + enc + `"]}}`
