@@ -119,7 +119,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	if readTimeout <= 0 {
 		readTimeout = DefaultReadTimeout
 	}
-	limit := &limiter{max: int64(maxInFlight)}
+	limit := &limiter{max: int64(maxInFlight), watches: &limiter{max: MaxWatchStreams}}
 	allowed := newAllowlist(opts.AllowedCallers)
 	s := &Server{health: health.NewServer(), storeOK: true}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/service"
 	"example.com/paymentsd/upstream/upstreamtest"
 )
@@ -282,5 +284,74 @@ func TestDrainDeadline(t *testing.T) {
 	r := <-restDone
 	if r.err != nil || r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.raw), service.ReasonOutcomeUnknown) {
 		t.Errorf("REST payment cut off by the drain = %d %s, %v; want 503 with %s", r.status, r.raw, r.err, service.ReasonOutcomeUnknown)
+	}
+}
+
+// TestWatchStreamsHaveTheirOwnCap opens service.MaxWatchStreams watches
+// with PAYMENTS_MAX_IN_FLIGHT at 2: payments still go through, the next
+// watch gets RESOURCE_EXHAUSTED, and closing a watch frees its slot.
+func TestWatchStreamsHaveTheirOwnCap(t *testing.T) {
+	t.Parallel()
+	in := start(t, with(webhookEnv(t), "PAYMENTS_MAX_IN_FLIGHT", "2"))
+	events := paymentsv1.NewProviderEventsServiceClient(in.conn)
+	watch := func(ctx context.Context) error {
+		stream, err := events.WatchProviderEvents(ctx, &paymentsv1.WatchProviderEventsRequest{})
+		if err != nil {
+			return err
+		}
+		// An open watch sends its headers (the request ID) at once; a
+		// refused one ends with no headers, and Recv has its status.
+		md, err := stream.Header()
+		if err != nil {
+			return err
+		}
+		if md == nil {
+			_, err := stream.Recv()
+			return err
+		}
+		return nil
+	}
+	cancels := make([]context.CancelFunc, service.MaxWatchStreams)
+	for i := range cancels {
+		ctx, cancel := context.WithCancel(t.Context())
+		cancels[i] = cancel
+		if err := watch(ctx); err != nil {
+			t.Fatalf("watch %d: %v", i, err)
+		}
+	}
+	defer func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+	}()
+
+	for _, key := range []string{"with-watches-1", "with-watches-2", "with-watches-3"} {
+		if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest(key)); err != nil {
+			t.Errorf("CreateMultiCardPayment(%s) with %d watches open = %v, want OK", key, service.MaxWatchStreams, err)
+		}
+	}
+	over, cancelOver := context.WithCancel(t.Context())
+	defer cancelOver()
+	if err := watch(over); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("watch over the cap = %v, want ResourceExhausted", err)
+	}
+
+	// The slot comes back once the server sees the cancellation.
+	cancels[0]()
+	for {
+		ctx, cancel := context.WithCancel(t.Context())
+		err := watch(ctx)
+		if err == nil {
+			cancels[0] = cancel
+			break
+		}
+		cancel()
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("watch after one closed = %v, want OK", err)
+		}
+		if t.Context().Err() != nil {
+			t.Fatal("a closed watch's slot never came back")
+		}
+		runtime.Gosched()
 	}
 }

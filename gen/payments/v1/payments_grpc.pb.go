@@ -419,7 +419,9 @@ type ProviderEventsServiceClient interface {
 	// WatchProviderEvents first sends every stored event with a sequence
 	// greater than after_sequence, then each new event as it is committed,
 	// until the caller cancels or paymentsd shuts down. Resume after a broken
-	// stream with the last sequence received.
+	// stream with the last sequence received. Each replica keeps at most 64
+	// watches open; past that a watch fails with RESOURCE_EXHAUSTED (use
+	// ListProviderEvents, or watch again later).
 	WatchProviderEvents(ctx context.Context, in *WatchProviderEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchProviderEventsResponse], error)
 }
 
@@ -487,7 +489,9 @@ type ProviderEventsServiceServer interface {
 	// WatchProviderEvents first sends every stored event with a sequence
 	// greater than after_sequence, then each new event as it is committed,
 	// until the caller cancels or paymentsd shuts down. Resume after a broken
-	// stream with the last sequence received.
+	// stream with the last sequence received. Each replica keeps at most 64
+	// watches open; past that a watch fails with RESOURCE_EXHAUSTED (use
+	// ListProviderEvents, or watch again later).
 	WatchProviderEvents(*WatchProviderEventsRequest, grpc.ServerStreamingServer[WatchProviderEventsResponse]) error
 	mustEmbedUnimplementedProviderEventsServiceServer()
 }
