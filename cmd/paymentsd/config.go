@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -159,13 +160,13 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	c := &config{
 		Environment: strings.TrimSpace(getenv("PAYMENTS_ENVIRONMENT")),
 		Simulate:    *simulate,
-		GRPCAddr:    orDefault(getenv("PAYMENTS_GRPC_ADDR"), ":9090"),
-		HTTPAddr:    orDefault(getenv("PAYMENTS_HTTP_ADDR"), ":8080"),
+		GRPCAddr:    addrVar(getenv, "PAYMENTS_GRPC_ADDR", ":9090", problem),
+		HTTPAddr:    addrVar(getenv, "PAYMENTS_HTTP_ADDR", ":8080", problem),
 
-		UpstreamCAFile:  getenv("PAYMENTS_UPSTREAM_CA_FILE"),
-		TLSCertFile:     getenv("PAYMENTS_TLS_CERT_FILE"),
-		TLSKeyFile:      getenv("PAYMENTS_TLS_KEY_FILE"),
-		TLSClientCAFile: getenv("PAYMENTS_TLS_CLIENT_CA_FILE"),
+		UpstreamCAFile:  fileVar(getenv, "PAYMENTS_UPSTREAM_CA_FILE", problem),
+		TLSCertFile:     fileVar(getenv, "PAYMENTS_TLS_CERT_FILE", problem),
+		TLSKeyFile:      fileVar(getenv, "PAYMENTS_TLS_KEY_FILE", problem),
+		TLSClientCAFile: fileVar(getenv, "PAYMENTS_TLS_CLIENT_CA_FILE", problem),
 	}
 	if c.Environment == "" {
 		c.Environment = "sandbox"
@@ -199,12 +200,12 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	c.MaxInFlight = intVar(getenv, "PAYMENTS_MAX_IN_FLIGHT", service.DefaultMaxInFlight, 1, 100000, problem)
 	c.MaxConnections = intVar(getenv, "PAYMENTS_MAX_CONNECTIONS", service.DefaultMaxConnections, 1, 100000, problem)
 	c.HTTPReadTimeout = durationVar(getenv, "PAYMENTS_HTTP_READ_TIMEOUT", service.DefaultReadTimeout, problem)
-	for _, caller := range strings.Split(getenv("PAYMENTS_ALLOWED_CALLERS"), ",") {
+	for i, caller := range strings.Split(getenv("PAYMENTS_ALLOWED_CALLERS"), ",") {
 		caller = strings.TrimSpace(caller)
 		switch {
 		case caller == "":
 		case strings.ContainsFunc(caller, func(r rune) bool { return r <= ' ' || r == 0x7f }):
-			problem("PAYMENTS_ALLOWED_CALLERS has %q: an identity has no spaces or control characters", caller)
+			problem("PAYMENTS_ALLOWED_CALLERS: identity %d in the list has spaces or control characters; an identity has none", i+1)
 		default:
 			c.AllowedCallers = append(c.AllowedCallers, caller)
 		}
@@ -236,7 +237,7 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		c.loadProvider(getenv, problem)
 	}
 
-	c.WebhookAddr = getenv("PAYMENTS_WEBHOOK_ADDR")
+	c.WebhookAddr = addrVar(getenv, "PAYMENTS_WEBHOOK_ADDR", "", problem)
 	c.WebhookMaxBytes = int64(intVar(getenv, "PAYMENTS_WEBHOOK_MAX_BYTES", inbox.DefaultMaxBytes, 1024, 16<<20, problem))
 	if c.Environment == "sandbox" || c.Environment == "live" {
 		c.loadWebhookTokens(getenv, problem)
@@ -430,6 +431,72 @@ func keyProblem(key string) string {
 		}
 	}
 	return ""
+}
+
+// addrVar reads a listen address, host:port or :port, refusing one that
+// can't be, without repeating it.
+func addrVar(getenv func(string) string, name, def string, problem func(string, ...any)) string {
+	v := orDefault(getenv(name), def)
+	if v == "" {
+		return v
+	}
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		problem("%s: want host:port or :port, such as :9090", name)
+		return v
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		problem("%s: the port must be a number from 0 to 65535", name)
+	}
+	if host != "" && net.ParseIP(host) == nil && !validHostname(host) {
+		problem("%s: the host must be an IP address or a host name", name)
+	}
+	return v
+}
+
+// validHostname reports whether h has the shape of a DNS name: labels of
+// letters, digits and hyphens, separated by dots.
+func validHostname(h string) bool {
+	if len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, r := range label {
+			if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// fileVar reads a variable that names a file, refusing one that names no
+// readable file, without repeating the path: a key pasted into the wrong
+// variable must not be printed.
+func fileVar(getenv func(string) string, name string, problem func(string, ...any)) string {
+	path := getenv(name)
+	if path == "" {
+		return ""
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		problem("%s: cannot read the file it names: %v", name, pathless(err))
+		return path
+	}
+	f.Close()
+	return path
+}
+
+// pathless is err without the path a *fs.PathError carries.
+func pathless(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
+	}
+	return err
 }
 
 func orDefault(v, def string) string {

@@ -314,10 +314,10 @@ func newHTTPClient(cfg *config, tp trace.TracerProvider, prop propagation.TextMa
 		}
 		pem, err := os.ReadFile(cfg.UpstreamCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("PAYMENTS_UPSTREAM_CA_FILE: %w", err)
+			return nil, fmt.Errorf("PAYMENTS_UPSTREAM_CA_FILE: %w", pathless(err))
 		}
 		if !roots.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("PAYMENTS_UPSTREAM_CA_FILE: no PEM certificates in %s", cfg.UpstreamCAFile)
+			return nil, errors.New("PAYMENTS_UPSTREAM_CA_FILE: the file it names holds no PEM certificates")
 		}
 		tlsConfig.RootCAs = roots
 	}
@@ -361,7 +361,7 @@ func loadTLS(cfg *config) (*tls.Config, error) {
 	}
 	cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("PAYMENTS_TLS_CERT_FILE, PAYMENTS_TLS_KEY_FILE: %w", err)
+		return nil, fmt.Errorf("PAYMENTS_TLS_CERT_FILE, PAYMENTS_TLS_KEY_FILE: %w", pathless(err))
 	}
 	tc := &tls.Config{
 		Certificates: []tls.Certificate{cert},
@@ -371,11 +371,11 @@ func loadTLS(cfg *config) (*tls.Config, error) {
 	if cfg.TLSClientCAFile != "" {
 		pem, err := os.ReadFile(cfg.TLSClientCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE: %w", err)
+			return nil, fmt.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE: %w", pathless(err))
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE: no PEM certificates in %s", cfg.TLSClientCAFile)
+			return nil, errors.New("PAYMENTS_TLS_CLIENT_CA_FILE: the file it names holds no PEM certificates")
 		}
 		tc.ClientCAs = pool
 		tc.ClientAuth = tls.RequireAndVerifyClientCert

@@ -728,11 +728,35 @@ func TestRefusalsNeverEchoValues(t *testing.T) {
 		{"max response bytes", sandbox, "PAYMENTS_UPSTREAM_MAX_RESPONSE_BYTES"},
 		{"breaker failures", sandbox, "PAYMENTS_UPSTREAM_BREAKER_FAILURES"},
 		{"max request bytes", sandbox, "PAYMENTS_MAX_REQUEST_BYTES"},
+		{"gRPC address", sandbox, "PAYMENTS_GRPC_ADDR"},
+		{"gRPC address port", sandbox, "PAYMENTS_GRPC_ADDR"},
+		{"HTTP address", sandbox, "PAYMENTS_HTTP_ADDR"},
+		{"webhook address", with(sandbox, "PAYMENTS_SANDBOX_WEBHOOK_TOKEN", webhookToken), "PAYMENTS_WEBHOOK_ADDR"},
+		{"webhook max bytes", sandbox, "PAYMENTS_WEBHOOK_MAX_BYTES"},
+		{"upstream CA file", sandbox, "PAYMENTS_UPSTREAM_CA_FILE"},
+		{"TLS cert file", with(sandbox, "PAYMENTS_TLS_KEY_FILE", "testdata/none.key"), "PAYMENTS_TLS_CERT_FILE"},
+		{"TLS key file", with(sandbox, "PAYMENTS_TLS_CERT_FILE", "testdata/none.crt"), "PAYMENTS_TLS_KEY_FILE"},
+		{"TLS client CA file", sandbox, "PAYMENTS_TLS_CLIENT_CA_FILE"},
+		{"allowed callers", sandbox, "PAYMENTS_ALLOWED_CALLERS"},
+		{"settlement window", sandbox, "PAYMENTS_SETTLEMENT_WINDOW"},
+		{"record retention", sandbox, "PAYMENTS_RECORD_RETENTION"},
+		{"max in flight", sandbox, "PAYMENTS_MAX_IN_FLIGHT"},
+		{"max connections", sandbox, "PAYMENTS_MAX_CONNECTIONS"},
+		{"HTTP read timeout", sandbox, "PAYMENTS_HTTP_READ_TIMEOUT"},
+		{"database URL", sandbox, "PAYMENTS_DATABASE_URL"},
+		{"database URL file", sandbox, "PAYMENTS_DATABASE_URL_FILE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			pasted := map[string]string{
+				"gRPC address":            "127.0.0.1:" + sandboxKey,
+				"allowed callers":         "spiffe://corp.example/ns/shop/sa/checkout, " + sandboxKey + " x",
+				"TLS cert file":           "/run/secrets/" + sandboxKey,
+				"TLS key file":            "/run/secrets/" + sandboxKey,
+				"TLS client CA file":      "/run/secrets/" + sandboxKey,
+				"upstream CA file":        "/run/secrets/" + sandboxKey,
+				"database URL file":       "/run/secrets/" + sandboxKey,
 				"base URL":                "https://sandbox.provider.test/" + sandboxKey,
 				"base URL path":           "https://sandbox.provider.test/v2/" + sandboxKey,
 				"base URL port":           "https://sandbox.provider.test:" + sandboxKey + "/v1",
@@ -744,7 +768,14 @@ func TestRefusalsNeverEchoValues(t *testing.T) {
 			if pasted == "" {
 				pasted = sandboxKey
 			}
-			env := with(tt.env, tt.vr, pasted, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0")
+			env := with(tt.env,
+				"PAYMENTS_GRPC_ADDR", "127.0.0.1:0",
+				"PAYMENTS_HTTP_ADDR", "127.0.0.1:0",
+				"PAYMENTS_DATABASE_URL", "sqlite:"+filepath.Join(t.TempDir(), "records.db"),
+				tt.vr, pasted)
+			if tt.vr == "PAYMENTS_DATABASE_URL_FILE" {
+				delete(env, "PAYMENTS_DATABASE_URL")
+			}
 			var stdout, stderr bytes.Buffer
 			err := run(t.Context(), []string{"paymentsd"}, func(k string) string { return env[k] }, &stdout, &stderr)
 			if err == nil {
