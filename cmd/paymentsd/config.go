@@ -328,8 +328,8 @@ func (c *config) loadWebhookTokens(getenv func(string) string, problem func(stri
 	default:
 		b, err := os.ReadFile(file)
 		if err != nil {
-			// The error names the file, never its contents.
-			problem("%s: cannot read the token file: %v", fileVar, err)
+			// Neither the path nor the contents: only why it can't be read.
+			problem("%s: cannot read the token file: %v", fileVar, pathless(err))
 			return
 		}
 		raw, from = string(b), fileVar+"="+file

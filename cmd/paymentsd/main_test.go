@@ -745,6 +745,7 @@ func TestRefusalsNeverEchoValues(t *testing.T) {
 		{"HTTP read timeout", sandbox, "PAYMENTS_HTTP_READ_TIMEOUT"},
 		{"database URL", sandbox, "PAYMENTS_DATABASE_URL"},
 		{"database URL file", sandbox, "PAYMENTS_DATABASE_URL_FILE"},
+		{"webhook token file", with(sandbox, "PAYMENTS_WEBHOOK_ADDR", "127.0.0.1:0"), "PAYMENTS_SANDBOX_WEBHOOK_TOKEN_FILE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -757,6 +758,7 @@ func TestRefusalsNeverEchoValues(t *testing.T) {
 				"TLS client CA file":      "/run/secrets/" + sandboxKey,
 				"upstream CA file":        "/run/secrets/" + sandboxKey,
 				"database URL file":       "/run/secrets/" + sandboxKey,
+				"webhook token file":      "/run/secrets/" + sandboxKey,
 				"base URL":                "https://sandbox.provider.test/" + sandboxKey,
 				"base URL path":           "https://sandbox.provider.test/v2/" + sandboxKey,
 				"base URL port":           "https://sandbox.provider.test:" + sandboxKey + "/v1",
