@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"html"
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -17,7 +18,9 @@ const redactedMark = "[REDACTED]"
 // form a reader of them could turn back into the key: plain bytes, JSON
 // string escapes (\u006c, \/ and the like, in any mix and either case of
 // hex), percent-encoding (%6C or %6c, in any mix), and percent-encoding
-// whose characters are themselves JSON-escaped. It also removes the key
+// whose characters are themselves JSON-escaped, and HTML character
+// references (&#47;, &#x2F;, &sol; and every other named one). It also
+// removes the key
 // base64-encoded (standard or URL alphabet, padded or not, at any of the
 // three byte alignments inside a longer encoded value, and with + and /
 // percent-encoded) and hex-encoded (either case).
@@ -111,7 +114,7 @@ func (r redactor) redactString(s string) string {
 // clean reports that b cannot hold the key in any form: neither the key
 // nor an encoded form of it is there, and nothing in b could be an escape.
 func (r redactor) clean(b []byte) bool {
-	if bytes.IndexByte(b, '\\') >= 0 || bytes.IndexByte(b, '%') >= 0 || bytes.Contains(b, []byte(r.key)) {
+	if bytes.IndexByte(b, '\\') >= 0 || bytes.IndexByte(b, '%') >= 0 || bytes.IndexByte(b, '&') >= 0 || bytes.Contains(b, []byte(r.key)) {
 		return false
 	}
 	for _, f := range r.forms {
@@ -124,7 +127,7 @@ func (r redactor) clean(b []byte) bool {
 
 // cleanString is clean for a string, without copying it.
 func (r redactor) cleanString(s string) bool {
-	if strings.IndexByte(s, '\\') >= 0 || strings.IndexByte(s, '%') >= 0 || strings.Contains(s, r.key) {
+	if strings.IndexByte(s, '\\') >= 0 || strings.IndexByte(s, '%') >= 0 || strings.IndexByte(s, '&') >= 0 || strings.Contains(s, r.key) {
 		return false
 	}
 	for _, f := range r.forms {
@@ -222,7 +225,7 @@ func (r redactor) redactRaw(b []byte) []byte {
 			last, spanEnd = spanEnd, -1
 		}
 		c := b[i]
-		if c != r.key[0] && c != '%' && c != '\\' {
+		if c != r.key[0] && c != '%' && c != '\\' && c != '&' {
 			continue
 		}
 		end := r.matchEnd(b, i)
@@ -335,10 +338,13 @@ func (r redactor) matchEnd(b []byte, i int) int {
 }
 
 // percentUnits appends the readings of the character at b[p]: the JSON
-// readings, and a percent-encoded byte whose %, and hex digits, may each
-// be JSON-escaped.
+// readings, an HTML character reference, and a percent-encoded byte whose
+// %, and hex digits, may each be JSON-escaped.
 func percentUnits(b []byte, p int, out []unit) []unit {
 	out = jsonUnits(b, p, out)
+	if u, ok := htmlUnit(b, p); ok {
+		out = append(out, u)
+	}
 	n := len(out)
 	for k := 0; k < n; k++ {
 		if out[k].n != 1 || out[k].b[0] != '%' {
@@ -356,6 +362,59 @@ func percentUnits(b []byte, p int, out []unit) []unit {
 	}
 	return out
 }
+
+// htmlUnit reads an HTML character reference at b[p]: &#DDD; or &#xHH;
+// (the semicolon optional, as browsers read them), or a named one such as
+// &sol; or &lowbar;.
+func htmlUnit(b []byte, p int) (unit, bool) {
+	if p+2 >= len(b) || b[p] != '&' {
+		return unit{}, false
+	}
+	var rn rune
+	q := p + 1
+	if b[q] == '#' {
+		q++
+		base := 10
+		if q < len(b) && (b[q] == 'x' || b[q] == 'X') {
+			base, q = 16, q+1
+		}
+		start := q
+		for ; q < len(b) && q-start < 8; q++ {
+			d, ok := hexVal(b[q])
+			if !ok || int(d) >= base {
+				break
+			}
+			rn = rn*rune(base) + rune(d)
+		}
+		if q == start || !utf8.ValidRune(rn) {
+			return unit{}, false
+		}
+		if q < len(b) && b[q] == ';' {
+			q++
+		}
+	} else {
+		end := bytes.IndexByte(b[q:min(len(b), q+maxEntityName+1)], ';')
+		if end <= 0 {
+			return unit{}, false
+		}
+		ref := string(b[p : q+end+1])
+		text := html.UnescapeString(ref)
+		if text == ref || len(text) > utf8.UTFMax {
+			return unit{}, false
+		}
+		var u unit
+		u.n = copy(u.b[:], text)
+		u.next = q + end + 1
+		return u, true
+	}
+	var u unit
+	u.n = utf8.EncodeRune(u.b[:], rn)
+	u.next = q
+	return u, true
+}
+
+// maxEntityName is longer than any HTML named character reference.
+const maxEntityName = 32
 
 // hexUnit reads one hex digit at b[p], plain or JSON-escaped.
 func hexUnit(b []byte, p int) (byte, int, bool) {

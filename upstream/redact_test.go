@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"html"
 	"net/http"
 	"net/url"
 	"strings"
@@ -18,13 +19,14 @@ import (
 )
 
 // encodings of a key, each character chosen by a digit of choice: plain,
-// \u with lower or upper hex, %XX with lower or upper hex, or a
-// JSON-escaped percent sign before plain or JSON-escaped hex digits.
+// \u with lower or upper hex, %XX with lower or upper hex, a JSON-escaped
+// percent sign before plain or JSON-escaped hex digits, or an HTML
+// character reference in decimal or hex.
 func encodeKey(key string, choice uint64) string {
 	var b strings.Builder
 	for i := 0; i < len(key); i++ {
 		c := key[i]
-		switch choice % 7 {
+		switch choice % 9 {
 		case 0:
 			b.WriteByte(c)
 		case 1:
@@ -39,8 +41,12 @@ func encodeKey(key string, choice uint64) string {
 			fmt.Fprintf(&b, `\u0025%02X`, c)
 		case 6:
 			b.WriteString(escapedPercentDigits(key[i : i+1]))
+		case 7:
+			fmt.Fprintf(&b, "&#%d;", c)
+		case 8:
+			fmt.Fprintf(&b, "&#x%x;", c)
 		}
-		choice /= 7
+		choice /= 9
 		if choice == 0 {
 			choice = uint64(i) * 2654435761 // keep mixing past the choice's digits
 		}
@@ -68,12 +74,12 @@ func escapedPercentDigits(key string) string {
 // redactor's.
 func leaks(b []byte, key string) bool {
 	k := []byte(key)
-	forms := [][]byte{b, unescapeJSON(b), unpercent(b), unpercent(unescapeJSON(b)), unescapeJSON(unpercent(b))}
+	forms := [][]byte{b, unescapeJSON(b), unpercent(b), unpercent(unescapeJSON(b)), unescapeJSON(unpercent(b)), unhtml(b), unhtml(unescapeJSON(b))}
 	var v any
 	if json.Unmarshal(b, &v) == nil {
 		for _, s := range jsonStrings(v) {
 			sb := []byte(s)
-			forms = append(forms, sb, unpercent(sb), unescapeJSON(sb), unpercent(unescapeJSON(sb)))
+			forms = append(forms, sb, unpercent(sb), unescapeJSON(sb), unpercent(unescapeJSON(sb)), unhtml(sb))
 		}
 	}
 	for _, f := range forms {
@@ -83,6 +89,9 @@ func leaks(b []byte, key string) bool {
 	}
 	return false
 }
+
+// unhtml decodes HTML character references, as html.UnescapeString does.
+func unhtml(b []byte) []byte { return []byte(html.UnescapeString(string(b))) }
 
 // unbase64 decodes every run of base64 characters in b (either alphabet,
 // any padding), at each of the four places a group of four may start, and
@@ -253,6 +262,9 @@ func TestRedactEncodings(t *testing.T) {
 		{"escaped percent", every(`\u0025%02x`)},
 		{"escaped percent and digits", escapedPercentDigits(redactKey)},
 		{"mixed", encodeKey(redactKey, 0x5eed5eed5eed)},
+		{"HTML decimal", every(`&#%d;`)},
+		{"HTML hex", every(`&#x%x;`)},
+		{"HTML named", strings.NewReplacer("_", "&lowbar;", "/", "&sol;", "+", "&plus;", "S", "&#83;").Replace(redactKey)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -277,6 +289,21 @@ func TestRedactEncodings(t *testing.T) {
 				t.Errorf("Redact(%s) = %s, which still holds the key", text, got)
 			}
 		})
+	}
+}
+
+// HTML character references need no semicolon; a semicolon right after
+// the last one is read as part of it, as a browser reads it.
+func TestRedactHTMLWithoutSemicolons(t *testing.T) {
+	t.Parallel()
+	var enc strings.Builder
+	for i := 0; i < len(redactKey); i++ {
+		fmt.Fprintf(&enc, "&#X%X", redactKey[i])
+	}
+	text := []byte("<p>bad key: " + enc.String() + "</p>")
+	got := upstream.Redact(redactKey, text)
+	if leaks(got, redactKey) || string(got) != "<p>bad key: [REDACTED]</p>" {
+		t.Errorf("Redact(%s) = %s, want the key replaced and the rest kept", text, got)
 	}
 }
 
