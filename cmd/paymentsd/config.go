@@ -288,11 +288,7 @@ func (c *config) loadProvider(getenv func(string) string, problem func(string, .
 		if err != nil {
 			// Neither the path (which may be a key pasted into the wrong
 			// variable) nor the contents: only why it can't be read.
-			var pe *fs.PathError
-			if errors.As(err, &pe) {
-				err = pe.Err
-			}
-			problem("%s: cannot read the file it names: %v", fileVar, err)
+			problem("%s: cannot read the file it names: %v", fileVar, pathless(err))
 			return
 		}
 		// Editors on some systems start a file with a byte-order mark.
@@ -372,7 +368,7 @@ func (c *config) loadDatabase(getenv func(string) string, problem func(string, .
 	case file != "":
 		b, err := os.ReadFile(file)
 		if err != nil {
-			problem("%s: cannot read the file it names", fileVar)
+			problem("%s: cannot read the file it names: %v", fileVar, pathless(err))
 			return
 		}
 		v, c.DatabaseFrom = strings.TrimSpace(strings.TrimPrefix(string(b), "\uFEFF")), fileVar+"="+file
