@@ -20,10 +20,9 @@ const redactedMark = "[REDACTED]"
 // hex), percent-encoding (%6C or %6c, in any mix), and percent-encoding
 // whose characters are themselves JSON-escaped, and HTML character
 // references (&#47;, &#x2F;, &sol; and every other named one). It also
-// removes the key
-// base64-encoded (standard or URL alphabet, padded or not, at any of the
-// three byte alignments inside a longer encoded value, and with + and /
-// percent-encoded) and hex-encoded (either case).
+// removes the key base64-encoded (standard or URL alphabet, padded or not,
+// at any of the three byte alignments inside a longer encoded value, and
+// with + and / percent-encoded) and hex-encoded (either case).
 //
 // A body that is a JSON document stays one: the key is removed from inside
 // each string that holds it, and the string is encoded again. Whatever a
