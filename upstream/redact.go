@@ -90,8 +90,9 @@ func newRedactor(key string) redactor {
 }
 
 // redact returns b without the key. It returns b itself, unchanged and
-// without allocating, when b holds neither the key nor any backslash or
-// percent sign (the usual reply), since then no encoded form can be there.
+// without allocating, when b holds neither the key, nor its base64 or hex
+// forms, nor any backslash, percent sign or ampersand (the usual reply),
+// since then no escaped form can be there.
 func (r redactor) redact(b []byte) []byte {
 	if r.key == "" || r.clean(b) {
 		return b
