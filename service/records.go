@@ -137,18 +137,24 @@ func (s *Service) send(ctx context.Context, owner string, began store.Began) (*p
 		fin.Code, fin.LastError = int32(st.Code()), st.Message()
 	}
 
-	if fin.State == store.StateSucceeded {
-		// A success is answered without waiting for its record to commit.
-		// Were this process to die first, the record would stay InProgress
-		// until its lease expired and settlement re-sent the same body with
-		// the same key, which gives the provider's same answer: the caller
-		// was told the truth, and the replay is only delayed. Calls here
-		// with the key wait for the commit (Busy, or Get's pending check).
+	if fin.State == store.StateSucceeded || fin.State == store.StateOutcomeUnknown {
+		// A success, or an outcome nobody knows, is answered without
+		// waiting for its record to commit. Were this process to die
+		// first, the record would stay InProgress until its lease expired
+		// and settlement re-sent the same body with the same key: for a
+		// success that gives the provider's same answer, and an unknown
+		// outcome is what settlement exists for. Either way the caller was
+		// told the truth. It also keeps a call whose deadline is about to
+		// expire from spending its last moments on a commit, so the caller
+		// gets paymentsd's answer, with its details, rather than a bare
+		// DEADLINE_EXCEEDED from its own side. Calls here with the key wait
+		// for the commit (Busy, or Get's pending check).
 		s.finishLater(ctx, fin)
-		return resp, nil
+		return resp, err
 	}
-	// A failure is recorded before it is answered, so that what the caller
-	// is told about the money is what the record says.
+	// NotCreated is recorded before it is answered: a caller told that no
+	// payment was created may pay again under a new key, so the record
+	// must never be left for settlement to re-send.
 	if ferr := s.finish(ctx, fin); ferr != nil {
 		s.logFinishError(ctx, fin, ferr)
 	}
