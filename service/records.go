@@ -80,7 +80,7 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		began, err := s.store.Begin(ctx, claim)
 		s.metrics.storeOp("begin", start, err)
 		if err != nil {
-			return nil, s.storeError(ctx, err, "idempotency_key")
+			return nil, s.beginError(ctx, claim, err)
 		}
 		switch began.Outcome {
 		case store.Acquired:
@@ -117,7 +117,12 @@ func (s *Service) send(ctx context.Context, owner string, began store.Began) (*p
 	// An earlier attempt for this key may have created the payment, so
 	// nothing this attempt learns short of a 2xx can make it NotCreated.
 	maybeBefore := began.Prior == store.StateOutcomeUnknown || began.Prior == store.StateInProgress
-	reply, callErr := s.client.Send(ctx, rec.Body)
+	sendCtx, cancel, ok := s.withinLease(ctx, rec.LeaseExpiresAt)
+	defer cancel()
+	if !ok {
+		return nil, s.leaseTooShort(ctx, rec.Key, owner, maybeBefore)
+	}
+	reply, callErr := s.client.Send(sendCtx, rec.Body)
 	fin := s.outcome(reply, callErr, maybeBefore)
 	fin.Key, fin.Owner = rec.Key, owner
 
@@ -154,11 +159,50 @@ func (s *Service) send(ctx context.Context, owner string, began store.Began) (*p
 	}
 	// NotCreated is recorded before it is answered: a caller told that no
 	// payment was created may pay again under a new key, so the record
-	// must never be left for settlement to re-send.
+	// must never be left for settlement to re-send. If it can't be
+	// recorded, the record stays InProgress and settlement will re-send it
+	// once the lease expires, which may create the payment: the caller is
+	// told the outcome is unknown.
 	if ferr := s.finish(ctx, fin); ferr != nil {
 		s.logFinishError(ctx, fin, ferr)
+		return nil, s.errorStatus(ctx, callErr, true)
 	}
 	return resp, err
+}
+
+// withinLease bounds a send by the lease on its record: the request must be
+// over, one way or the other, a margin before the lease expires and
+// another call or replica may take the record over and send it again. It
+// reports false when too little of the lease is left to send at all (the
+// store was slow to commit the claim).
+func (s *Service) withinLease(ctx context.Context, leaseUntil time.Time) (context.Context, context.CancelFunc, bool) {
+	margin := min(s.leaseTTL/5, 2*time.Second)
+	left := leaseUntil.Sub(s.now()) - margin
+	if left <= margin {
+		return ctx, func() {}, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, left)
+	return ctx, cancel, true
+}
+
+// leaseTooShort records and answers a call that acquired its record too
+// late to send within the lease: nothing was sent.
+func (s *Service) leaseTooShort(ctx context.Context, key, owner string, maybeBefore bool) error {
+	fin := store.Finish{Key: key, Owner: owner, Now: s.now(), State: store.StateNotCreated,
+		LastError: "paymentsd's record store was too slow to let this attempt be sent; nothing was sent"}
+	reason, msg := ReasonNotCreated, "paymentsd's record store was too slow to let this call reach the provider in time; nothing was sent and no payment was created: retry with the same idempotency key"
+	if maybeBefore {
+		fin.State, fin.NextSettleAt = store.StateOutcomeUnknown, fin.Now.Add(settleBackoff(s.settleBase, 0))
+		reason, msg = ReasonOutcomeUnknown, "paymentsd's record store was too slow to let this call reach the provider in time; nothing was sent by this call, but an earlier one may have created the payment: retry with the same idempotency key, never a new one"
+	}
+	st := status.New(codes.Unavailable, msg)
+	fin.Code = int32(codes.Unavailable)
+	if ferr := s.finish(ctx, fin); ferr != nil {
+		// Left InProgress, the record will be re-sent by settlement.
+		s.logFinishError(ctx, fin, ferr)
+		reason = ReasonOutcomeUnknown
+	}
+	return withDetails(st, s.errorInfo(reason, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
 }
 
 // finishLater records fin without waiting; the key is pending until the
@@ -280,7 +324,11 @@ func (s *Service) waitForOutcome(ctx context.Context, key string) (store.Record,
 		case err == nil && (rec.State != store.StateInProgress || !rec.LeaseExpiresAt.After(s.now())):
 			return rec, nil
 		case err != nil && ctx.Err() == nil:
-			return store.Record{}, s.storeError(ctx, err, "idempotency_key")
+			// Another call holds the key and may be at the provider now:
+			// whatever the store's trouble, the answer is that it is in
+			// progress, never that nothing was created.
+			s.logger.ErrorContext(ctx, "record store failed while waiting on a key in flight", slog.String("error", err.Error()))
+			return store.Record{}, s.inProgressError(key)
 		}
 		// Another process may hold the key, so poll as well as listen.
 		t := time.NewTimer(poll)
@@ -375,6 +423,51 @@ func (s *Service) storeError(ctx context.Context, err error, field string) error
 	st := status.New(codes.Unavailable, "paymentsd could not write or read its payment record, so nothing was sent and no payment was created: it is safe to retry with the same idempotency key")
 	return withDetails(st, s.errorInfo(ReasonNotCreated, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
 }
+
+// beginError is the answer when claiming the key's record failed. This
+// call sent nothing, but an earlier one with the key may have created the
+// payment, so paymentsd reads the record, briefly, before saying
+// PAYMENT_NOT_CREATED: a key whose outcome is unknown, or which another
+// call holds, gets that answer instead. If the claim committed although
+// the store reported an error (a connection lost during COMMIT), the
+// record is marked NotCreated so that settlement never sends it. When the
+// record can't be read at all, nothing more can be known: the answer is
+// storeError's, about this call.
+func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) error {
+	if errors.Is(err, store.ErrKeyNotStorable) {
+		return s.storeError(ctx, err, "idempotency_key")
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recheckTimeout)
+	defer cancel()
+	rec, gerr := s.store.Get(rctx, claim.Key)
+	switch {
+	case gerr != nil || rec.State == store.StateNotCreated:
+		// No record (ErrNotFound), one that certainly created nothing, or
+		// a store that can't be read.
+		return s.storeError(ctx, err, "idempotency_key")
+	case rec.State == store.StateInProgress && rec.LeaseOwner == claim.Owner:
+		fin := store.Finish{Key: claim.Key, Owner: claim.Owner, Now: s.now(), State: store.StateNotCreated,
+			Code: int32(codes.Unavailable), LastError: "paymentsd's record store failed as the record was written; nothing was sent"}
+		if rec.Attempts > 0 {
+			// Sent before, by an earlier call: it may have created the
+			// payment.
+			fin.State, fin.NextSettleAt = store.StateOutcomeUnknown, fin.Now.Add(settleBackoff(s.settleBase, 0))
+		}
+		if ferr := s.finish(rctx, fin); ferr == nil && fin.State == store.StateNotCreated {
+			return s.storeError(ctx, err, "idempotency_key")
+		}
+	case rec.State == store.StateInProgress:
+		return s.inProgressError(claim.Key)
+	}
+	if ctx.Err() == nil {
+		s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
+	}
+	st := status.New(codes.Unavailable, "paymentsd could not write its record for this call, so this call sent nothing; an earlier call with the key may have created the payment: retry with the same idempotency key, never a new one")
+	return withDetails(st, s.errorInfo(ReasonOutcomeUnknown, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+}
+
+// recheckTimeout bounds reading a key's record after its claim failed.
+const recheckTimeout = 500 * time.Millisecond
 
 func (s *Service) reusedError(key string) error {
 	st := status.Newf(codes.FailedPrecondition, "idempotency key %s was first used for a different request (another currency or amount); nothing was sent for this one: use a new key for a new payment, or repeat the first request exactly", quoteKey(key))

@@ -47,12 +47,20 @@ func (s *Service) Run(ctx context.Context) {
 	}
 }
 
-// settleDue claims the records due for settlement and re-sends each.
+// settleDue claims the records due for settlement and re-sends each, up
+// to settleBatch of them per round. It claims one record at a time, just
+// before sending it, so that each send has its whole lease: a batch
+// claimed under one lease and sent one after another against a slow
+// provider would outlive the lease, and a caller's retry or another
+// replica could then send the same key at once.
 func (s *Service) settleDue(ctx context.Context) {
-	for ctx.Err() == nil {
+	for range settleBatch {
+		if ctx.Err() != nil {
+			return
+		}
 		now := s.now()
 		start := time.Now()
-		recs, err := s.store.ClaimDue(ctx, s.owner, now, now.Add(s.leaseTTL), settleBatch)
+		recs, err := s.store.ClaimDue(ctx, s.owner, now, now.Add(s.leaseTTL), 1)
 		s.metrics.storeOp("claim_due", start, err)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -60,21 +68,31 @@ func (s *Service) settleDue(ctx context.Context) {
 			}
 			return
 		}
-		for _, rec := range recs {
-			s.settle(ctx, rec)
-		}
-		if len(recs) < settleBatch {
+		if len(recs) == 0 {
 			return
 		}
+		s.settle(ctx, recs[0])
 	}
 }
 
-// settle re-sends one claimed record's body, byte for byte, with its key.
-// Only a 2xx settles it: any other answer proves nothing about the attempt
-// that may have created the payment, so the record stays unknown and is
-// tried again later, until its window closes.
+// settle re-sends one claimed record's body, byte for byte, with its key,
+// within its lease and its settlement window. Only a 2xx settles it: any
+// other answer proves nothing about the attempt that may have created the
+// payment, so the record stays unknown and is tried again later, until
+// its window closes.
 func (s *Service) settle(ctx context.Context, rec store.Record) {
-	reply, callErr := s.client.Send(ctx, rec.Body)
+	sendCtx, cancel, ok := s.withinLease(ctx, rec.LeaseExpiresAt)
+	defer cancel()
+	if ok {
+		sendCtx, cancel = context.WithTimeout(sendCtx, rec.SettleBy.Sub(s.now()))
+		defer cancel()
+	}
+	if !ok || sendCtx.Err() != nil {
+		// Too late to send: leave the record to its lease's expiry, and
+		// to the next round or to giving up.
+		return
+	}
+	reply, callErr := s.client.Send(sendCtx, rec.Body)
 	fin := s.outcome(reply, callErr, true)
 	fin.Key, fin.Owner, fin.Settlement = rec.Key, s.owner, true
 	if fin.State == store.StateOutcomeUnknown {

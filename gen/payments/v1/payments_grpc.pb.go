@@ -59,7 +59,9 @@ type PaymentsServiceClient interface {
 	//   - A key whose outcome is unknown is settled by paymentsd itself in the
 	//     background, and calling again with it re-sends the recorded body.
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
-	//     PAYMENT_NOT_CREATED.
+	//     PAYMENT_NOT_CREATED, or PAYMENT_OUTCOME_UNKNOWN when the record can
+	//     still be read and an earlier call with the key may have created
+	//     the payment.
 	//
 	// Retrying a call with the same idempotency_key is always safe and is the
 	// way to learn an uncertain outcome.
@@ -86,7 +88,11 @@ type PaymentsServiceClient interface {
 	// request with the key in flight), 408, 412, 422, other 4xx, 1xx, 3xx
 	// (redirects are never followed) and 5xx. Once an attempt for a key may
 	// have created a payment, later failures for that key stay
-	// PAYMENT_OUTCOME_UNKNOWN until a 2xx settles it.
+	// PAYMENT_OUTCOME_UNKNOWN until a 2xx settles it, except refusals made
+	// before paymentsd can read the key's record (an invalid request,
+	// CALLER_NOT_ALLOWED, too many calls in progress, a record store that
+	// can't be read): their PAYMENT_NOT_CREATED is about that call only, and
+	// does not undo an earlier PAYMENT_OUTCOME_UNKNOWN for the key.
 	//
 	// Retryable errors also carry a google.rpc.RetryInfo, and errors that come
 	// from a provider reply carry a ProviderError with its HTTP status and body.
@@ -208,7 +214,9 @@ type PaymentsServiceServer interface {
 	//   - A key whose outcome is unknown is settled by paymentsd itself in the
 	//     background, and calling again with it re-sends the recorded body.
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
-	//     PAYMENT_NOT_CREATED.
+	//     PAYMENT_NOT_CREATED, or PAYMENT_OUTCOME_UNKNOWN when the record can
+	//     still be read and an earlier call with the key may have created
+	//     the payment.
 	//
 	// Retrying a call with the same idempotency_key is always safe and is the
 	// way to learn an uncertain outcome.
@@ -235,7 +243,11 @@ type PaymentsServiceServer interface {
 	// request with the key in flight), 408, 412, 422, other 4xx, 1xx, 3xx
 	// (redirects are never followed) and 5xx. Once an attempt for a key may
 	// have created a payment, later failures for that key stay
-	// PAYMENT_OUTCOME_UNKNOWN until a 2xx settles it.
+	// PAYMENT_OUTCOME_UNKNOWN until a 2xx settles it, except refusals made
+	// before paymentsd can read the key's record (an invalid request,
+	// CALLER_NOT_ALLOWED, too many calls in progress, a record store that
+	// can't be read): their PAYMENT_NOT_CREATED is about that call only, and
+	// does not undo an earlier PAYMENT_OUTCOME_UNKNOWN for the key.
 	//
 	// Retryable errors also carry a google.rpc.RetryInfo, and errors that come
 	// from a provider reply carry a ProviderError with its HTTP status and body.

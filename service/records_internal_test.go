@@ -1,0 +1,279 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/store"
+	"example.com/paymentsd/upstream"
+	"example.com/paymentsd/upstream/upstreamtest"
+)
+
+// Tests of the record paths' edges, from inside the package: settlement
+// rounds run by hand, and a clock the test moves.
+
+const internalKey = "sk_internal_test_0123456789"
+
+// clock is a settable clock.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+	// then, if set, is what every call after the first returns.
+	then time.Time
+	n    int
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	if c.n > 1 && !c.then.IsZero() {
+		return c.then
+	}
+	return c.now
+}
+
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+type fixture struct {
+	svc   *Service
+	store *store.Store
+	p     *upstreamtest.Server
+}
+
+// newFixture returns a Service on a fresh SQLite file, calling the fake
+// provider, with the given lease and clock (nil: the real one).
+func newFixture(t *testing.T, lease time.Duration, now func() time.Time) fixture {
+	t.Helper()
+	p := upstreamtest.NewServer()
+	t.Cleanup(p.Close)
+	p.AllowKey(internalKey)
+	p.Idempotent(true)
+	client, err := upstream.New(upstream.Config{
+		BaseURL: p.URL, APIKey: internalKey, HTTPClient: &http.Client{},
+		MaxAttempts: 1, Timeout: 5 * time.Second,
+		Metrics: upstream.NewMetrics(prometheus.NewRegistry()),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "records.db"), "sandbox", store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	svc := New(Config{Client: client, Store: st, Environment: paymentsv1.Environment_ENVIRONMENT_SANDBOX,
+		LeaseTTL: lease, Now: now, Registerer: prometheus.NewRegistry()})
+	return fixture{svc: svc, store: st, p: p}
+}
+
+func payment(key string) *paymentsv1.CreateMultiCardPaymentRequest {
+	return &paymentsv1.CreateMultiCardPaymentRequest{AmountMoney: &paymentsv1.Money{Currency: "USD", Amount: 1250}, IdempotencyKey: key}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	c.Write(&m)
+	return m.GetCounter().GetValue()
+}
+
+func keyOf(body []byte) string {
+	var v struct{ IdempotencyKey string }
+	json.Unmarshal(body, &v)
+	return v.IdempotencyKey
+}
+
+func reasonOf(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok {
+			return ei.Reason
+		}
+	}
+	return ""
+}
+
+// makeUnknown leaves each key's record OutcomeUnknown (the provider resets
+// the connection after reading the request).
+func (f fixture) makeUnknown(t *testing.T, keys ...string) {
+	t.Helper()
+	f.p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	for _, k := range keys {
+		_, err := f.svc.CreateMultiCardPayment(t.Context(), payment(k))
+		if reasonOf(err) != ReasonOutcomeUnknown {
+			t.Fatalf("first call for %s = %v, want %s", k, err, ReasonOutcomeUnknown)
+		}
+	}
+}
+
+// Settlement claims one record at a time, just before sending it. Were it
+// to claim a batch under one lease and send them one after another, a slow
+// provider would outlive the lease of the records not yet sent, and a
+// caller's retry could then send a key that settlement sends too.
+func TestSettlementClaimsOneRecordAtATime(t *testing.T) {
+	t.Parallel()
+	c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
+	f := newFixture(t, 10*time.Second, c.Now)
+	keys := []string{"settle-a", "settle-b", "settle-c"}
+	f.makeUnknown(t, keys...)
+	c.add(time.Minute) // past every record's next settlement time
+
+	// Settlement's first re-send waits for releaseFirst, every later
+	// request for releaseRest.
+	releaseFirst, releaseRest := make(chan struct{}), make(chan struct{})
+	arrived := make(chan string, 8)
+	var firstSeen atomic.Bool
+	f.p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+		arrived <- keyOf(r.Body)
+		if firstSeen.CompareAndSwap(false, true) {
+			return upstreamtest.Reply{Wait: releaseFirst}
+		}
+		return upstreamtest.Reply{Wait: releaseRest}
+	})
+	done := make(chan struct{})
+	go func() { defer close(done); f.svc.settleDue(context.Background()) }()
+	first := <-arrived
+
+	// Past the lease settlement would have taken on the whole batch, the
+	// callers retry the other keys; their requests are held.
+	c.add(11 * time.Second)
+	retried := make(chan error, len(keys))
+	for _, k := range keys {
+		if k == first {
+			continue
+		}
+		go func() {
+			_, err := f.svc.CreateMultiCardPayment(context.Background(), payment(k))
+			retried <- err
+		}()
+		if got := <-arrived; got != k {
+			t.Fatalf("provider saw %s, want the caller's retry of %s", got, k)
+		}
+	}
+	// Settlement finishes its first record and looks for the next: the
+	// others are the callers' now.
+	close(releaseFirst)
+	select {
+	case <-done:
+	case k := <-arrived:
+		t.Errorf("settlement re-sent %s while a caller's request for it was in flight", k)
+	}
+	close(releaseRest)
+	for range len(keys) - 1 {
+		if err := <-retried; err != nil {
+			t.Errorf("caller's retry = %v, want OK", err)
+		}
+	}
+	<-done
+	for _, k := range keys {
+		if n := f.p.MaxInFlight(k); n != 1 {
+			t.Errorf("provider had %d requests for %s in flight at once, want 1", n, k)
+		}
+	}
+}
+
+// A call whose record was committed so late that too little of its lease
+// is left sends nothing, records NotCreated and says so.
+func TestSendWithinLease(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	// The claim is made at t0; by the time it has committed, 9 s of the
+	// 10 s lease have gone.
+	c := &clock{now: t0, then: t0.Add(9 * time.Second)}
+	f := newFixture(t, 10*time.Second, c.Now)
+	_, err := f.svc.CreateMultiCardPayment(t.Context(), payment("late"))
+	if status.Code(err) != codes.Unavailable || reasonOf(err) != ReasonNotCreated {
+		t.Errorf("call = %v (%s), want UNAVAILABLE %s", err, reasonOf(err), ReasonNotCreated)
+	}
+	if n := len(f.p.Requests()); n != 0 {
+		t.Errorf("provider saw %d requests, want none", n)
+	}
+	rec, err := f.store.Get(t.Context(), "late")
+	if err != nil || rec.State != store.StateNotCreated {
+		t.Errorf("record = %v, %v; want NotCreated", rec.State, err)
+	}
+}
+
+// A provider refusal that can't be recorded as NotCreated leaves the record
+// InProgress, for settlement to re-send when its lease expires: the caller
+// must hear that the outcome is unknown, never that nothing was created.
+func TestNotCreatedThatCannotBeRecordedIsUnknown(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10*time.Second, nil)
+	f.p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+		f.store.Close() // the store fails while the provider answers
+		return upstreamtest.Reply{Status: http.StatusUnauthorized, Body: []byte(`{"errors":[{"code":"UNAUTHORIZED"}]}`)}
+	})
+	_, err := f.svc.CreateMultiCardPayment(t.Context(), payment("refused"))
+	if status.Code(err) != codes.Unauthenticated || reasonOf(err) != ReasonOutcomeUnknown {
+		t.Errorf("call = %v (%s), want UNAUTHENTICATED %s", err, reasonOf(err), ReasonOutcomeUnknown)
+	}
+}
+
+// A call waiting on a key another call holds at the provider, whose store
+// then fails, is told the payment is in progress, never that nothing was
+// created.
+func TestWaiterOnStoreFailureHearsInProgress(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10*time.Second, nil)
+	release := make(chan struct{})
+	defer close(release)
+	arrived := make(chan struct{}, 1)
+	f.p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+		arrived <- struct{}{}
+		return upstreamtest.Reply{Wait: release}
+	})
+	go f.svc.CreateMultiCardPayment(context.Background(), payment("held"))
+	<-arrived
+
+	waited := make(chan error, 1)
+	go func() {
+		_, err := f.svc.CreateMultiCardPayment(context.Background(), payment("held"))
+		waited <- err
+	}()
+	// Once the second call is waiting, the store goes away.
+	for counterValue(f.svc.metrics.waits) < 1 {
+		select {
+		case err := <-waited:
+			t.Fatalf("second call ended before it waited: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	f.store.Close()
+	err := <-waited
+	if status.Code(err) != codes.Aborted || reasonOf(err) != ReasonInProgress {
+		t.Errorf("waiting call = %v (%s), want ABORTED %s", err, reasonOf(err), ReasonInProgress)
+	}
+}
+
+// A call that could not claim its record sent nothing; whether it says
+// PAYMENT_NOT_CREATED depends on what earlier calls with the key did.
+func TestClaimFailureAfterUnknownStaysUnknown(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10*time.Second, nil)
+	f.makeUnknown(t, "was-unknown")
+	expired, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
+	defer cancel()
+	for key, want := range map[string]string{"was-unknown": ReasonOutcomeUnknown, "fresh": ReasonNotCreated} {
+		_, err := f.svc.CreateMultiCardPayment(expired, payment(key))
+		if reasonOf(err) != want {
+			t.Errorf("call for %s with its deadline gone = %v (%s), want %s", key, err, reasonOf(err), want)
+		}
+	}
+}
