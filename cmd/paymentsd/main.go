@@ -134,7 +134,13 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if err != nil {
 		return err
 	}
-	records, err := store.Open(ctx, string(cfg.DatabaseURL), cfg.Environment, store.Options{})
+	// Simulated payments never share a database with real ones: replayed
+	// later, they would read as real sandbox payments.
+	stamp := cfg.Environment
+	if cfg.Simulate {
+		stamp = "simulated"
+	}
+	records, err := store.Open(ctx, string(cfg.DatabaseURL), stamp, store.Options{})
 	if err != nil {
 		return fmt.Errorf("%s: %w", cfg.databaseVar(), err)
 	}

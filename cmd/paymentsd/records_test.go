@@ -464,7 +464,41 @@ func TestEnvironmentStamp(t *testing.T) {
 			if len(live.Requests()) != 0 {
 				t.Errorf("the live provider was called")
 			}
+
+			// Nor does --simulate, whose payments are not real.
+			// (A paymentsd that starts serving instead is stopped after a
+			// while, and fails the test.)
+			env = with(env, "PAYMENTS_ENVIRONMENT", "sandbox")
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			err = run(ctx, []string{"paymentsd", "--simulate"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+			if !errors.Is(err, store.ErrWrongEnvironment) {
+				t.Fatalf("run(--simulate on a sandbox database) = %v, want ErrWrongEnvironment", err)
+			}
 		})
+	}
+}
+
+// A database --simulate has used is refused by a real sandbox deployment.
+func TestSimulatedDatabaseRefusedBySandbox(t *testing.T) {
+	t.Parallel()
+	db := storetest.SQLiteURL(t)
+	sim := start(t, map[string]string{"PAYMENTS_DATABASE_URL": db}, "--simulate")
+	if _, err := sim.client.CreateMultiCardPayment(t.Context(), validRequest("k-simulated")); err != nil {
+		t.Fatalf("CreateMultiCardPayment(--simulate) = %v", err)
+	}
+	if err := sim.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	sandbox := fakeProvider(t, "sandbox")
+	env := with(sandboxEnv(sandbox), "PAYMENTS_DATABASE_URL", db, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0")
+	// A paymentsd that starts serving instead is stopped after a while, and
+	// fails the test.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	err := run(ctx, []string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard, io.Discard)
+	if !errors.Is(err, store.ErrWrongEnvironment) {
+		t.Fatalf("run(sandbox on a simulated database) = %v, want ErrWrongEnvironment", err)
 	}
 }
 
