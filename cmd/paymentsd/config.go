@@ -200,15 +200,23 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	c.MaxInFlight = intVar(getenv, "PAYMENTS_MAX_IN_FLIGHT", service.DefaultMaxInFlight, 1, 100000, problem)
 	c.MaxConnections = intVar(getenv, "PAYMENTS_MAX_CONNECTIONS", service.DefaultMaxConnections, 1, 100000, problem)
 	c.HTTPReadTimeout = durationVar(getenv, "PAYMENTS_HTTP_READ_TIMEOUT", service.DefaultReadTimeout, problem)
-	for i, caller := range strings.Split(getenv("PAYMENTS_ALLOWED_CALLERS"), ",") {
+	callers := getenv("PAYMENTS_ALLOWED_CALLERS")
+	badCallers := false
+	for i, caller := range strings.Split(callers, ",") {
 		caller = strings.TrimSpace(caller)
 		switch {
 		case caller == "":
 		case strings.ContainsFunc(caller, func(r rune) bool { return r <= ' ' || r == 0x7f }):
 			problem("PAYMENTS_ALLOWED_CALLERS: identity %d in the list has spaces or control characters; an identity has none", i+1)
+			badCallers = true
 		default:
 			c.AllowedCallers = append(c.AllowedCallers, caller)
 		}
+	}
+	if callers != "" && len(c.AllowedCallers) == 0 && !badCallers {
+		// Set, yet empty, it would turn the allowlist off: every caller
+		// with a trusted certificate could call.
+		problem("PAYMENTS_ALLOWED_CALLERS is set but holds no identity: want a comma-separated list of URI or DNS SANs, or leave it unset for no allowlist")
 	}
 
 	if err := c.LogLevel.UnmarshalText([]byte(orDefault(getenv("PAYMENTS_LOG_LEVEL"), "info"))); err != nil {

@@ -632,20 +632,26 @@ func TestConfigRefusals(t *testing.T) {
 		{"base URL with a named port", with(sandbox, "PAYMENTS_SANDBOX_BASE_URL", "https://sandbox.provider.test:https/v1"), nil, "PAYMENTS_SANDBOX_BASE_URL"},
 		{"upstream timeout past the shutdown timeout", with(sandbox, "PAYMENTS_UPSTREAM_TIMEOUT", "30s"), nil, "PAYMENTS_SHUTDOWN_TIMEOUT"},
 		{"shutdown timeout under the upstream timeout", with(sandbox, "PAYMENTS_SHUTDOWN_TIMEOUT", "5s"), nil, "PAYMENTS_UPSTREAM_TIMEOUT"},
+		// A list with no identity in it used to turn the allowlist off.
+		{"allowed callers only a comma", with(sandbox, "PAYMENTS_ALLOWED_CALLERS", ","), nil, "PAYMENTS_ALLOWED_CALLERS"},
+		{"allowed callers only separators and spaces", with(sandbox, "PAYMENTS_ALLOWED_CALLERS", " , \t,, "), nil, "PAYMENTS_ALLOWED_CALLERS"},
+		{"allowed callers only a space", with(sandbox, "PAYMENTS_ALLOWED_CALLERS", " "), nil, "PAYMENTS_ALLOWED_CALLERS"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var stdout, stderr bytes.Buffer
 			env := with(tt.env, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0")
-			err := run(t.Context(), append([]string{"paymentsd"}, tt.args...), func(k string) string { return env[k] }, &stdout, &stderr)
+			if env["PAYMENTS_DATABASE_URL"] == "" {
+				env["PAYMENTS_DATABASE_URL"] = "sqlite:" + filepath.Join(t.TempDir(), "records.db")
+			}
+			stdout, stderr, err := runRefused(t, env, tt.args...)
 			if err == nil {
 				t.Fatalf("run() = nil, want a refusal naming %s", tt.wantVar)
 			}
 			if !strings.Contains(err.Error(), tt.wantVar) {
 				t.Errorf("run() = %q, want it to name %s", err, tt.wantVar)
 			}
-			for _, out := range []string{err.Error(), stdout.String(), stderr.String()} {
+			for _, out := range []string{err.Error(), stdout, stderr} {
 				if strings.Contains(out, sandboxKey) || strings.Contains(out, liveKey) {
 					t.Errorf("refusal output contains an API key: %q", out)
 				}
