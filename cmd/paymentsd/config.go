@@ -20,6 +20,7 @@ import (
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/inbox"
 	"example.com/paymentsd/service"
+	"example.com/paymentsd/store"
 	"example.com/paymentsd/upstream"
 )
 
@@ -62,7 +63,8 @@ type config struct {
 
 	// DatabaseURL names the record store: sqlite:PATH or postgres://…. It
 	// may hold a password, so it is a secret; DatabaseFrom says where it
-	// came from, and DatabaseShown is the URL with any password removed.
+	// came from, and DatabaseShown is what of it may be shown (see
+	// store.RedactedURL).
 	DatabaseURL      secret
 	DatabaseFrom     string
 	DatabaseShown    string
@@ -392,19 +394,24 @@ func (c *config) loadDatabase(getenv func(string) string, problem func(string, .
 		v, c.DatabaseFrom = "sqlite:paymentsd-"+c.Environment+".db", "default"
 	}
 	c.DatabaseURL = secret(v)
+	// Only what can't hold a password is shown: the query can (pgx reads
+	// password and sslpassword there), and so can what looks like the
+	// host or the path when a password's '#', '/' or '?' is not escaped.
+	shown, ok := store.RedactedURL(v)
+	c.DatabaseShown = shown
 	switch {
 	case strings.HasPrefix(v, "sqlite:"):
 		if strings.TrimPrefix(v, "sqlite:") == "" {
 			problem("%s: sqlite: needs a file path, e.g. sqlite:/var/lib/paymentsd/records.db", c.databaseVar())
 		}
-		c.DatabaseShown = v
 	case strings.HasPrefix(v, "postgres://"), strings.HasPrefix(v, "postgresql://"):
 		u, err := url.Parse(v)
-		if err != nil || u.Host == "" {
+		switch {
+		case err != nil || u.Host == "":
 			problem("%s is not a valid postgres:// URL", c.databaseVar())
-			return
+		case !ok:
+			problem("%s holds a '#', or an '@' after the host, as a password with an unescaped # / ? or @ gives: percent-encode those in the user name and password (%%23 %%2F %%3F %%40)", c.databaseVar())
 		}
-		c.DatabaseShown = u.Redacted()
 	default:
 		problem("%s must be sqlite:PATH or a postgres:// URL", c.databaseVar())
 	}

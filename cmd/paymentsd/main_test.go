@@ -636,6 +636,8 @@ func TestConfigRefusals(t *testing.T) {
 		{"allowed callers only a comma", with(sandbox, "PAYMENTS_ALLOWED_CALLERS", ","), nil, "PAYMENTS_ALLOWED_CALLERS"},
 		{"allowed callers only separators and spaces", with(sandbox, "PAYMENTS_ALLOWED_CALLERS", " , \t,, "), nil, "PAYMENTS_ALLOWED_CALLERS"},
 		{"allowed callers only a space", with(sandbox, "PAYMENTS_ALLOWED_CALLERS", " "), nil, "PAYMENTS_ALLOWED_CALLERS"},
+		{"database password with an unescaped #", with(sandbox, "PAYMENTS_DATABASE_URL", "postgres://app:1234#pw@127.0.0.1:1/payments"), nil, "PAYMENTS_DATABASE_URL"},
+		{"database password with an unescaped /", with(sandbox, "PAYMENTS_DATABASE_URL", "postgres://app:12/pw@127.0.0.1:1/payments"), nil, "PAYMENTS_DATABASE_URL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
