@@ -146,11 +146,29 @@ func (c *config) LogValue() slog.Value {
 // variable must not reach the terminal or the logs. Only the selected
 // environment's variables are read.
 func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	// The flag package's errors, and what it prints with them, quote the
+	// argument, which may be a key: it prints nothing, and its errors are
+	// replaced with ones that name the flag alone.
 	fs := flag.NewFlagSet("paymentsd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	simulate := fs.Bool("simulate", false, "serve against a built-in simulated provider (sandbox only)")
+	fs.SetOutput(io.Discard)
+	var simulate, badSimulate bool
+	fs.BoolFunc("simulate", "serve against a built-in simulated provider (sandbox only)", func(v string) error {
+		b, err := strconv.ParseBool(v)
+		badSimulate = err != nil
+		simulate = b
+		return err
+	})
 	if err := fs.Parse(args[1:]); err != nil {
-		return nil, err
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			fs.SetOutput(stderr)
+			fs.Usage()
+			return nil, err
+		case badSimulate:
+			return nil, errors.New("--simulate: want no value, or true or false")
+		default:
+			return nil, errors.New("unknown or malformed flag: paymentsd's only flag is --simulate (and -h for help)")
+		}
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%d unexpected argument(s): paymentsd takes only flags, such as --simulate", fs.NArg())
@@ -161,7 +179,7 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 
 	c := &config{
 		Environment: strings.TrimSpace(getenv("PAYMENTS_ENVIRONMENT")),
-		Simulate:    *simulate,
+		Simulate:    simulate,
 		GRPCAddr:    addrVar(getenv, "PAYMENTS_GRPC_ADDR", ":9090", problem),
 		HTTPAddr:    addrVar(getenv, "PAYMENTS_HTTP_ADDR", ":8080", problem),
 
