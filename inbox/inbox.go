@@ -47,8 +47,29 @@ const DefaultMaxInFlight = 16
 // URL-unreserved set carry at least 190 bits when generated at random.
 const MinTokenLength = 32
 
-// redactedPath is the request path as it may appear in any output.
+// redactedPath is the deliveries' path as it may appear in any output.
 const redactedPath = PathPrefix + "[REDACTED]"
+
+// otherPath is every other path as it may appear in any output. A near miss
+// (//webhooks/…, /webhook/…, /Webhooks/…, the token percent-encoded or
+// anywhere else) may hold a token, right or nearly so, so no part of any
+// path but the deliveries' own is kept.
+const otherPath = "[other]"
+
+// otherMethod stands for a method HTTP does not define, which is whatever
+// the sender put there (the token, even), as OpenTelemetry's
+// http.request.method does.
+const otherMethod = "_OTHER"
+
+// methodOf is r's method as it may appear in any output.
+func methodOf(r *http.Request) string {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return r.Method
+	}
+	return otherMethod
+}
 
 // Outcomes of a delivery, the values of the outcome label.
 const (
@@ -108,7 +129,8 @@ type Config struct {
 	// Appended, if set, is called after each event is committed, to wake
 	// watchers in this process.
 	Appended func(store.Event)
-	// Logger gets one line per delivery, with the path redacted.
+	// Logger gets one line per request, with the path redacted: the
+	// deliveries' path as /webhooks/[REDACTED], any other as [other].
 	Logger *slog.Logger
 	// Metrics, if set, counts deliveries.
 	Metrics *Metrics
@@ -227,13 +249,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx, span = h.tracer.Start(ctx, "webhook delivery",
 			trace.WithNewRoot(),
 			trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("http.route", redactedPath)))
+			trace.WithAttributes(attribute.String("http.request.method", methodOf(r)), attribute.String("http.route", redactedPath)))
 		defer span.End()
 	}
 	d := h.serve(ctx, w, r)
 	h.metrics.count(d.outcome)
 	attrs := []slog.Attr{
-		slog.String("method", r.Method),
+		slog.String("method", methodOf(r)),
 		slog.String("path", d.path),
 		slog.Int("status", d.status),
 		slog.String("outcome", d.outcome),
@@ -266,7 +288,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // delivery is what ServeHTTP logs about a request.
 type delivery struct {
-	path    string // the path, redacted when it is ours
+	path    string // redactedPath or otherPath, never the path itself
 	status  int
 	outcome string
 	bytes   int
@@ -276,7 +298,7 @@ type delivery struct {
 
 func (h *Handler) serve(ctx context.Context, w http.ResponseWriter, r *http.Request) delivery {
 	tok, ours := strings.CutPrefix(r.URL.Path, PathPrefix)
-	d := delivery{path: r.URL.Path}
+	d := delivery{path: otherPath}
 	if ours {
 		// Whatever follows the prefix may be a token, right or nearly so.
 		d.path = redactedPath

@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +19,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"example.com/paymentsd/inbox"
@@ -65,6 +70,12 @@ type intake struct {
 // through inbox.NewServer. It stops when the test ends.
 func startIntake(t *testing.T, tokens ...string) *intake {
 	t.Helper()
+	return startTracedIntake(t, nil, tokens...)
+}
+
+// startTracedIntake is startIntake with spans going to tp.
+func startTracedIntake(t *testing.T, tp trace.TracerProvider, tokens ...string) *intake {
+	t.Helper()
 	st, err := store.Open(t.Context(), storetest.SQLiteURL(t), "sandbox", store.Options{})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
@@ -78,12 +89,13 @@ func startIntake(t *testing.T, tokens ...string) *intake {
 	}
 	logger := slog.New(slog.NewJSONHandler(in.logs, nil))
 	h, err := inbox.New(inbox.Config{
-		Tokens:   tokens,
-		Store:    st,
-		MaxBytes: 4 << 10,
-		Appended: func(e store.Event) { in.appended <- e },
-		Logger:   logger,
-		Metrics:  inbox.NewMetrics(in.registry),
+		Tokens:         tokens,
+		Store:          st,
+		MaxBytes:       4 << 10,
+		Appended:       func(e store.Event) { in.appended <- e },
+		Logger:         logger,
+		Metrics:        inbox.NewMetrics(in.registry),
+		TracerProvider: tp,
 	})
 	if err != nil {
 		t.Fatalf("inbox.New: %v", err)
@@ -302,6 +314,103 @@ func TestRefusedAndNothingStored(t *testing.T) {
 	}
 	if strings.Contains(in.logs.String(), token) || strings.Contains(in.logs.String(), token[:len(token)-1]) {
 		t.Errorf("logs contain the token:\n%s", in.logs.String())
+	}
+}
+
+// leaksToken reports whether s holds any ten bytes of token, in either
+// case, as written or once or twice percent-decoded.
+func leaksToken(s string) bool {
+	for range 3 {
+		low := strings.ToLower(s)
+		for i := 0; i+10 <= len(token); i++ {
+			if strings.Contains(low, strings.ToLower(token[i:i+10])) {
+				return true
+			}
+		}
+		s = percentDecode(s)
+	}
+	return false
+}
+
+// percentDecode decodes every well-formed %XX in s and keeps the rest.
+func percentDecode(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+3], 16, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// TestNearMissesNeverLogTheToken sends requests that carry the token where
+// the intake does not take it (a path that is nearly the deliveries' own,
+// the token escaped, the token as the method): each is refused like any
+// unknown path, and neither its access line nor its span holds the token.
+func TestNearMissesNeverLogTheToken(t *testing.T) {
+	t.Parallel()
+	exporter := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter))
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	in := startTracedIntake(t, tp, token)
+
+	escaped := func(s string) string {
+		var b strings.Builder
+		for i := 0; i < len(s); i++ {
+			fmt.Fprintf(&b, "%%%02X", s[i])
+		}
+		return b.String()
+	}
+	requests := []struct{ name, method, target string }{
+		{"double slash", "POST", "//webhooks/" + token},
+		{"singular", "POST", "/webhook/" + token},
+		{"under /v1", "POST", "/v1/webhooks/" + token},
+		{"capitalised", "POST", "/Webhooks/" + token},
+		{"no slash after the prefix", "POST", "/webhooks" + token},
+		{"at the root", "POST", "/" + token},
+		{"dot segment", "POST", "/./webhooks/" + token},
+		{"escaped token, singular", "POST", "/webhook/" + escaped(token)},
+		{"half escaped, capitalised", "POST", "/Webhooks/" + token[:10] + escaped(token[10:])},
+		{"escaped twice", "POST", "/webhook/" + strings.ReplaceAll(escaped(token), "%", "%25")},
+		{"absolute form", "POST", "http://x//webhooks/" + token},
+		{"token as the method", token, "/webhooks/" + strings.Repeat("w", 40)},
+	}
+	for _, r := range requests {
+		resp := in.raw(t, r.method+" "+r.target+" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("%s (%s) = %d, want 404", r.name, r.target, resp.StatusCode)
+		}
+	}
+
+	lines := strings.Split(strings.TrimSpace(in.logs.String()), "\n")
+	if len(lines) != len(requests) {
+		t.Errorf("logged %d lines for %d requests, want one each", len(lines), len(requests))
+	}
+	for _, l := range lines {
+		if leaksToken(l) {
+			t.Errorf("access line holds the token: %s", l)
+		}
+	}
+	spans := exporter.GetSpans()
+	if len(spans) != len(requests) {
+		t.Errorf("recorded %d spans for %d requests, want one each", len(spans), len(requests))
+	}
+	for _, s := range spans {
+		b, _ := json.Marshal(s.Attributes)
+		if leaksToken(s.Name + string(b) + s.Status.Description) {
+			t.Errorf("span %q holds the token: %s", s.Name, b)
+		}
+	}
+	if d := in.deliveries(t); d[inbox.OutcomeBadToken] != float64(len(requests)) {
+		t.Errorf("deliveries = %v, want bad_token %d", d, len(requests))
+	}
+	if got := in.events(t); len(got) != 0 {
+		t.Errorf("stored %d events, want 0", len(got))
 	}
 }
 

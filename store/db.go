@@ -130,7 +130,7 @@ func openSQLite(path string, opts Options) (w, r *sql.DB, err error) {
 		return nil, nil, errors.New(`empty SQLite path; use "sqlite:PATH" or "sqlite::memory:"`)
 	}
 	if strings.ContainsAny(path, "?#") {
-		return nil, nil, fmt.Errorf("SQLite path %q contains ? or #", path)
+		return nil, nil, errors.New("SQLite path contains ? or #: want a file path alone")
 	}
 	busy := opts.busyTimeout().Milliseconds()
 	if path == ":memory:" {
@@ -203,6 +203,61 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 		s.commits.Add(1)
 	}()
 	return fn(tx)
+}
+
+// RedactedURL is rawURL as it may be shown, in a log line or anywhere
+// else. For PostgreSQL that is the scheme, user, host, port and database
+// name only: never the password, nor the query, where pgx also reads
+// password and sslpassword. For SQLite it is the path. ok is false, and
+// shown the scheme alone, if rawURL's parts can't be told apart for sure
+// (see ambiguousURL), or it can't be parsed; Open refuses such a URL.
+func RedactedURL(rawURL string) (shown string, ok bool) {
+	const redacted = "[REDACTED]"
+	if path, isSQLite := strings.CutPrefix(rawURL, "sqlite:"); isSQLite {
+		if i := strings.IndexAny(path, "?#"); i >= 0 {
+			return "sqlite:" + path[:i] + redacted, false
+		}
+		return rawURL, true
+	}
+	scheme, _, found := strings.Cut(rawURL, "://")
+	if !found || (scheme != "postgres" && scheme != "postgresql") {
+		return redacted, false
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" || ambiguousURL(rawURL) {
+		return scheme + "://" + redacted, false
+	}
+	v := url.URL{Scheme: scheme, Host: u.Host, Path: u.Path}
+	if u.User != nil {
+		v.User = url.User(u.User.Username())
+	}
+	shown = v.String()
+	// A last guard, should net/url and the hand parse in secrets ever
+	// disagree about where the password is.
+	for _, s := range secrets(rawURL) {
+		if strings.Contains(shown, s) {
+			return scheme + "://" + redacted, true
+		}
+	}
+	return shown, true
+}
+
+// ambiguousURL reports whether a PostgreSQL URL's password may have been
+// taken for part of its host, path or query, as pgx would take it: the URL
+// holds a '#' (after which pgx reads nothing, so it can only be part of a
+// password, unescaped), or an '@' after the authority (which a password's
+// unescaped '/' or '?' ended early). Such a URL names another host or
+// database than the one meant, and errors that quote those would quote
+// part of the password.
+//
+// errAmbiguousURL is Open's refusal of one; like every error of Open's it
+// does not quote the URL.
+var errAmbiguousURL = errors.New("PostgreSQL URL holds a '#', or an '@' after the host: percent-encode any of # / ? @ in the user name and password (%23 %2F %3F %40)")
+
+func ambiguousURL(rawURL string) bool {
+	_, rest, _ := strings.Cut(rawURL, "://")
+	end := strings.IndexAny(rest, "/?#")
+	return end >= 0 && strings.ContainsAny(rest[end:], "#@")
 }
 
 // secrets lists the forms in which rawURL's password could appear in an

@@ -23,6 +23,9 @@ func TestOpenErrorsHideThePassword(t *testing.T) {
 		{"bad option", "postgres://app:" + sentinel + "@127.0.0.1:1/payments?sslmode=sometimes"},
 		{"escaped", "postgres://app:" + sentinel + "%2F%40x@127.0.0.1:1/payments?sslmode=disable"},
 		{"unknown scheme", "mysql://app:" + sentinel + "@127.0.0.1/payments"},
+		{"unescaped #", "postgres://app:12#" + sentinel + "@127.0.0.1:1/payments?sslmode=disable"},
+		{"unescaped /", "postgres://app:12/" + sentinel + "@127.0.0.1:1/payments?sslmode=disable"},
+		{"unescaped ?", "postgres://app:12?" + sentinel + "@127.0.0.1:1/payments&sslmode=disable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -40,6 +43,36 @@ func TestOpenErrorsHideThePassword(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRedactedURL: what of a database URL may be shown holds no password
+// and no query, and nothing at all when the URL's parts can't be told
+// apart.
+func TestRedactedURL(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		url, want string
+		ok        bool
+	}{
+		{"sqlite:/var/lib/paymentsd/records.db", "sqlite:/var/lib/paymentsd/records.db", true},
+		{"sqlite::memory:", "sqlite::memory:", true},
+		{"postgres://db.internal/payments", "postgres://db.internal/payments", true},
+		{"postgres://app:" + sentinel + "@db.internal:5432/payments", "postgres://app@db.internal:5432/payments", true},
+		{"postgresql://app:" + sentinel + "%2F%23@[::1]:5432/payments?sslmode=require", "postgresql://app@[::1]:5432/payments", true},
+		{"postgres://app@db.internal/payments?sslmode=require&password=" + sentinel, "postgres://app@db.internal/payments", true},
+		{"postgres://app@db.internal/payments?sslpassword=" + sentinel, "postgres://app@db.internal/payments", true},
+		{"postgres://app:#" + sentinel + "@db.internal/payments", "postgres://[REDACTED]", false},
+		{"postgres://app:1234#" + sentinel + "@db.internal/payments", "postgres://[REDACTED]", false},
+		{"postgres://app:12/" + sentinel + "@db.internal/payments", "postgres://[REDACTED]", false},
+		{"postgres://app:12?" + sentinel + "@db.internal/payments", "postgres://[REDACTED]", false},
+		{"postgres://app:" + sentinel + "%zz@db.internal/payments", "postgres://[REDACTED]", false},
+		{"mysql://app:" + sentinel + "@db.internal/payments", "[REDACTED]", false},
+	} {
+		shown, ok := store.RedactedURL(tc.url)
+		if shown != tc.want || ok != tc.ok {
+			t.Errorf("RedactedURL(%q) = %q, %v; want %q, %v", tc.url, shown, ok, tc.want, tc.ok)
+		}
 	}
 }
 

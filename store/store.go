@@ -376,6 +376,9 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 		s.d, s.w, s.r = sqliteDialect, w, r
 		s.batch = newBatcher(s)
 	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
+		if ambiguousURL(url) {
+			return nil, errAmbiguousURL
+		}
 		db, err := openPostgres(url, opts)
 		if err != nil {
 			return nil, fmt.Errorf("PostgreSQL URL: %w", err)

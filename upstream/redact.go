@@ -249,6 +249,76 @@ func (r redactor) redactRaw(b []byte) []byte {
 	return r.redactForms(b)
 }
 
+// trimPartial returns b, a text cut short, less any tail that could be the
+// first part of the key: some of its bytes in any mix of the forms matchEnd
+// reads, perhaps followed by an escape cut in the middle, or the start of
+// its hex or base64 form. The rest of such a key was cut off, so redact
+// could not find it. The tail is dropped, not marked: b was cut anyway,
+// and a few bytes more or less of it say nothing.
+func (r redactor) trimPartial(b []byte) []byte {
+	if r.key == "" {
+		return b
+	}
+	for i := max(0, len(b)-maxEncodedByte*len(r.key)); i < len(b); i++ {
+		if c := b[i]; (c == r.key[0] || c == '%' || c == '\\' || c == '&') && r.partialAt(b, i) {
+			return b[:i]
+		}
+	}
+	for _, f := range r.forms {
+		for n := min(len(f.text)-1, len(b)); n > 0; n-- {
+			if !bytes.HasSuffix(b, f.text[:n]) {
+				continue
+			}
+			end := len(b) - n
+			if f.base64 && end > 0 && isBase64Char(b[end-1]) {
+				// It may carry a few of the key's bits, as in redactForms.
+				end--
+			}
+			b = b[:end]
+			break
+		}
+	}
+	return b
+}
+
+// partialAt reports whether b[i:] could be the start of the key: it
+// decodes to the key's first bytes (at least one), or to some of them
+// followed by what may be an escape cut short.
+func (r redactor) partialAt(b []byte, i int) bool {
+	type state struct{ p, j int }
+	stack := []state{{i, 0}}
+	seen := map[state]bool{}
+	var unitBuf [8]unit
+	for len(stack) > 0 {
+		s := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		switch {
+		case s.p == len(b):
+			if s.j > 0 {
+				return true
+			}
+			continue
+		case s.j == len(r.key):
+			// The whole key, which redact would have removed.
+			return true
+		case len(b)-s.p < maxEncodedByte && (b[s.p] == '%' || b[s.p] == '\\' || b[s.p] == '&'):
+			// An escape, perhaps of the key's next byte, that the cut
+			// may have left unfinished.
+			return true
+		}
+		for _, u := range percentUnits(b, s.p, unitBuf[:0]) {
+			if !strings.HasPrefix(r.key[s.j:], string(u.bytes())) {
+				continue
+			}
+			if next := (state{u.next, s.j + u.n}); !seen[next] {
+				seen[next] = true
+				stack = append(stack, next)
+			}
+		}
+	}
+	return false
+}
+
 // redactForms replaces each encoded form of the key in b with the mark,
 // returning b itself when there is none.
 func (r redactor) redactForms(b []byte) []byte {
@@ -379,7 +449,7 @@ func htmlUnit(b []byte, p int) (unit, bool) {
 			base, q = 16, q+1
 		}
 		start := q
-		for ; q < len(b) && q-start < 8; q++ {
+		for ; q < len(b) && q-start < maxRefDigits; q++ {
 			d, ok := hexVal(b[q])
 			if !ok || int(d) >= base {
 				break
@@ -415,6 +485,23 @@ func htmlUnit(b []byte, p int) (unit, bool) {
 
 // maxEntityName is longer than any HTML named character reference.
 const maxEntityName = 32
+
+// maxRefDigits is the most digits a numeric character reference may have.
+const maxRefDigits = 8
+
+// Lengths of the longest forms the decoder above reads, worked out from
+// its own limits, so that a reader that must take in a whole key (the
+// error body's cut) knows how far to read.
+const (
+	jsonEscapeLen = len(`\u0000`)
+	// maxUnitLen: a JSON escape, a surrogate pair, a numeric or a named
+	// character reference.
+	maxUnitLen = max(jsonEscapeLen, 2*jsonEscapeLen, len("&#x")+maxRefDigits+len(";"), len("&")+maxEntityName+len(";"))
+	// maxEncodedByte is a percent-encoded byte whose % is read as any unit
+	// and whose hex digits are JSON-escaped: &#x00000025;\u0036\u0043 is
+	// an "l". No form of a byte is longer.
+	maxEncodedByte = maxUnitLen + 2*jsonEscapeLen
+)
 
 // hexUnit reads one hex digit at b[p], plain or JSON-escaped.
 func hexUnit(b []byte, p int) (byte, int, bool) {

@@ -46,8 +46,8 @@ const (
 	// maxErrorBody bounds how much of a non-2xx reply is kept for callers.
 	maxErrorBody = 8 << 10
 	// maxEncodedKeyByte is the longest a key's byte can be written in a
-	// form the redactor decodes: \u0025\u0036\u0043 is "%6C", an "l".
-	maxEncodedKeyByte = 18
+	// form the redactor decodes.
+	maxEncodedKeyByte = maxEncodedByte
 )
 
 // Sentinel causes, found in an *Error with errors.Is.
@@ -424,15 +424,24 @@ func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, er
 		resp.Body.Close()
 	}()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		// Read past the limit by the longest encoding of the key (each
-		// byte as a JSON-escaped percent sign and two JSON-escaped hex
-		// digits), so that a key across the cut is redacted whole rather
-		// than left in part.
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+int64(maxEncodedKeyByte*len(c.key))))
+		// Read past the limit by the longest encoding of the key, so that
+		// a key across the cut is redacted whole rather than left in part.
+		limit := maxErrorBody + int64(maxEncodedKeyByte*len(c.key))
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, limit))
+		cut := int64(len(b)) == limit // the body may go on
 		b = c.red.redact(b)
+		if len(b) > maxErrorBody {
+			b, cut = b[:maxErrorBody], true
+		}
+		if cut {
+			// A key that starts just before the end of what was read
+			// (which redacting keys before it may have brought under
+			// the limit) was not seen whole: drop its first part.
+			b = c.red.trimPartial(b)
+		}
 		return nil, &StatusError{
 			Status:     resp.StatusCode,
-			Body:       b[:min(len(b), maxErrorBody)],
+			Body:       b,
 			RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now(), c.cfg.MaxRetryAfter),
 		}
 	}

@@ -1237,6 +1237,96 @@ func TestKeyRedactedAtErrorBodyLimit(t *testing.T) {
 	}
 }
 
+// longestPercent writes s as the longest form the redactor reads for a
+// byte: a percent sign as a zero-padded hex character reference, and each
+// hex digit JSON-escaped. That is 24 bytes per byte of s.
+func longestPercent(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		h := fmt.Sprintf("%02X", s[i])
+		fmt.Fprintf(&b, "&#x00000025;\\u00%x\\u00%x", h[0], h[1])
+	}
+	return b.String()
+}
+
+// TestNoKeyPrefixAtErrorBodyCut: wherever an error body is cut, no first
+// part of the key is kept, in any form, whether the rest of the key was
+// read past the cut and redacted or was never read.
+func TestNoKeyPrefixAtErrorBodyCut(t *testing.T) {
+	t.Parallel()
+	if got := upstream.Redact(testKey, []byte(longestPercent(testKey))); bytes.Contains(got, []byte(testKey[:5])) || len(got) > len("[REDACTED]") {
+		t.Fatalf("Redact(key in its longest form) = %q, want it redacted", got)
+	}
+	// readLimit is how much of an error body the client reads: it ends
+	// exactly after the tail in the "past the read" cases.
+	readLimit := upstream.MaxErrorBody + upstream.MaxEncodedKeyByte*len(testKey)
+	// Keys written out in full before the cut, each redacted to a much
+	// shorter mark, so that the end of what was read lands inside the
+	// kept part.
+	shrink := strings.Repeat(longestPercent(testKey)+" ", 8)
+	percent := func(s string) string {
+		var b strings.Builder
+		for i := 0; i < len(s); i++ {
+			fmt.Fprintf(&b, "%%%02X", s[i])
+		}
+		return b.String()
+	}
+	hexOf := func(s string) string { return fmt.Sprintf("%x", s) }
+	plain := func(s string) string { return s }
+	const k = 8 // key bytes before the cut or the end of the read
+	tests := []struct {
+		name   string
+		body   string
+		encode func(string) string // how the kept key bytes are written
+	}{
+		{
+			"cut inside the key, rest in the longest form",
+			strings.Repeat(".", upstream.MaxErrorBody-5) + testKey[:5] + longestPercent(testKey[5:]) + " trailing",
+			plain,
+		},
+		{
+			"cut inside the key in the longest form",
+			strings.Repeat(".", upstream.MaxErrorBody-len(longestPercent(testKey[:5]))) + longestPercent(testKey) + " trailing",
+			longestPercent,
+		},
+		{
+			"read ends inside the key, plain",
+			shrink + strings.Repeat(".", readLimit-len(shrink)-k) + testKey[:k] + testKey[k:] + " trailing",
+			plain,
+		},
+		{
+			"read ends inside the key, percent-encoded",
+			shrink + strings.Repeat(".", readLimit-len(shrink)-3*k) + percent(testKey[:k]) + percent(testKey[k:]) + " trailing",
+			percent,
+		},
+		{
+			"read ends inside an escape after the key's first bytes",
+			shrink + strings.Repeat(".", readLimit-len(shrink)-k-4) + testKey[:k] + `\u00` + "73" + testKey[k+1:] + " trailing",
+			plain,
+		},
+		{
+			"read ends inside the key, hex",
+			shrink + strings.Repeat(".", readLimit-len(shrink)-2*k) + hexOf(testKey[:k]) + hexOf(testKey[k:]) + " trailing",
+			hexOf,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newServer(t, upstreamtest.Always(reply(http.StatusBadRequest, tt.body)))
+			c := newClient(t, testConfig(t, srv.URL))
+			_, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
+			se := statusError(t, err)
+			if len(se.Body) > upstream.MaxErrorBody {
+				t.Errorf("StatusError.Body is %d bytes, want at most %d", len(se.Body), upstream.MaxErrorBody)
+			}
+			if i := bytes.Index(se.Body, []byte(tt.encode(testKey[:5]))); i >= 0 {
+				t.Errorf("StatusError.Body keeps the key's first bytes at byte %d: %q", i, se.Body[i:])
+			}
+		})
+	}
+}
+
 // metric returns the value of a counter or gauge in reg, 0 if absent.
 func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()

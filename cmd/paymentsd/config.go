@@ -20,6 +20,7 @@ import (
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/inbox"
 	"example.com/paymentsd/service"
+	"example.com/paymentsd/store"
 	"example.com/paymentsd/upstream"
 )
 
@@ -62,7 +63,8 @@ type config struct {
 
 	// DatabaseURL names the record store: sqlite:PATH or postgres://…. It
 	// may hold a password, so it is a secret; DatabaseFrom says where it
-	// came from, and DatabaseShown is the URL with any password removed.
+	// came from, and DatabaseShown is what of it may be shown (see
+	// store.RedactedURL).
 	DatabaseURL      secret
 	DatabaseFrom     string
 	DatabaseShown    string
@@ -144,11 +146,29 @@ func (c *config) LogValue() slog.Value {
 // variable must not reach the terminal or the logs. Only the selected
 // environment's variables are read.
 func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	// The flag package's errors, and what it prints with them, quote the
+	// argument, which may be a key: it prints nothing, and its errors are
+	// replaced with ones that name the flag alone.
 	fs := flag.NewFlagSet("paymentsd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	simulate := fs.Bool("simulate", false, "serve against a built-in simulated provider (sandbox only)")
+	fs.SetOutput(io.Discard)
+	var simulate, badSimulate bool
+	fs.BoolFunc("simulate", "serve against a built-in simulated provider (sandbox only)", func(v string) error {
+		b, err := strconv.ParseBool(v)
+		badSimulate = err != nil
+		simulate = b
+		return err
+	})
 	if err := fs.Parse(args[1:]); err != nil {
-		return nil, err
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			fs.SetOutput(stderr)
+			fs.Usage()
+			return nil, err
+		case badSimulate:
+			return nil, errors.New("--simulate: want no value, or true or false")
+		default:
+			return nil, errors.New("unknown or malformed flag: paymentsd's only flag is --simulate (and -h for help)")
+		}
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%d unexpected argument(s): paymentsd takes only flags, such as --simulate", fs.NArg())
@@ -159,7 +179,7 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 
 	c := &config{
 		Environment: strings.TrimSpace(getenv("PAYMENTS_ENVIRONMENT")),
-		Simulate:    *simulate,
+		Simulate:    simulate,
 		GRPCAddr:    addrVar(getenv, "PAYMENTS_GRPC_ADDR", ":9090", problem),
 		HTTPAddr:    addrVar(getenv, "PAYMENTS_HTTP_ADDR", ":8080", problem),
 
@@ -200,15 +220,23 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	c.MaxInFlight = intVar(getenv, "PAYMENTS_MAX_IN_FLIGHT", service.DefaultMaxInFlight, 1, 100000, problem)
 	c.MaxConnections = intVar(getenv, "PAYMENTS_MAX_CONNECTIONS", service.DefaultMaxConnections, 1, 100000, problem)
 	c.HTTPReadTimeout = durationVar(getenv, "PAYMENTS_HTTP_READ_TIMEOUT", service.DefaultReadTimeout, problem)
-	for i, caller := range strings.Split(getenv("PAYMENTS_ALLOWED_CALLERS"), ",") {
+	callers := getenv("PAYMENTS_ALLOWED_CALLERS")
+	badCallers := false
+	for i, caller := range strings.Split(callers, ",") {
 		caller = strings.TrimSpace(caller)
 		switch {
 		case caller == "":
 		case strings.ContainsFunc(caller, func(r rune) bool { return r <= ' ' || r == 0x7f }):
 			problem("PAYMENTS_ALLOWED_CALLERS: identity %d in the list has spaces or control characters; an identity has none", i+1)
+			badCallers = true
 		default:
 			c.AllowedCallers = append(c.AllowedCallers, caller)
 		}
+	}
+	if callers != "" && len(c.AllowedCallers) == 0 && !badCallers {
+		// Set, yet empty, it would turn the allowlist off: every caller
+		// with a trusted certificate could call.
+		problem("PAYMENTS_ALLOWED_CALLERS is set but holds no identity: want a comma-separated list of URI or DNS SANs, or leave it unset for no allowlist")
 	}
 
 	if err := c.LogLevel.UnmarshalText([]byte(orDefault(getenv("PAYMENTS_LOG_LEVEL"), "info"))); err != nil {
@@ -384,19 +412,24 @@ func (c *config) loadDatabase(getenv func(string) string, problem func(string, .
 		v, c.DatabaseFrom = "sqlite:paymentsd-"+c.Environment+".db", "default"
 	}
 	c.DatabaseURL = secret(v)
+	// Only what can't hold a password is shown: the query can (pgx reads
+	// password and sslpassword there), and so can what looks like the
+	// host or the path when a password's '#', '/' or '?' is not escaped.
+	shown, ok := store.RedactedURL(v)
+	c.DatabaseShown = shown
 	switch {
 	case strings.HasPrefix(v, "sqlite:"):
 		if strings.TrimPrefix(v, "sqlite:") == "" {
 			problem("%s: sqlite: needs a file path, e.g. sqlite:/var/lib/paymentsd/records.db", c.databaseVar())
 		}
-		c.DatabaseShown = v
 	case strings.HasPrefix(v, "postgres://"), strings.HasPrefix(v, "postgresql://"):
 		u, err := url.Parse(v)
-		if err != nil || u.Host == "" {
+		switch {
+		case err != nil || u.Host == "":
 			problem("%s is not a valid postgres:// URL", c.databaseVar())
-			return
+		case !ok:
+			problem("%s holds a '#', or an '@' after the host, as a password with an unescaped # / ? or @ gives: percent-encode those in the user name and password (%%23 %%2F %%3F %%40)", c.databaseVar())
 		}
-		c.DatabaseShown = u.Redacted()
 	default:
 		problem("%s must be sqlite:PATH or a postgres:// URL", c.databaseVar())
 	}

@@ -195,6 +195,36 @@ func startConfigured(t *testing.T, env map[string]string, tp trace.TracerProvide
 	return in
 }
 
+// runRefused runs paymentsd with args and env, expecting it to refuse to
+// start, and returns the refusal and what it wrote. One that starts
+// serving instead is stopped, and the test fails.
+func runRefused(t *testing.T, env map[string]string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var out bytes.Buffer // written by run only, and read once it returns
+	logs := newLogBuffer()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"paymentsd"}, args...), func(k string) string { return env[k] }, &out, logs)
+	}()
+	for {
+		logs.mu.Lock()
+		changed := logs.changed
+		logs.mu.Unlock()
+		if len(logs.lines("serving")) > 0 {
+			cancel()
+			<-done
+			t.Fatalf("run() started serving, want a refusal")
+		}
+		select {
+		case err := <-done:
+			return out.String(), logs.String(), err
+		case <-changed:
+		}
+	}
+}
+
 // fakeProvider starts a fake provider that knows both keys: each is
 // permitted in its own environment and forbidden in the other, as the
 // provider's documentation says.

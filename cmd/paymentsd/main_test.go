@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -632,25 +634,48 @@ func TestConfigRefusals(t *testing.T) {
 		{"base URL with a named port", with(sandbox, "PAYMENTS_SANDBOX_BASE_URL", "https://sandbox.provider.test:https/v1"), nil, "PAYMENTS_SANDBOX_BASE_URL"},
 		{"upstream timeout past the shutdown timeout", with(sandbox, "PAYMENTS_UPSTREAM_TIMEOUT", "30s"), nil, "PAYMENTS_SHUTDOWN_TIMEOUT"},
 		{"shutdown timeout under the upstream timeout", with(sandbox, "PAYMENTS_SHUTDOWN_TIMEOUT", "5s"), nil, "PAYMENTS_UPSTREAM_TIMEOUT"},
+		// A list with no identity in it used to turn the allowlist off.
+		{"allowed callers only a comma", with(sandbox, "PAYMENTS_ALLOWED_CALLERS", ","), nil, "PAYMENTS_ALLOWED_CALLERS"},
+		{"allowed callers only separators and spaces", with(sandbox, "PAYMENTS_ALLOWED_CALLERS", " , \t,, "), nil, "PAYMENTS_ALLOWED_CALLERS"},
+		{"allowed callers only a space", with(sandbox, "PAYMENTS_ALLOWED_CALLERS", " "), nil, "PAYMENTS_ALLOWED_CALLERS"},
+		{"database password with an unescaped #", with(sandbox, "PAYMENTS_DATABASE_URL", "postgres://app:1234#pw@127.0.0.1:1/payments"), nil, "PAYMENTS_DATABASE_URL"},
+		{"database password with an unescaped /", with(sandbox, "PAYMENTS_DATABASE_URL", "postgres://app:12/pw@127.0.0.1:1/payments"), nil, "PAYMENTS_DATABASE_URL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var stdout, stderr bytes.Buffer
 			env := with(tt.env, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0")
-			err := run(t.Context(), append([]string{"paymentsd"}, tt.args...), func(k string) string { return env[k] }, &stdout, &stderr)
+			if env["PAYMENTS_DATABASE_URL"] == "" {
+				env["PAYMENTS_DATABASE_URL"] = "sqlite:" + filepath.Join(t.TempDir(), "records.db")
+			}
+			stdout, stderr, err := runRefused(t, env, tt.args...)
 			if err == nil {
 				t.Fatalf("run() = nil, want a refusal naming %s", tt.wantVar)
 			}
 			if !strings.Contains(err.Error(), tt.wantVar) {
 				t.Errorf("run() = %q, want it to name %s", err, tt.wantVar)
 			}
-			for _, out := range []string{err.Error(), stdout.String(), stderr.String()} {
+			for _, out := range []string{err.Error(), stdout, stderr} {
 				if strings.Contains(out, sandboxKey) || strings.Contains(out, liveKey) {
 					t.Errorf("refusal output contains an API key: %q", out)
 				}
 			}
 		})
+	}
+}
+
+// TestHelpPrintsUsage: -h and --help still print the flags, although flag
+// errors are no longer the flag package's own.
+func TestHelpPrintsUsage(t *testing.T) {
+	t.Parallel()
+	for _, arg := range []string{"-h", "--help", "-help"} {
+		_, stderr, err := runRefused(t, nil, arg)
+		if !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("run(%s) = %v, want flag.ErrHelp", arg, err)
+		}
+		if !strings.Contains(stderr, "-simulate") {
+			t.Errorf("run(%s) printed %q, want the usage with -simulate", arg, stderr)
+		}
 	}
 }
 
@@ -746,10 +771,24 @@ func TestRefusalsNeverEchoValues(t *testing.T) {
 		{"database URL", sandbox, "PAYMENTS_DATABASE_URL"},
 		{"database URL file", sandbox, "PAYMENTS_DATABASE_URL_FILE"},
 		{"webhook token file", with(sandbox, "PAYMENTS_WEBHOOK_ADDR", "127.0.0.1:0"), "PAYMENTS_SANDBOX_WEBHOOK_TOKEN_FILE"},
+		{"traces exporter", sandbox, "OTEL_TRACES_EXPORTER"},
+		{"OTLP protocol", with(sandbox, "OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"), "OTEL_EXPORTER_OTLP_PROTOCOL"},
+		{"OTLP traces protocol", with(sandbox, "OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"), "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"},
+		// Flags: the key goes into the arguments, not the environment.
+		{"simulate flag value", sandbox, "--simulate"},
+		{"simulate flag value, one dash", sandbox, "--simulate"},
+		{"unknown flag", sandbox, "--simulate"},
+		{"malformed flag", sandbox, "--simulate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
+			args := map[string][]string{
+				"simulate flag value":           {"--simulate=" + sandboxKey},
+				"simulate flag value, one dash": {"-simulate=" + sandboxKey},
+				"unknown flag":                  {"--" + sandboxKey},
+				"malformed flag":                {"---" + sandboxKey},
+			}[tt.name]
 			pasted := map[string]string{
 				"gRPC address":            "127.0.0.1:" + sandboxKey,
 				"allowed callers":         "spiffe://corp.example/ns/shop/sa/checkout, " + sandboxKey + " x",
@@ -773,20 +812,21 @@ func TestRefusalsNeverEchoValues(t *testing.T) {
 			env := with(tt.env,
 				"PAYMENTS_GRPC_ADDR", "127.0.0.1:0",
 				"PAYMENTS_HTTP_ADDR", "127.0.0.1:0",
-				"PAYMENTS_DATABASE_URL", "sqlite:"+filepath.Join(t.TempDir(), "records.db"),
-				tt.vr, pasted)
+				"PAYMENTS_DATABASE_URL", "sqlite:"+filepath.Join(t.TempDir(), "records.db"))
+			if args == nil {
+				env[tt.vr] = pasted
+			}
 			if tt.vr == "PAYMENTS_DATABASE_URL_FILE" {
 				delete(env, "PAYMENTS_DATABASE_URL")
 			}
-			var stdout, stderr bytes.Buffer
-			err := run(t.Context(), []string{"paymentsd"}, func(k string) string { return env[k] }, &stdout, &stderr)
+			stdout, stderr, err := runRefused(t, env, args...)
 			if err == nil {
 				t.Fatalf("run() with a key in %s = nil, want a refusal", tt.vr)
 			}
 			if !strings.Contains(err.Error(), tt.vr) {
 				t.Errorf("run() = %q, want it to name %s", err, tt.vr)
 			}
-			for _, out := range []string{err.Error(), fmt.Sprintf("%+v", err), stdout.String(), stderr.String()} {
+			for _, out := range []string{err.Error(), fmt.Sprintf("%+v", err), stdout, stderr} {
 				// Any 10 bytes of the key would be a leak.
 				for i := 0; i+10 <= len(sandboxKey); i++ {
 					if strings.Contains(out, sandboxKey[i:i+10]) {

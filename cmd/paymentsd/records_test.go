@@ -555,6 +555,62 @@ func TestSettlementGivesUpAfterTheWindow(t *testing.T) {
 	}
 }
 
+// TestDatabaseURLShownWithoutPassword: pgx reads a password from the URL's
+// user info and from its query (password, sslpassword), and a password
+// with an unescaped '#', '/' or '?' moves the parser's idea of where the
+// host is. In none of these does the password reach the starting line or a
+// refusal.
+func TestDatabaseURLShownWithoutPassword(t *testing.T) {
+	t.Parallel()
+	const password = "PGPASS_SENTINEL_91c2e7"
+	leaked := func(out string) bool {
+		for range 2 {
+			low := strings.ToLower(out)
+			for i := 0; i+8 <= len(password); i++ {
+				if strings.Contains(low, strings.ToLower(password[i:i+8])) {
+					return true
+				}
+			}
+			if u, err := url.PathUnescape(out); err == nil {
+				out = u
+			}
+		}
+		return false
+	}
+	for _, raw := range []string{
+		"postgres://app:" + password + "@127.0.0.1:1/payments",
+		"postgres://app:" + url.PathEscape(password+"/#?@") + "@127.0.0.1:1/payments",
+		"postgres://app@127.0.0.1:1/payments?password=" + password + "&sslmode=disable",
+		"postgres://app@127.0.0.1:1/payments?sslmode=disable&PASSWORD=" + password,
+		"postgres://app@127.0.0.1:1/payments?sslpassword=" + password,
+		"postgresql://app@127.0.0.1:1/payments?sslmode=disable&sslpassword=" + url.QueryEscape(password+"&="),
+		"postgres://app:1234#" + password + "@127.0.0.1:1/payments",
+		"postgres://app:#" + password + "@127.0.0.1:1/payments",
+		"postgres://app:12/" + password + "@127.0.0.1:1/payments",
+		"postgres://app:12?" + password + "@127.0.0.1:1/payments",
+	} {
+		env := map[string]string{
+			"PAYMENTS_GRPC_ADDR":    "127.0.0.1:0",
+			"PAYMENTS_HTTP_ADDR":    "127.0.0.1:0",
+			"PAYMENTS_DATABASE_URL": raw,
+		}
+		// A context already ended: run logs the starting line, if the
+		// configuration is accepted, and stops at the first thing that
+		// waits, connecting to the database, so nothing need listen or
+		// resolve.
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		var stderr strings.Builder
+		err := run(ctx, []string{"paymentsd", "--simulate"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+		if err == nil {
+			t.Fatalf("run() with an ended context = nil, want an error")
+		}
+		if leaked(err.Error()) || leaked(stderr.String()) {
+			t.Errorf("the database password appears in the refusal or the logs:\n%v\n%s", err, stderr.String())
+		}
+	}
+}
+
 // TestDatabasePasswordNeverShown: a database URL's password appears in no
 // log line, refusal or metric, whether paymentsd starts or can't.
 func TestDatabasePasswordNeverShown(t *testing.T) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -35,9 +36,11 @@ func setupTracing(ctx context.Context, getenv func(string) string, stdout io.Wri
 		if kind == "" && getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" && getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
 			return nil, noop, nil
 		}
-		protocol := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+		protocolVar := "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+		protocol := getenv(protocolVar)
 		if protocol == "" {
-			protocol = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+			protocolVar = "OTEL_EXPORTER_OTLP_PROTOCOL"
+			protocol = getenv(protocolVar)
 		}
 		switch protocol {
 		case "", "http/protobuf":
@@ -45,10 +48,12 @@ func setupTracing(ctx context.Context, getenv func(string) string, stdout io.Wri
 		case "grpc":
 			exporter, err = otlptracegrpc.New(ctx)
 		default:
-			return nil, noop, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL is %q: want grpc or http/protobuf", protocol)
+			// Never the value: a key pasted into the wrong variable
+			// must not be printed.
+			return nil, noop, fmt.Errorf("%s: want grpc or http/protobuf", protocolVar)
 		}
 	default:
-		return nil, noop, fmt.Errorf("OTEL_TRACES_EXPORTER is %q: want otlp, console or none", kind)
+		return nil, noop, errors.New("OTEL_TRACES_EXPORTER: want otlp, console or none")
 	}
 	if err != nil {
 		return nil, noop, fmt.Errorf("trace exporter: %w", err)
