@@ -774,6 +774,8 @@ func TestRefusalsNeverEchoValues(t *testing.T) {
 		{"traces exporter", sandbox, "OTEL_TRACES_EXPORTER"},
 		{"OTLP protocol", with(sandbox, "OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"), "OTEL_EXPORTER_OTLP_PROTOCOL"},
 		{"OTLP traces protocol", with(sandbox, "OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"), "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"},
+		{"OTLP headers", with(sandbox, "OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"), "OTEL_EXPORTER_OTLP_HEADERS"},
+		{"OTLP traces headers", with(sandbox, "OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"), "OTEL_EXPORTER_OTLP_TRACES_HEADERS"},
 		// Flags: the key goes into the arguments, not the environment.
 		{"simulate flag value", sandbox, "--simulate"},
 		{"simulate flag value, one dash", sandbox, "--simulate"},
@@ -790,6 +792,8 @@ func TestRefusalsNeverEchoValues(t *testing.T) {
 				"malformed flag":                {"---" + sandboxKey},
 			}[tt.name]
 			pasted := map[string]string{
+				"OTLP headers":            "x-team=payments," + sandboxKey,
+				"OTLP traces headers":     "Authorization=Bearer%ZZ" + sandboxKey,
 				"gRPC address":            "127.0.0.1:" + sandboxKey,
 				"allowed callers":         "spiffe://corp.example/ns/shop/sa/checkout, " + sandboxKey + " x",
 				"TLS cert file":           "/run/secrets/" + sandboxKey,

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
+	"strings"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -36,6 +38,9 @@ func setupTracing(ctx context.Context, getenv func(string) string, stdout io.Wri
 		if kind == "" && getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" && getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
 			return nil, noop, nil
 		}
+		if err := checkOTLPHeaders(getenv); err != nil {
+			return nil, noop, err
+		}
 		protocolVar := "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 		protocol := getenv(protocolVar)
 		if protocol == "" {
@@ -60,4 +65,31 @@ func setupTracing(ctx context.Context, getenv func(string) string, stdout io.Wri
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter))
 	return tp, tp.Shutdown, nil
+}
+
+// checkOTLPHeaders refuses OTLP headers the exporter could not parse. The
+// exporter would skip such an entry and print it, which may hold a
+// collector's credentials, to stderr through OpenTelemetry's own logger;
+// refused here, only the variable is named.
+func checkOTLPHeaders(getenv func(string) string) error {
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"} {
+		v := getenv(name)
+		if v == "" {
+			continue
+		}
+		for _, pair := range strings.Split(v, ",") {
+			key, value, ok := strings.Cut(pair, "=")
+			key = strings.TrimSpace(key)
+			_, err := url.PathUnescape(value)
+			if !ok || key == "" || strings.ContainsFunc(key, func(r rune) bool { return !isTokenChar(r) }) || err != nil {
+				return fmt.Errorf("%s: want comma-separated name=value pairs, values percent-encoded", name)
+			}
+		}
+	}
+	return nil
+}
+
+// isTokenChar reports whether r may appear in an HTTP header name.
+func isTokenChar(r rune) bool {
+	return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", r)
 }
