@@ -132,6 +132,28 @@ func (rs routes) routingError(ctx context.Context, mux *runtime.ServeMux, m runt
 	})
 }
 
+// readDeadline gives every request on the HTTP port readTimeout, from when
+// its header is in, for its body to arrive; net/http itself sets no bound
+// on a body once ReadHeaderTimeout has covered the header. Without it a
+// body trickled to any path would hold its connection, outside the
+// in-flight cap and past Shutdown, for as long as its sender liked: even a
+// handler that never reads the body does not end the request, since
+// net/http drains up to 256 KiB of it before answering. Past the deadline
+// that drain fails, and the connection is answered and closed. limitBody
+// lifts the deadline once a REST body is in, so a long payment is not cut
+// off by it (a read deadline passing while a handler runs cancels the
+// request's context).
+func readDeadline(readTimeout time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			// Not every ResponseWriter supports deadlines (httptest's
+			// doesn't).
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(readTimeout))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // limitBody reads the REST body up front, refusing one over max bytes with
 // 413 and one that takes longer than readTimeout (from the request's start)
 // with 408, before it reaches the gateway. The deadline is lifted once the
@@ -139,6 +161,8 @@ func (rs routes) routingError(ctx context.Context, mux *runtime.ServeMux, m runt
 func limitBody(max int64, readTimeout time.Duration, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > max {
+			// Not worth draining: the connection ends with the answer.
+			w.Header().Set("Connection", "close")
 			writeStatusJSON(w, http.StatusRequestEntityTooLarge, int(codes.InvalidArgument), fmt.Sprintf("request body is over the limit of %d bytes", max))
 			return
 		}
@@ -152,6 +176,7 @@ func limitBody(max int64, readTimeout time.Duration, next http.Handler) http.Han
 			var tooLarge *http.MaxBytesError
 			switch {
 			case errors.As(err, &tooLarge):
+				w.Header().Set("Connection", "close")
 				writeStatusJSON(w, http.StatusRequestEntityTooLarge, int(codes.InvalidArgument), fmt.Sprintf("request body is over the limit of %d bytes", max))
 			case errors.Is(err, os.ErrDeadlineExceeded):
 				w.Header().Set("Connection", "close")

@@ -68,8 +68,9 @@ type Options struct {
 	// checks, reflection and the HTTP port's other endpoints are exempt.
 	// Zero means DefaultMaxInFlight.
 	MaxInFlight int
-	// ReadTimeout bounds reading a REST request's body; zero means
-	// DefaultReadTimeout. (The header's bound is the http.Server's.)
+	// ReadTimeout bounds reading the body of any request on the HTTP port,
+	// from when its header is in; zero means DefaultReadTimeout. (The
+	// header's bound is the http.Server's.)
 	ReadTimeout time.Duration
 	// AllowedCallers, when not empty, are the only caller identities (mTLS
 	// client certificate URI or DNS SANs, matched exactly) that may call
@@ -255,7 +256,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(openAPI)
 	})
-	s.HTTP = identifyHTTP(mux)
+	s.HTTP = readDeadline(readTimeout, identifyHTTP(mux))
 	return s, nil
 }
 

@@ -1,15 +1,19 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -191,6 +195,83 @@ func TestStrictREST(t *testing.T) {
 	if n := len(p.Requests()); n != 4 {
 		t.Errorf("provider saw %d requests, want 4 (the accepted ones)", n)
 	}
+}
+
+// TestSlowBodyCutOffOnEveryPath trickles a request body, a byte every
+// 100ms, to paths on the REST port that read it and paths that don't
+// (net/http drains up to 256 KiB of an unread body before it answers):
+// with PAYMENTS_HTTP_READ_TIMEOUT=1s each is answered and its connection
+// closed, instead of being held for as long as the sender keeps trickling.
+func TestSlowBodyCutOffOnEveryPath(t *testing.T) {
+	t.Parallel()
+	p := fakeProvider(t, "sandbox")
+	in := start(t, with(sandboxEnv(p), "PAYMENTS_HTTP_READ_TIMEOUT", "1s"))
+	tests := []struct {
+		name, method, path string
+		length             int // the declared Content-Length
+		want               int
+	}{
+		{"payment", "POST", "/v1/multi-card-payments", 1000, http.StatusRequestTimeout},
+		{"payment over the size limit", "POST", "/v1/multi-card-payments", 100000, http.StatusRequestEntityTooLarge},
+		{"payments collection", "GET", "/v1/multi-card-payments", 1000, http.StatusMethodNotAllowed},
+		{"healthz", "GET", "/healthz", 1000, http.StatusOK},
+		{"readyz", "GET", "/readyz", 1000, http.StatusOK},
+		{"metrics", "POST", "/metrics", 1000, http.StatusMethodNotAllowed},
+		{"openapi", "GET", "/openapi.json", 1000, http.StatusOK},
+		{"unknown path", "POST", "/nowhere", 1000, http.StatusNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			conn, err := net.Dial("tcp", in.httpAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			// With a 1s timeout, a connection still held after 6s fails
+			// the test.
+			conn.SetReadDeadline(time.Now().Add(6 * time.Second))
+			fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: paymentsd\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", tt.method, tt.path, tt.length)
+			stop := make(chan struct{})
+			var trickle sync.WaitGroup
+			defer trickle.Wait()
+			defer close(stop)
+			trickle.Go(func() {
+				tick := time.NewTicker(100 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+					}
+					if _, err := conn.Write([]byte{' '}); err != nil {
+						return
+					}
+				}
+			})
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("%s %s with a trickled body: no answer: %v", tt.method, tt.path, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.want {
+				t.Errorf("%s %s with a trickled body = %d, want %d", tt.method, tt.path, resp.StatusCode, tt.want)
+			}
+			// Whatever follows on the wire is the rest of the body, so the
+			// connection must end here.
+			if n, err := br.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+				t.Errorf("%s %s with a trickled body: connection still open after the answer (read %d bytes, %v)", tt.method, tt.path, n, err)
+			}
+		})
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // TestKeyControlCharacters checks that an idempotency key with an ASCII
