@@ -38,6 +38,32 @@ const (
 	ReasonOutcomeUnknown = "PAYMENT_OUTCOME_UNKNOWN"
 )
 
+// refusal is the status of a call paymentsd turned away before sending
+// anything. A CreateMultiCardPayment call's carries ErrorInfo
+// PAYMENT_NOT_CREATED; any other call's carries no reason, since a lookup
+// turned away says nothing about the payment it looks up. A retryDelay
+// adds a RetryInfo.
+func refusal(code codes.Code, msg string, create bool, retryDelay time.Duration) *status.Status {
+	var details []protoadapt.MessageV1
+	if create {
+		details = append(details, notCreatedInfo())
+	}
+	if retryDelay > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)})
+	}
+	st := status.New(code, msg)
+	if len(details) > 0 {
+		if withDetails, err := st.WithDetails(details...); err == nil {
+			st = withDetails
+		}
+	}
+	return st
+}
+
+func notCreatedInfo() *errdetails.ErrorInfo {
+	return &errdetails.ErrorInfo{Reason: ReasonNotCreated, Domain: ErrorDomain}
+}
+
 // Service implements paymentsv1.PaymentsServiceServer against one provider
 // environment, with a durable record per idempotency key.
 type Service struct {

@@ -93,7 +93,9 @@ type PaymentsServiceClient interface {
 	//
 	// REST: the body must be sent with Content-Type: application/json (415
 	// otherwise) and be exactly one JSON object (400 if anything but
-	// whitespace follows it).
+	// whitespace follows it), of at most the configured size (413), sent
+	// within the configured read timeout (408). These refusals, like every
+	// other made before anything was sent, carry PAYMENT_NOT_CREATED.
 	//
 	// Codes (REST status in brackets):
 	//
@@ -127,8 +129,9 @@ type PaymentsServiceClient interface {
 	//     not write its record; nothing was sent to the provider.
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
 	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
-	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED: paymentsd has too
-	//     many calls in progress; retry shortly with the same key.
+	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED and a RetryInfo:
+	//     paymentsd has too many calls in progress; retry shortly with the
+	//     same key.
 	//   - UNAVAILABLE (503): paymentsd shut down before the call finished; the
 	//     reason says whether the request may have been sent. Retry with the
 	//     same key.
@@ -143,7 +146,10 @@ type PaymentsServiceClient interface {
 	// Codes: NOT_FOUND (404) when paymentsd has no record of the key (never
 	// used with this deployment's environment, or older than the retention
 	// period); INVALID_ARGUMENT (400) for a key that could not be a key;
-	// UNAVAILABLE (503) when the record store can't be read.
+	// UNAVAILABLE (503) when the record store can't be read;
+	// RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
+	// calls in progress. A lookup turned away before it was made carries no
+	// ErrorInfo reason: it says nothing about the payment looked up.
 	GetMultiCardPayment(ctx context.Context, in *GetMultiCardPaymentRequest, opts ...grpc.CallOption) (*GetMultiCardPaymentResponse, error)
 }
 
@@ -242,7 +248,9 @@ type PaymentsServiceServer interface {
 	//
 	// REST: the body must be sent with Content-Type: application/json (415
 	// otherwise) and be exactly one JSON object (400 if anything but
-	// whitespace follows it).
+	// whitespace follows it), of at most the configured size (413), sent
+	// within the configured read timeout (408). These refusals, like every
+	// other made before anything was sent, carry PAYMENT_NOT_CREATED.
 	//
 	// Codes (REST status in brackets):
 	//
@@ -276,8 +284,9 @@ type PaymentsServiceServer interface {
 	//     not write its record; nothing was sent to the provider.
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
 	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
-	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED: paymentsd has too
-	//     many calls in progress; retry shortly with the same key.
+	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED and a RetryInfo:
+	//     paymentsd has too many calls in progress; retry shortly with the
+	//     same key.
 	//   - UNAVAILABLE (503): paymentsd shut down before the call finished; the
 	//     reason says whether the request may have been sent. Retry with the
 	//     same key.
@@ -292,7 +301,10 @@ type PaymentsServiceServer interface {
 	// Codes: NOT_FOUND (404) when paymentsd has no record of the key (never
 	// used with this deployment's environment, or older than the retention
 	// period); INVALID_ARGUMENT (400) for a key that could not be a key;
-	// UNAVAILABLE (503) when the record store can't be read.
+	// UNAVAILABLE (503) when the record store can't be read;
+	// RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
+	// calls in progress. A lookup turned away before it was made carries no
+	// ErrorInfo reason: it says nothing about the payment looked up.
 	GetMultiCardPayment(context.Context, *GetMultiCardPaymentRequest) (*GetMultiCardPaymentResponse, error)
 	mustEmbedUnimplementedPaymentsServiceServer()
 }
