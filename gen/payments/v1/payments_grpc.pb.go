@@ -114,7 +114,9 @@ type PaymentsServiceClient interface {
 	//   - DEADLINE_EXCEEDED (504): the caller's deadline or the service's
 	//     upstream timeout expired, or the provider answered 504 or 408.
 	//   - INTERNAL (500): the provider answered 500 or a 5xx not listed here,
-	//     or paymentsd itself failed.
+	//     or paymentsd itself failed (a failure while handling the call, such
+	//     as a panic, is PAYMENT_OUTCOME_UNKNOWN: it may have come after the
+	//     provider call).
 	//   - UNIMPLEMENTED (501): the provider answered 501.
 	//   - UNKNOWN (500): the provider answered 2xx but the reply could not be
 	//     read (not a JSON object, cut off, or too large), or answered with an
@@ -269,7 +271,9 @@ type PaymentsServiceServer interface {
 	//   - DEADLINE_EXCEEDED (504): the caller's deadline or the service's
 	//     upstream timeout expired, or the provider answered 504 or 408.
 	//   - INTERNAL (500): the provider answered 500 or a 5xx not listed here,
-	//     or paymentsd itself failed.
+	//     or paymentsd itself failed (a failure while handling the call, such
+	//     as a panic, is PAYMENT_OUTCOME_UNKNOWN: it may have come after the
+	//     provider call).
 	//   - UNIMPLEMENTED (501): the provider answered 501.
 	//   - UNKNOWN (500): the provider answered 2xx but the reply could not be
 	//     read (not a JSON object, cut off, or too large), or answered with an
