@@ -175,7 +175,14 @@ func answerBeforeDeadline(ctx context.Context) (context.Context, context.CancelF
 func (s *Service) errorStatus(ctx context.Context, err error, maybeBefore bool) error {
 	var uerr *upstream.Error
 	if !errors.As(err, &uerr) {
-		return status.Error(codes.Internal, "paymentsd failed before calling the payment provider; no payment was created")
+		// The client fails only with *upstream.Error, so this failed before
+		// a request was written, and is recorded as such (see outcome).
+		if maybeBefore {
+			st := status.New(codes.Internal, "paymentsd failed before calling the payment provider, but an earlier attempt with this idempotency key may have created a payment: retry with the same idempotency key, never a new one, to learn the outcome")
+			return withDetails(st, s.errorInfo(ReasonOutcomeUnknown, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+		}
+		st := status.New(codes.Internal, "paymentsd failed before calling the payment provider; no payment was created")
+		return withDetails(st, s.errorInfo(ReasonNotCreated, nil))
 	}
 	var se *upstream.StatusError
 	hasStatus := errors.As(uerr.Err, &se)
