@@ -138,7 +138,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		accessLog(opts.Logger),
 		allowed.unary,
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger))),
-		validatemw.UnaryServerInterceptor(validator),
+		validateUnary(validator),
 		s.hardStopUnary,
 	)
 

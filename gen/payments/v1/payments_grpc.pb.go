@@ -100,8 +100,9 @@ type PaymentsServiceClient interface {
 	// Codes (REST status in brackets):
 	//
 	//   - INVALID_ARGUMENT (400): the request failed validation and was not
-	//     sent (the message and a buf.validate.Violations detail name the
-	//     field); or the provider answered 400, or a 4xx not listed here.
+	//     sent (PAYMENT_NOT_CREATED; the message and a buf.validate.Violations
+	//     detail name the field); or the provider answered 400, or a 4xx not
+	//     listed here.
 	//   - UNAUTHENTICATED (401): the provider answered 401: this deployment's
 	//     API key is missing, unknown or revoked. An operator must fix it.
 	//   - PERMISSION_DENIED (403): the provider answered 403: the key is not
@@ -257,8 +258,9 @@ type PaymentsServiceServer interface {
 	// Codes (REST status in brackets):
 	//
 	//   - INVALID_ARGUMENT (400): the request failed validation and was not
-	//     sent (the message and a buf.validate.Violations detail name the
-	//     field); or the provider answered 400, or a 4xx not listed here.
+	//     sent (PAYMENT_NOT_CREATED; the message and a buf.validate.Violations
+	//     detail name the field); or the provider answered 400, or a 4xx not
+	//     listed here.
 	//   - UNAUTHENTICATED (401): the provider answered 401: this deployment's
 	//     API key is missing, unknown or revoked. An operator must fix it.
 	//   - PERMISSION_DENIED (403): the provider answered 403: the key is not
