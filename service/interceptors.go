@@ -10,12 +10,18 @@ import (
 	"strings"
 	"time"
 
+	"buf.build/go/protovalidate"
 	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
+	validatemw "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/protovalidate"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
 
 // RequestIDHeader is the gRPC metadata key and HTTP header that carries a
@@ -156,11 +162,41 @@ func appendKey(attrs []slog.Attr, key string) []slog.Attr {
 }
 
 // recoverPanic turns a panic in a handler into Internal, logging it with its
-// stack, so one bad call cannot take the service down.
+// stack, so one bad call cannot take the service down. The panic may have
+// come after the provider call, so its ErrorInfo says
+// PAYMENT_OUTCOME_UNKNOWN: that reason is all that tells it from a
+// provider 500, also Internal.
 func recoverPanic(logger *slog.Logger) func(ctx context.Context, p any) error {
 	return func(ctx context.Context, p any) error {
 		logger.ErrorContext(ctx, "panic in handler", slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
-		return status.Error(codes.Internal, "paymentsd failed while handling the call; if it reached the provider, a payment may have been created: retry with the same idempotency key")
+		st := status.New(codes.Internal, "paymentsd failed while handling the call; if it reached the provider, a payment may have been created: retry with the same idempotency key")
+		return withDetails(st,
+			&errdetails.ErrorInfo{Reason: ReasonOutcomeUnknown, Domain: ErrorDomain},
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+	}
+}
+
+// validateUnary is go-grpc-middleware's protovalidate interceptor, with one
+// addition: a CreateMultiCardPayment request it refuses carries ErrorInfo
+// PAYMENT_NOT_CREATED, as every refusal made before anything was sent
+// does.
+func validateUnary(v protovalidate.Validator) grpc.UnaryServerInterceptor {
+	validate := validatemw.UnaryServerInterceptor(v)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod != paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName {
+			return validate(ctx, req, info, handler)
+		}
+		valid := false
+		resp, err := validate(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+			valid = true
+			return handler(ctx, req)
+		})
+		if st, ok := status.FromError(err); err != nil && !valid && ok {
+			if withInfo, err2 := st.WithDetails(notCreatedInfo()); err2 == nil {
+				err = withInfo.Err()
+			}
+		}
+		return resp, err
 	}
 }
 

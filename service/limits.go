@@ -97,8 +97,18 @@ func (l *limiter) acquire() bool {
 func (l *limiter) release() { l.n.Add(-1) }
 
 const (
-	overloaded     = "paymentsd has too many calls in progress; no payment was created: retry after a short delay with the same idempotency key"
-	tooManyWatches = "paymentsd has too many WatchProviderEvents streams open; watch again later, or read with ListProviderEvents"
+	overloaded       = "paymentsd has too many calls in progress; no payment was created: retry after a short delay with the same idempotency key"
+	overloadedLookup = "paymentsd has too many calls in progress: retry after a short delay"
+	tooManyWatches   = "paymentsd has too many WatchProviderEvents streams open; watch again later, or read with ListProviderEvents"
+)
+
+// The refusals made at tap time are built once: a flood of streams meets
+// them thousands of times a second. grpc-go sends a tap error's details
+// (grpc-status-details-bin) along with its code and message.
+var (
+	errOverloaded       = refusal(codes.ResourceExhausted, overloaded, true, time.Second).Err()
+	errOverloadedLookup = refusal(codes.ResourceExhausted, overloadedLookup, false, time.Second).Err()
+	errTooManyWatches   = status.Error(codes.ResourceExhausted, tooManyWatches)
 )
 
 // tap admits a gRPC stream as soon as its headers arrive, before grpc-go
@@ -110,12 +120,15 @@ func (l *limiter) tap(ctx context.Context, info *tap.Info) (context.Context, err
 	if openMethod(info.FullMethodName) {
 		return ctx, nil
 	}
-	slots, refusal := l, overloaded
-	if info.FullMethodName == paymentsv1.ProviderEventsService_WatchProviderEvents_FullMethodName && l.watches != nil {
-		slots, refusal = l.watches, tooManyWatches
+	slots, refused := l, errOverloadedLookup
+	switch {
+	case info.FullMethodName == paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName:
+		refused = errOverloaded
+	case info.FullMethodName == paymentsv1.ProviderEventsService_WatchProviderEvents_FullMethodName && l.watches != nil:
+		slots, refused = l.watches, errTooManyWatches
 	}
 	if !slots.acquire() {
-		return nil, status.Error(codes.ResourceExhausted, refusal)
+		return nil, refused
 	}
 	context.AfterFunc(ctx, slots.release)
 	return ctx, nil
@@ -127,7 +140,11 @@ func (l *limiter) limitHTTP(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !l.acquire() {
 			w.Header().Set("Retry-After", "1")
-			writeStatusJSON(w, http.StatusTooManyRequests, int(codes.ResourceExhausted), overloaded)
+			msg := overloadedLookup
+			if createsPayment(r) {
+				msg = overloaded
+			}
+			refuse(w, r, http.StatusTooManyRequests, codes.ResourceExhausted, msg, time.Second)
 			return
 		}
 		defer l.release()

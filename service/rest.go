@@ -15,8 +15,10 @@ import (
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // strictDecoder is the gateway's JSON decoder, refusing anything but
@@ -47,7 +49,7 @@ func (m restMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 func requireJSON(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
 		if r.ContentLength != 0 && !isJSON(r.Header.Get("Content-Type")) {
-			writeStatusJSON(w, http.StatusUnsupportedMediaType, int(codes.InvalidArgument), "the request body must be JSON, sent with Content-Type: application/json")
+			refuse(w, r, http.StatusUnsupportedMediaType, codes.InvalidArgument, "the request body must be JSON, sent with Content-Type: application/json", 0)
 			return
 		}
 		next(w, r, params)
@@ -132,6 +134,28 @@ func (rs routes) routingError(ctx context.Context, mux *runtime.ServeMux, m runt
 	})
 }
 
+// readDeadline gives every request on the HTTP port readTimeout, from when
+// its header is in, for its body to arrive; net/http itself sets no bound
+// on a body once ReadHeaderTimeout has covered the header. Without it a
+// body trickled to any path would hold its connection, outside the
+// in-flight cap and past Shutdown, for as long as its sender liked: even a
+// handler that never reads the body does not end the request, since
+// net/http drains up to 256 KiB of it before answering. Past the deadline
+// that drain fails, and the connection is answered and closed. limitBody
+// lifts the deadline once a REST body is in, so a long payment is not cut
+// off by it (a read deadline passing while a handler runs cancels the
+// request's context).
+func readDeadline(readTimeout time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			// Not every ResponseWriter supports deadlines (httptest's
+			// doesn't).
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(readTimeout))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // limitBody reads the REST body up front, refusing one over max bytes with
 // 413 and one that takes longer than readTimeout (from the request's start)
 // with 408, before it reaches the gateway. The deadline is lifted once the
@@ -139,7 +163,9 @@ func (rs routes) routingError(ctx context.Context, mux *runtime.ServeMux, m runt
 func limitBody(max int64, readTimeout time.Duration, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > max {
-			writeStatusJSON(w, http.StatusRequestEntityTooLarge, int(codes.InvalidArgument), fmt.Sprintf("request body is over the limit of %d bytes", max))
+			// Not worth draining: the connection ends with the answer.
+			w.Header().Set("Connection", "close")
+			refuse(w, r, http.StatusRequestEntityTooLarge, codes.InvalidArgument, fmt.Sprintf("request body is over the limit of %d bytes", max), 0)
 			return
 		}
 		rc := http.NewResponseController(w)
@@ -152,12 +178,13 @@ func limitBody(max int64, readTimeout time.Duration, next http.Handler) http.Han
 			var tooLarge *http.MaxBytesError
 			switch {
 			case errors.As(err, &tooLarge):
-				writeStatusJSON(w, http.StatusRequestEntityTooLarge, int(codes.InvalidArgument), fmt.Sprintf("request body is over the limit of %d bytes", max))
+				w.Header().Set("Connection", "close")
+				refuse(w, r, http.StatusRequestEntityTooLarge, codes.InvalidArgument, fmt.Sprintf("request body is over the limit of %d bytes", max), 0)
 			case errors.Is(err, os.ErrDeadlineExceeded):
 				w.Header().Set("Connection", "close")
-				writeStatusJSON(w, http.StatusRequestTimeout, int(codes.DeadlineExceeded), fmt.Sprintf("the request body did not arrive within %v", readTimeout))
+				refuse(w, r, http.StatusRequestTimeout, codes.DeadlineExceeded, fmt.Sprintf("the request body did not arrive within %v", readTimeout), time.Second)
 			default:
-				writeStatusJSON(w, http.StatusBadRequest, int(codes.InvalidArgument), "could not read the request body")
+				refuse(w, r, http.StatusBadRequest, codes.InvalidArgument, "could not read the request body", 0)
 			}
 			return
 		}
@@ -167,9 +194,62 @@ func limitBody(max int64, readTimeout time.Duration, next http.Handler) http.Han
 	})
 }
 
-// writeStatusJSON writes an error in the gateway's google.rpc.Status shape.
-func writeStatusJSON(w http.ResponseWriter, httpStatus, code int, msg string) {
+// createPath is CreateMultiCardPayment's REST path, the port's one POST
+// route (proto/payments/v1/payments_http.yaml).
+const createPath = "/v1/multi-card-payments"
+
+// createsPayment reports whether r is a CreateMultiCardPayment call.
+func createsPayment(r *http.Request) bool {
+	return r.Method == http.MethodPost && r.URL.Path == createPath
+}
+
+// refuse answers r, turned away before anything was sent, with refusal's
+// status.
+func refuse(w http.ResponseWriter, r *http.Request, httpStatus int, code codes.Code, msg string, retryDelay time.Duration) {
+	writeStatusJSON(w, httpStatus, refusal(code, msg, createsPayment(r), retryDelay))
+}
+
+// writeStatusJSON writes st as the gateway writes an error: its
+// google.rpc.Status in JSON (marshalled as the gateway's marshaler does),
+// details included.
+func writeStatusJSON(w http.ResponseWriter, httpStatus int, st *status.Status) {
+	opts := protojson.MarshalOptions{EmitUnpopulated: true}
+	b, err := opts.Marshal(st.Proto())
+	if err != nil {
+		// Only a detail protojson can't resolve could fail; the code and
+		// message still go out.
+		b, _ = opts.Marshal(&spb.Status{Code: int32(st.Code()), Message: st.Message()})
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(httpStatus)
-	fmt.Fprintf(w, "{\"code\":%d,\"message\":%q,\"details\":[]}\n", code, msg)
+	w.Write(b)
+}
+
+// gatewayCall is put in a REST request's context before the gateway reads
+// it; callChain marks it when the gateway hands the call to the service.
+// An error from before that is the gateway's own refusal of the request
+// (its body could not be decoded), made before anything was sent.
+type gatewayCall struct{ reachedService bool }
+
+type gatewayCallKey struct{}
+
+func trackGatewayCall(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), gatewayCallKey{}, &gatewayCall{})))
+	})
+}
+
+// markReachedService notes, for restError, that the gateway handed the call
+// in ctx to the service.
+func markReachedService(ctx context.Context) {
+	if c, ok := ctx.Value(gatewayCallKey{}).(*gatewayCall); ok {
+		c.reachedService = true
+	}
+}
+
+// gatewayRefusal reports whether err is the gateway's own refusal of r,
+// made before the service saw the call.
+func gatewayRefusal(r *http.Request) bool {
+	c, ok := r.Context().Value(gatewayCallKey{}).(*gatewayCall)
+	return ok && !c.reachedService
 }

@@ -68,8 +68,9 @@ type Options struct {
 	// checks, reflection and the HTTP port's other endpoints are exempt.
 	// Zero means DefaultMaxInFlight.
 	MaxInFlight int
-	// ReadTimeout bounds reading a REST request's body; zero means
-	// DefaultReadTimeout. (The header's bound is the http.Server's.)
+	// ReadTimeout bounds reading the body of any request on the HTTP port,
+	// from when its header is in; zero means DefaultReadTimeout. (The
+	// header's bound is the http.Server's.)
 	ReadTimeout time.Duration
 	// AllowedCallers, when not empty, are the only caller identities (mTLS
 	// client certificate URI or DNS SANs, matched exactly) that may call
@@ -137,7 +138,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		accessLog(opts.Logger),
 		allowed.unary,
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger))),
-		validatemw.UnaryServerInterceptor(validator),
+		validateUnary(validator),
 		s.hardStopUnary,
 	)
 
@@ -230,13 +231,13 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, rest)))
+	mux.Handle("/v1/", limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, trackGatewayCall(rest))))
 	// The lookup route takes keys with slashes ({idempotency_key=**}),
 	// which would also match the bare collection with an empty key; there
 	// is no list, so only POST is allowed there.
-	collection := func(w http.ResponseWriter, _ *http.Request) {
+	collection := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", http.MethodPost)
-		writeStatusJSON(w, http.StatusMethodNotAllowed, int(codes.Unimplemented), "only POST is allowed on /v1/multi-card-payments")
+		refuse(w, r, http.StatusMethodNotAllowed, codes.Unimplemented, "only POST is allowed on /v1/multi-card-payments", 0)
 	}
 	mux.HandleFunc("GET /v1/multi-card-payments", collection)
 	mux.HandleFunc("GET /v1/multi-card-payments/{$}", collection)
@@ -255,7 +256,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(openAPI)
 	})
-	s.HTTP = identifyHTTP(mux)
+	s.HTTP = readDeadline(readTimeout, identifyHTTP(mux))
 	return s, nil
 }
 
@@ -351,6 +352,7 @@ func (c *chained) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 
 // callChain calls method through chain, as the gRPC server would.
 func callChain[Req, Resp any](ctx context.Context, chain grpc.UnaryServerInterceptor, info *grpc.UnaryServerInfo, req Req, method func(context.Context, Req) (Resp, error)) (Resp, error) {
+	markReachedService(ctx)
 	resp, err := chain(ctx, req, info, func(ctx context.Context, req any) (any, error) {
 		return method(ctx, req.(Req))
 	})
@@ -375,10 +377,18 @@ func (c *chainedEvents) ListProviderEvents(ctx context.Context, req *paymentsv1.
 	return callChain(ctx, c.chain, listEventsInfo, req, c.svc.ListProviderEvents)
 }
 
-// restError is the gateway's error handler with one change: a reused
+// restError is the gateway's error handler with two changes: a reused
 // idempotency key is 422 Unprocessable Content, as the IETF Idempotency-Key
-// draft has it, rather than FAILED_PRECONDITION's usual 400.
+// draft has it, rather than FAILED_PRECONDITION's usual 400; and the
+// gateway's own refusal of a CreateMultiCardPayment call (a body it could
+// not decode) carries ErrorInfo PAYMENT_NOT_CREATED, as paymentsd's other
+// refusals do.
 func restError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	if st, ok := status.FromError(err); ok && createsPayment(r) && gatewayRefusal(r) {
+		if withInfo, err2 := st.WithDetails(notCreatedInfo()); err2 == nil {
+			err = withInfo.Err()
+		}
+	}
 	if hasReason(err, ReasonKeyReused) {
 		w = statusOverride{ResponseWriter: w, status: http.StatusUnprocessableEntity}
 	}

@@ -38,6 +38,32 @@ const (
 	ReasonOutcomeUnknown = "PAYMENT_OUTCOME_UNKNOWN"
 )
 
+// refusal is the status of a call paymentsd turned away before sending
+// anything. A CreateMultiCardPayment call's carries ErrorInfo
+// PAYMENT_NOT_CREATED; any other call's carries no reason, since a lookup
+// turned away says nothing about the payment it looks up. A retryDelay
+// adds a RetryInfo.
+func refusal(code codes.Code, msg string, create bool, retryDelay time.Duration) *status.Status {
+	var details []protoadapt.MessageV1
+	if create {
+		details = append(details, notCreatedInfo())
+	}
+	if retryDelay > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)})
+	}
+	st := status.New(code, msg)
+	if len(details) > 0 {
+		if withDetails, err := st.WithDetails(details...); err == nil {
+			st = withDetails
+		}
+	}
+	return st
+}
+
+func notCreatedInfo() *errdetails.ErrorInfo {
+	return &errdetails.ErrorInfo{Reason: ReasonNotCreated, Domain: ErrorDomain}
+}
+
 // Service implements paymentsv1.PaymentsServiceServer against one provider
 // environment, with a durable record per idempotency key.
 type Service struct {
@@ -149,7 +175,14 @@ func answerBeforeDeadline(ctx context.Context) (context.Context, context.CancelF
 func (s *Service) errorStatus(ctx context.Context, err error, maybeBefore bool) error {
 	var uerr *upstream.Error
 	if !errors.As(err, &uerr) {
-		return status.Error(codes.Internal, "paymentsd failed before calling the payment provider; no payment was created")
+		// The client fails only with *upstream.Error, so this failed before
+		// a request was written, and is recorded as such (see outcome).
+		if maybeBefore {
+			st := status.New(codes.Internal, "paymentsd failed before calling the payment provider, but an earlier attempt with this idempotency key may have created a payment: retry with the same idempotency key, never a new one, to learn the outcome")
+			return withDetails(st, s.errorInfo(ReasonOutcomeUnknown, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+		}
+		st := status.New(codes.Internal, "paymentsd failed before calling the payment provider; no payment was created")
+		return withDetails(st, s.errorInfo(ReasonNotCreated, nil))
 	}
 	var se *upstream.StatusError
 	hasStatus := errors.As(uerr.Err, &se)

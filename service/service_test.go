@@ -3,6 +3,7 @@ package service_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -103,18 +105,37 @@ func TestPanicBecomesInternal(t *testing.T) {
 	logs := &syncBuffer{}
 	client, baseURL := startServer(t, panicky{}, logs)
 
+	// Only the reason tells a panic, which may have come after the
+	// provider call, from a provider 500: both are INTERNAL.
 	_, err := client.CreateMultiCardPayment(t.Context(), request("boom"))
-	if status.Code(err) != codes.Internal {
-		t.Errorf("CreateMultiCardPayment(boom) code = %v, want Internal", status.Code(err))
+	if st := status.Convert(err); st.Code() != codes.Internal || reasonOf(st) != service.ReasonOutcomeUnknown {
+		t.Errorf("CreateMultiCardPayment(boom) = %v, reason %q; want Internal, %s", st.Code(), reasonOf(st), service.ReasonOutcomeUnknown)
 	}
 	resp, err := http.Post(baseURL+"/v1/multi-card-payments", "application/json",
 		strings.NewReader(`{"amountMoney":{"currency":"USD","amount":1},"idempotencyKey":"boom"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
+	var body struct {
+		Code    codes.Code
+		Details []struct {
+			Type   string `json:"@type"`
+			Reason string
+		}
+	}
+	err = json.NewDecoder(resp.Body).Decode(&body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusInternalServerError {
-		t.Errorf("REST panic status = %d, want 500", resp.StatusCode)
+	if err != nil {
+		t.Fatalf("REST panic body: %v", err)
+	}
+	restReason := ""
+	for _, d := range body.Details {
+		if strings.HasSuffix(d.Type, "google.rpc.ErrorInfo") {
+			restReason = d.Reason
+		}
+	}
+	if resp.StatusCode != http.StatusInternalServerError || body.Code != codes.Internal || restReason != service.ReasonOutcomeUnknown {
+		t.Errorf("REST panic = %d, code %v, reason %q; want 500, Internal, %s", resp.StatusCode, body.Code, restReason, service.ReasonOutcomeUnknown)
 	}
 	if n := strings.Count(logs.String(), `"msg":"panic in handler"`); n != 2 {
 		t.Errorf("logged %d panics, want 2", n)
@@ -125,6 +146,16 @@ func TestPanicBecomesInternal(t *testing.T) {
 		t.Errorf("CreateMultiCardPayment(fine) after a panic = %v, want OK", err)
 	}
 	http.DefaultClient.CloseIdleConnections()
+}
+
+// reasonOf returns the reason of st's ErrorInfo, or "".
+func reasonOf(st *status.Status) string {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
 }
 
 func TestGRPCMaxReceiveSize(t *testing.T) {

@@ -1,15 +1,19 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,12 +57,30 @@ func TestInFlightCap(t *testing.T) {
 	<-arrived
 	<-arrived
 
+	// The refusal is made as the stream's headers arrive, and says, as
+	// every CreateMultiCardPayment error does, what happened to the money.
 	_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("over-grpc"))
-	if code := status.Code(err); code != codes.ResourceExhausted {
-		t.Errorf("CreateMultiCardPayment() over the cap code = %v, want %v", code, codes.ResourceExhausted)
+	st := status.Convert(err)
+	if st.Code() != codes.ResourceExhausted || reasonOf(st) != service.ReasonNotCreated || retryDelay(st) <= 0 {
+		t.Errorf("CreateMultiCardPayment() over the cap = %v, reason %q, retry delay %v; want %v, %s, a RetryInfo", st.Code(), reasonOf(st), retryDelay(st), codes.ResourceExhausted, service.ReasonNotCreated)
 	}
-	if r := in.rest(t, validBody("over-rest"), nil); r.status != http.StatusTooManyRequests {
-		t.Errorf("REST over the cap = %d, want 429", r.status)
+	if r := in.rest(t, validBody("over-rest"), nil); r.status != http.StatusTooManyRequests || restCode(r) != codes.ResourceExhausted || restReason(r) != service.ReasonNotCreated {
+		t.Errorf("REST over the cap = %d, code %v, reason %q; want 429, %v, %s", r.status, restCode(r), restReason(r), codes.ResourceExhausted, service.ReasonNotCreated)
+	}
+	// A lookup's refusal says nothing about the payment it looks up.
+	_, err = in.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "held-grpc"})
+	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || reasonOf(st) != "" || retryDelay(st) <= 0 {
+		t.Errorf("GetMultiCardPayment() over the cap = %v, reason %q, retry delay %v; want %v, no reason, a RetryInfo", st.Code(), reasonOf(st), retryDelay(st), codes.ResourceExhausted)
+	}
+	resp, err := in.http.Get("http://" + in.httpAddr + "/v1/multi-card-payments/held-rest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := restResult{status: resp.StatusCode}
+	r.raw, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if r.status != http.StatusTooManyRequests || restReason(r) != "" {
+		t.Errorf("REST lookup over the cap = %d, reason %q; want 429, no reason", r.status, restReason(r))
 	}
 	if st, err := healthpb.NewHealthClient(in.conn).Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health over the cap = %v, %v, want SERVING", st.GetStatus(), err)
@@ -191,6 +213,152 @@ func TestStrictREST(t *testing.T) {
 	if n := len(p.Requests()); n != 4 {
 		t.Errorf("provider saw %d requests, want 4 (the accepted ones)", n)
 	}
+}
+
+// TestRESTRefusalsSayNotCreated checks that every REST refusal made before
+// anything was sent, by paymentsd's own checks or by the gateway reading
+// the body, carries ErrorInfo PAYMENT_NOT_CREATED in its google.rpc.Status
+// body, as a gRPC error does; a lookup's refusal carries no reason, since it
+// says nothing about the payment looked up.
+func TestRESTRefusalsSayNotCreated(t *testing.T) {
+	t.Parallel()
+	p := fakeProvider(t, "sandbox")
+	in := start(t, with(sandboxEnv(p), "PAYMENTS_MAX_REQUEST_BYTES", "2048", "PAYMENTS_HTTP_READ_TIMEOUT", "1s"))
+	body := validBody("refused")
+	post := func(header, body string) string {
+		return "POST /v1/multi-card-payments HTTP/1.1\r\nHost: paymentsd\r\n" + header + "\r\n" + body
+	}
+	chunk := func(b string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(b), b) }
+	tests := []struct {
+		name       string
+		request    string
+		wantStatus int
+		wantCode   codes.Code
+		wantReason string
+	}{
+		{"not sent as JSON", post("Content-Type: text/plain\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n", body),
+			http.StatusUnsupportedMediaType, codes.InvalidArgument, service.ReasonNotCreated},
+		{"declared over the size limit", post("Content-Type: application/json\r\nContent-Length: 4096\r\n", body),
+			http.StatusRequestEntityTooLarge, codes.InvalidArgument, service.ReasonNotCreated},
+		{"chunked over the size limit", post("Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n", chunk(strings.Repeat(" ", 4096))+"0\r\n\r\n"),
+			http.StatusRequestEntityTooLarge, codes.InvalidArgument, service.ReasonNotCreated},
+		{"body unreadable", post("Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n", "zz\r\n"),
+			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotCreated},
+		{"body too slow", post("Content-Type: application/json\r\nContent-Length: 100\r\n", "{"),
+			http.StatusRequestTimeout, codes.DeadlineExceeded, service.ReasonNotCreated},
+		{"data after the JSON value", post("Content-Type: application/json\r\nContent-Length: "+strconv.Itoa(2*len(body))+"\r\n", body+body),
+			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotCreated},
+		{"not JSON", post("Content-Type: application/json\r\nContent-Length: 15\r\n", "amountMoney=USD"),
+			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotCreated},
+		{"unknown field", post("Content-Type: application/json\r\nContent-Length: 12\r\n", `{"amount":1}`),
+			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotCreated},
+		{"lookup not sent as JSON", "GET /v1/multi-card-payments/refused HTTP/1.1\r\nHost: paymentsd\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nhi",
+			http.StatusUnsupportedMediaType, codes.InvalidArgument, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			conn, err := net.Dial("tcp", in.httpAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(conn, tt.request)
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("no answer: %v", err)
+			}
+			defer resp.Body.Close()
+			r := restResult{status: resp.StatusCode}
+			r.raw, _ = io.ReadAll(resp.Body)
+			if r.status != tt.wantStatus || restCode(r) != tt.wantCode || restReason(r) != tt.wantReason {
+				t.Errorf("answer = %d, code %v, reason %q; want %d, %v, %q (body %s)", r.status, restCode(r), restReason(r), tt.wantStatus, tt.wantCode, tt.wantReason, r.raw)
+			}
+		})
+	}
+	t.Cleanup(func() {
+		if n := len(p.Requests()); n != 0 {
+			t.Errorf("provider saw %d requests, want 0", n)
+		}
+	})
+}
+
+// TestSlowBodyCutOffOnEveryPath trickles a request body, a byte every
+// 100ms, to paths on the REST port that read it and paths that don't
+// (net/http drains up to 256 KiB of an unread body before it answers):
+// with PAYMENTS_HTTP_READ_TIMEOUT=1s each is answered and its connection
+// closed, instead of being held for as long as the sender keeps trickling.
+func TestSlowBodyCutOffOnEveryPath(t *testing.T) {
+	t.Parallel()
+	p := fakeProvider(t, "sandbox")
+	in := start(t, with(sandboxEnv(p), "PAYMENTS_HTTP_READ_TIMEOUT", "1s"))
+	tests := []struct {
+		name, method, path string
+		length             int // the declared Content-Length
+		want               int
+	}{
+		{"payment", "POST", "/v1/multi-card-payments", 1000, http.StatusRequestTimeout},
+		{"payment over the size limit", "POST", "/v1/multi-card-payments", 100000, http.StatusRequestEntityTooLarge},
+		{"payments collection", "GET", "/v1/multi-card-payments", 1000, http.StatusMethodNotAllowed},
+		{"healthz", "GET", "/healthz", 1000, http.StatusOK},
+		{"readyz", "GET", "/readyz", 1000, http.StatusOK},
+		{"metrics", "POST", "/metrics", 1000, http.StatusMethodNotAllowed},
+		{"openapi", "GET", "/openapi.json", 1000, http.StatusOK},
+		{"unknown path", "POST", "/nowhere", 1000, http.StatusNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			conn, err := net.Dial("tcp", in.httpAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			// With a 1s timeout, a connection still held after 6s fails
+			// the test.
+			conn.SetReadDeadline(time.Now().Add(6 * time.Second))
+			fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: paymentsd\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", tt.method, tt.path, tt.length)
+			stop := make(chan struct{})
+			var trickle sync.WaitGroup
+			defer trickle.Wait()
+			defer close(stop)
+			trickle.Go(func() {
+				tick := time.NewTicker(100 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+					}
+					if _, err := conn.Write([]byte{' '}); err != nil {
+						return
+					}
+				}
+			})
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("%s %s with a trickled body: no answer: %v", tt.method, tt.path, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.want {
+				t.Errorf("%s %s with a trickled body = %d, want %d", tt.method, tt.path, resp.StatusCode, tt.want)
+			}
+			// Whatever follows on the wire is the rest of the body, so the
+			// connection must end here.
+			if n, err := br.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+				t.Errorf("%s %s with a trickled body: connection still open after the answer (read %d bytes, %v)", tt.method, tt.path, n, err)
+			}
+		})
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // TestKeyControlCharacters checks that an idempotency key with an ASCII

@@ -99,13 +99,16 @@ type PaymentsServiceClient interface {
 	//
 	// REST: the body must be sent with Content-Type: application/json (415
 	// otherwise) and be exactly one JSON object (400 if anything but
-	// whitespace follows it).
+	// whitespace follows it), of at most the configured size (413), sent
+	// within the configured read timeout (408). These refusals, like every
+	// other made before anything was sent, carry PAYMENT_NOT_CREATED.
 	//
 	// Codes (REST status in brackets):
 	//
 	//   - INVALID_ARGUMENT (400): the request failed validation and was not
-	//     sent (the message and a buf.validate.Violations detail name the
-	//     field); or the provider answered 400, or a 4xx not listed here.
+	//     sent (PAYMENT_NOT_CREATED; the message and a buf.validate.Violations
+	//     detail name the field); or the provider answered 400, or a 4xx not
+	//     listed here.
 	//   - UNAUTHENTICATED (401): the provider answered 401: this deployment's
 	//     API key is missing, unknown or revoked. An operator must fix it.
 	//   - PERMISSION_DENIED (403): the provider answered 403: the key is not
@@ -118,7 +121,9 @@ type PaymentsServiceClient interface {
 	//   - DEADLINE_EXCEEDED (504): the caller's deadline or the service's
 	//     upstream timeout expired, or the provider answered 504 or 408.
 	//   - INTERNAL (500): the provider answered 500 or a 5xx not listed here,
-	//     or paymentsd itself failed.
+	//     or paymentsd itself failed (a failure while handling the call, such
+	//     as a panic, is PAYMENT_OUTCOME_UNKNOWN: it may have come after the
+	//     provider call).
 	//   - UNIMPLEMENTED (501): the provider answered 501.
 	//   - UNKNOWN (500): the provider answered 2xx but the reply could not be
 	//     read (not a JSON object, cut off, or too large), or answered with an
@@ -133,8 +138,9 @@ type PaymentsServiceClient interface {
 	//     not write its record; nothing was sent to the provider.
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
 	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
-	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED: paymentsd has too
-	//     many calls in progress; retry shortly with the same key.
+	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED and a RetryInfo:
+	//     paymentsd has too many calls in progress; retry shortly with the
+	//     same key.
 	//   - UNAVAILABLE (503): paymentsd shut down before the call finished; the
 	//     reason says whether the request may have been sent. Retry with the
 	//     same key.
@@ -149,7 +155,10 @@ type PaymentsServiceClient interface {
 	// Codes: NOT_FOUND (404) when paymentsd has no record of the key (never
 	// used with this deployment's environment, or older than the retention
 	// period); INVALID_ARGUMENT (400) for a key that could not be a key;
-	// UNAVAILABLE (503) when the record store can't be read.
+	// UNAVAILABLE (503) when the record store can't be read;
+	// RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
+	// calls in progress. A lookup turned away before it was made carries no
+	// ErrorInfo reason: it says nothing about the payment looked up.
 	GetMultiCardPayment(ctx context.Context, in *GetMultiCardPaymentRequest, opts ...grpc.CallOption) (*GetMultiCardPaymentResponse, error)
 }
 
@@ -254,13 +263,16 @@ type PaymentsServiceServer interface {
 	//
 	// REST: the body must be sent with Content-Type: application/json (415
 	// otherwise) and be exactly one JSON object (400 if anything but
-	// whitespace follows it).
+	// whitespace follows it), of at most the configured size (413), sent
+	// within the configured read timeout (408). These refusals, like every
+	// other made before anything was sent, carry PAYMENT_NOT_CREATED.
 	//
 	// Codes (REST status in brackets):
 	//
 	//   - INVALID_ARGUMENT (400): the request failed validation and was not
-	//     sent (the message and a buf.validate.Violations detail name the
-	//     field); or the provider answered 400, or a 4xx not listed here.
+	//     sent (PAYMENT_NOT_CREATED; the message and a buf.validate.Violations
+	//     detail name the field); or the provider answered 400, or a 4xx not
+	//     listed here.
 	//   - UNAUTHENTICATED (401): the provider answered 401: this deployment's
 	//     API key is missing, unknown or revoked. An operator must fix it.
 	//   - PERMISSION_DENIED (403): the provider answered 403: the key is not
@@ -273,7 +285,9 @@ type PaymentsServiceServer interface {
 	//   - DEADLINE_EXCEEDED (504): the caller's deadline or the service's
 	//     upstream timeout expired, or the provider answered 504 or 408.
 	//   - INTERNAL (500): the provider answered 500 or a 5xx not listed here,
-	//     or paymentsd itself failed.
+	//     or paymentsd itself failed (a failure while handling the call, such
+	//     as a panic, is PAYMENT_OUTCOME_UNKNOWN: it may have come after the
+	//     provider call).
 	//   - UNIMPLEMENTED (501): the provider answered 501.
 	//   - UNKNOWN (500): the provider answered 2xx but the reply could not be
 	//     read (not a JSON object, cut off, or too large), or answered with an
@@ -288,8 +302,9 @@ type PaymentsServiceServer interface {
 	//     not write its record; nothing was sent to the provider.
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
 	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
-	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED: paymentsd has too
-	//     many calls in progress; retry shortly with the same key.
+	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED and a RetryInfo:
+	//     paymentsd has too many calls in progress; retry shortly with the
+	//     same key.
 	//   - UNAVAILABLE (503): paymentsd shut down before the call finished; the
 	//     reason says whether the request may have been sent. Retry with the
 	//     same key.
@@ -304,7 +319,10 @@ type PaymentsServiceServer interface {
 	// Codes: NOT_FOUND (404) when paymentsd has no record of the key (never
 	// used with this deployment's environment, or older than the retention
 	// period); INVALID_ARGUMENT (400) for a key that could not be a key;
-	// UNAVAILABLE (503) when the record store can't be read.
+	// UNAVAILABLE (503) when the record store can't be read;
+	// RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
+	// calls in progress. A lookup turned away before it was made carries no
+	// ErrorInfo reason: it says nothing about the payment looked up.
 	GetMultiCardPayment(context.Context, *GetMultiCardPaymentRequest) (*GetMultiCardPaymentResponse, error)
 	mustEmbedUnimplementedPaymentsServiceServer()
 }
