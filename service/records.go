@@ -55,7 +55,7 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		IdempotencyKey: key,
 	})
 	if err != nil {
-		return nil, status.Error(codes.Internal, "paymentsd could not encode the request; nothing was sent and no payment was created")
+		return nil, withDetails(status.New(codes.Internal, "paymentsd could not encode the request; nothing was sent and no payment was created"), s.errorInfo(ReasonNotCreated, nil))
 	}
 	claim := store.Claim{
 		Key:        key,
@@ -105,7 +105,9 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 			}
 			// The holder's lease expired: try to take the record over.
 		default:
-			return nil, status.Error(codes.Internal, "paymentsd's record store gave an unexpected answer; nothing was sent and no payment was created")
+			// Nothing was sent by this call, but what the record holds is
+			// not known: an earlier call may have created the payment.
+			return nil, withDetails(status.New(codes.Internal, "paymentsd's record store gave an unexpected answer; this call sent nothing, but an earlier call with the key may have created the payment: retry with the same idempotency key"), s.errorInfo(ReasonOutcomeUnknown, nil))
 		}
 	}
 }
@@ -293,7 +295,9 @@ func (s *Service) outcome(reply *upstream.Reply, err error, maybeBefore bool) st
 func (s *Service) replay(ctx context.Context, rec store.Record) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	payment, err := upstream.DecodeReply(rec.Reply)
 	if err != nil {
-		return nil, status.Error(codes.Internal, "paymentsd's record of this payment could not be read; the payment exists: look it up with GetMultiCardPayment")
+		// The payment exists; of the reasons, only "unknown" never leads a
+		// caller to pay again under a new key.
+		return nil, withDetails(status.New(codes.Internal, "paymentsd's record of this payment could not be read; the payment exists: look it up with GetMultiCardPayment"), s.errorInfo(ReasonOutcomeUnknown, nil))
 	}
 	s.metrics.replays.Inc()
 	noteProvider(ctx, rec.ProviderStatus, 0)
@@ -361,7 +365,7 @@ func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 	case errors.Is(err, store.ErrNotFound):
 		return nil, status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment (never used here, or older than the retention period)", quoteKey(req.GetIdempotencyKey()), envName(s.env))
 	case err != nil:
-		return nil, s.storeError(ctx, err, "idempotency_key")
+		return nil, s.lookupError(ctx, err)
 	}
 	resp := &paymentsv1.GetMultiCardPaymentResponse{
 		State: paymentState(rec.State),
@@ -463,6 +467,25 @@ func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) 
 		s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
 	}
 	st := status.New(codes.Unavailable, "paymentsd could not write its record for this call, so this call sent nothing; an earlier call with the key may have created the payment: retry with the same idempotency key, never a new one")
+	return withDetails(st, s.errorInfo(ReasonOutcomeUnknown, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+}
+
+// lookupError is the answer when a lookup can't read the record: of the
+// reasons, only "unknown" is true of a record nobody can read.
+func (s *Service) lookupError(ctx context.Context, err error) error {
+	if errors.Is(err, store.ErrKeyNotStorable) {
+		return s.storeError(ctx, err, "idempotency_key")
+	}
+	code := codes.Unavailable
+	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		code = codes.Canceled
+	case ctx.Err() != nil:
+		code = codes.DeadlineExceeded
+	default:
+		s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
+	}
+	st := status.New(code, "paymentsd could not read its record of this key; retry the lookup")
 	return withDetails(st, s.errorInfo(ReasonOutcomeUnknown, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
 }
 

@@ -277,3 +277,17 @@ func TestClaimFailureAfterUnknownStaysUnknown(t *testing.T) {
 		}
 	}
 }
+
+// A lookup that can't read the record never says PAYMENT_NOT_CREATED.
+func TestLookupStoreFailureIsUnknown(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10*time.Second, nil)
+	if _, err := f.svc.CreateMultiCardPayment(t.Context(), payment("looked-up")); err != nil {
+		t.Fatal(err)
+	}
+	f.store.Close()
+	_, err := f.svc.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "looked-up"})
+	if status.Code(err) != codes.Unavailable || reasonOf(err) != ReasonOutcomeUnknown {
+		t.Errorf("lookup = %v (%s), want UNAVAILABLE %s", err, reasonOf(err), ReasonOutcomeUnknown)
+	}
+}

@@ -155,8 +155,9 @@ type PaymentsServiceClient interface {
 	// Codes: NOT_FOUND (404) when paymentsd has no record of the key (never
 	// used with this deployment's environment, or older than the retention
 	// period); INVALID_ARGUMENT (400) for a key that could not be a key;
-	// UNAVAILABLE (503) when the record store can't be read;
-	// RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
+	// UNAVAILABLE (503) when the record store can't be read, with reason
+	// PAYMENT_OUTCOME_UNKNOWN (the record's state can't be known) and a
+	// RetryInfo; RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
 	// calls in progress. A lookup turned away before it was made carries no
 	// ErrorInfo reason: it says nothing about the payment looked up.
 	GetMultiCardPayment(ctx context.Context, in *GetMultiCardPaymentRequest, opts ...grpc.CallOption) (*GetMultiCardPaymentResponse, error)
@@ -319,8 +320,9 @@ type PaymentsServiceServer interface {
 	// Codes: NOT_FOUND (404) when paymentsd has no record of the key (never
 	// used with this deployment's environment, or older than the retention
 	// period); INVALID_ARGUMENT (400) for a key that could not be a key;
-	// UNAVAILABLE (503) when the record store can't be read;
-	// RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
+	// UNAVAILABLE (503) when the record store can't be read, with reason
+	// PAYMENT_OUTCOME_UNKNOWN (the record's state can't be known) and a
+	// RetryInfo; RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
 	// calls in progress. A lookup turned away before it was made carries no
 	// ErrorInfo reason: it says nothing about the payment looked up.
 	GetMultiCardPayment(context.Context, *GetMultiCardPaymentRequest) (*GetMultiCardPaymentResponse, error)
