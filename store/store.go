@@ -233,6 +233,10 @@ type Options struct {
 	// MaxConns caps the PostgreSQL connection pool, or SQLite's reader
 	// pool (default 10 and 4). SQLite always writes through one connection.
 	MaxConns int
+	// Retention, if set, is how long events are kept: an event is marked a
+	// duplicate only of one received within it, never of one about to be
+	// deleted.
+	Retention time.Duration
 }
 
 func (o Options) busyTimeout() time.Duration {
@@ -265,6 +269,8 @@ type Store struct {
 	// secrets are the forms of the URL's password that errors must not
 	// carry.
 	secrets []string
+	// retention is Options.Retention.
+	retention time.Duration
 	// batch group-commits Begins and Finishes.
 	batch *batcher
 	// later counts FinishLater calls not yet done, for Close.
@@ -366,7 +372,7 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 	if env == "" {
 		return nil, errors.New("empty provider environment")
 	}
-	s := &Store{secrets: sec}
+	s := &Store{secrets: sec, retention: opts.Retention}
 	switch {
 	case strings.HasPrefix(url, "sqlite:"):
 		w, r, err := openSQLite(strings.TrimPrefix(url, "sqlite:"), opts)
@@ -879,7 +885,11 @@ func (s *Store) AppendEvent(ctx context.Context, e Event) (Event, error) {
 			return fmt.Errorf("next sequence: %w", err)
 		}
 		var dup sql.NullInt64
-		if err := tx.QueryRowContext(ctx, d.q(`SELECT MIN(seq) FROM events WHERE body_sha256 = $1`), e.BodySHA256[:]).Scan(&dup); err != nil {
+		since := time.Time{}
+		if s.retention > 0 {
+			since = e.ReceivedAt.Add(-s.retention)
+		}
+		if err := tx.QueryRowContext(ctx, d.q(`SELECT MIN(seq) FROM events WHERE body_sha256 = $1 AND received_at >= $2`), e.BodySHA256[:], d.t(since)).Scan(&dup); err != nil {
 			return fmt.Errorf("find duplicates: %w", err)
 		}
 		e.DuplicateOf = dup.Int64

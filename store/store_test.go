@@ -729,6 +729,33 @@ func testStore(t *testing.T, b backend) {
 		}
 	})
 
+	t.Run("DuplicatesWithinRetention", func(t *testing.T) {
+		t.Parallel()
+		s, err := store.Open(ctx, b.url(t), "sandbox", store.Options{Retention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		body := []byte(`{"same":true}`)
+		var seqs []int64
+		for i, at := range []time.Time{t0, t0.Add(2 * time.Hour), t0.Add(2*time.Hour + time.Minute)} {
+			e, err := s.AppendEvent(ctx, store.Event{ReceivedAt: at, ContentType: "application/json", Body: body, BodySHA256: sha256.Sum256(body)})
+			if err != nil {
+				t.Fatalf("AppendEvent(%d) error = %v", i, err)
+			}
+			seqs = append(seqs, e.Sequence)
+			// The first is past retention when the second arrives (though
+			// not yet deleted): the second is no duplicate of it.
+			var want int64
+			if i == 2 {
+				want = seqs[1]
+			}
+			if e.DuplicateOf != want {
+				t.Errorf("AppendEvent(%d).DuplicateOf = %d, want %d", i, e.DuplicateOf, want)
+			}
+		}
+	})
+
 	t.Run("Events", func(t *testing.T) {
 		t.Parallel()
 		s := fresh(t)

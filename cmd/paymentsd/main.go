@@ -140,7 +140,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if cfg.Simulate {
 		stamp = "simulated"
 	}
-	records, err := store.Open(ctx, string(cfg.DatabaseURL), stamp, store.Options{})
+	records, err := store.Open(ctx, string(cfg.DatabaseURL), stamp, store.Options{Retention: cfg.RecordRetention})
 	if err != nil {
 		return fmt.Errorf("%s: %w", cfg.databaseVar(), err)
 	}

@@ -887,9 +887,10 @@ type ProviderEvent struct {
 	Body []byte `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
 	// body_sha256 is the SHA-256 of body, in lower-case hex.
 	BodySha256 string `protobuf:"bytes,6,opt,name=body_sha256,json=bodySha256,proto3" json:"body_sha256,omitempty"`
-	// duplicate_of is the sequence of an earlier stored event with the same
-	// body, or 0. The provider documents no event ID, so an identical body is
-	// stored again and marked rather than dropped.
+	// duplicate_of is the sequence of the first stored event with the same
+	// body received within the retention period, or 0. The provider
+	// documents no event ID, so an identical body is stored again and marked
+	// rather than dropped.
 	DuplicateOf int64 `protobuf:"varint,7,opt,name=duplicate_of,json=duplicateOf,proto3" json:"duplicate_of,omitempty"`
 	// verified is always false: the provider documents no signature scheme,
 	// so paymentsd can't verify who sent an event. It proves only that the
