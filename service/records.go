@@ -119,7 +119,14 @@ func (s *Service) send(ctx context.Context, owner string, began store.Began) (*p
 	// An earlier attempt for this key may have created the payment, so
 	// nothing this attempt learns short of a 2xx can make it NotCreated.
 	maybeBefore := began.Prior == store.StateOutcomeUnknown || began.Prior == store.StateInProgress
-	sendCtx, cancel, ok := s.withinLease(ctx, rec.LeaseExpiresAt)
+	// The send ends before the lease does; and a re-send of a key an
+	// earlier attempt may have created ends before the settlement window
+	// closes: past it the provider may have forgotten the key.
+	sendBy := rec.LeaseExpiresAt
+	if maybeBefore {
+		sendBy = earliest(sendBy, rec.SettleBy)
+	}
+	sendCtx, cancel, ok := s.withinLease(ctx, sendBy)
 	defer cancel()
 	if !ok {
 		return nil, s.leaseTooShort(ctx, rec.Key, owner, maybeBefore)
@@ -187,8 +194,16 @@ func (s *Service) withinLease(ctx context.Context, leaseUntil time.Time) (contex
 	return ctx, cancel, true
 }
 
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 // leaseTooShort records and answers a call that acquired its record too
-// late to send within the lease: nothing was sent.
+// late to send within the lease (or the settlement window): nothing was
+// sent.
 func (s *Service) leaseTooShort(ctx context.Context, key, owner string, maybeBefore bool) error {
 	fin := store.Finish{Key: key, Owner: owner, Now: s.now(), State: store.StateNotCreated,
 		LastError: "paymentsd's record store was too slow to let this attempt be sent; nothing was sent"}
@@ -197,14 +212,13 @@ func (s *Service) leaseTooShort(ctx context.Context, key, owner string, maybeBef
 		fin.State, fin.NextSettleAt = store.StateOutcomeUnknown, fin.Now.Add(settleBackoff(s.settleBase, 0))
 		reason, msg = ReasonOutcomeUnknown, "paymentsd's record store was too slow to let this call reach the provider in time; nothing was sent by this call, but an earlier one may have created the payment: retry with the same idempotency key, never a new one"
 	}
-	st := status.New(codes.Unavailable, msg)
 	fin.Code = int32(codes.Unavailable)
 	if ferr := s.finish(ctx, fin); ferr != nil {
 		// Left InProgress, the record will be re-sent by settlement.
 		s.logFinishError(ctx, fin, ferr)
-		reason = ReasonOutcomeUnknown
+		reason, msg = ReasonOutcomeUnknown, "paymentsd's record store was too slow to let this call reach the provider in time, and then could not record that nothing was sent; the payment may still be made when paymentsd settles the key: retry with the same idempotency key, never a new one"
 	}
-	return withDetails(st, s.errorInfo(reason, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+	return withDetails(status.New(codes.Unavailable, msg), s.errorInfo(reason, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
 }
 
 // finishLater records fin without waiting; the key is pending until the
@@ -430,43 +444,56 @@ func (s *Service) storeError(ctx context.Context, err error, field string) error
 
 // beginError is the answer when claiming the key's record failed. This
 // call sent nothing, but an earlier one with the key may have created the
-// payment, so paymentsd reads the record, briefly, before saying
-// PAYMENT_NOT_CREATED: a key whose outcome is unknown, or which another
-// call holds, gets that answer instead. If the claim committed although
-// the store reported an error (a connection lost during COMMIT), the
-// record is marked NotCreated so that settlement never sends it. When the
-// record can't be read at all, nothing more can be known: the answer is
-// storeError's, about this call.
+// payment, and the claim itself may have committed (the store could not
+// tell: store.ErrCommitUnknown), leaving a record that settlement would
+// send. So paymentsd reads the record, briefly, before answering:
+//
+//   - no record, or one that certainly created nothing: PAYMENT_NOT_CREATED,
+//     unless the claim may have committed and the read can't be trusted
+//     to have seen it;
+//   - this call's own claim, committed after all: it is marked NotCreated
+//     if the claim started the key afresh, so settlement never sends it,
+//     and OutcomeUnknown otherwise (it took over a record whose earlier
+//     attempt may have created the payment);
+//   - a record another call holds: PAYMENT_IN_PROGRESS;
+//   - anything else (unknown, succeeded): PAYMENT_OUTCOME_UNKNOWN.
+//
+// When the record can't be read, the answer is storeError's
+// PAYMENT_NOT_CREATED if nothing was written, and PAYMENT_OUTCOME_UNKNOWN
+// if the claim may have committed.
 func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) error {
 	if errors.Is(err, store.ErrKeyNotStorable) {
 		return s.storeError(ctx, err, "idempotency_key")
 	}
+	mayHaveCommitted := errors.Is(err, store.ErrCommitUnknown)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recheckTimeout)
 	defer cancel()
 	rec, gerr := s.store.Get(rctx, claim.Key)
 	switch {
-	case gerr != nil || rec.State == store.StateNotCreated:
+	case (gerr != nil || rec.State == store.StateNotCreated) && !mayHaveCommitted:
 		// No record (ErrNotFound), one that certainly created nothing, or
-		// a store that can't be read.
+		// a store that can't be read; and this claim wrote nothing.
 		return s.storeError(ctx, err, "idempotency_key")
-	case rec.State == store.StateInProgress && rec.LeaseOwner == claim.Owner:
+	case gerr == nil && rec.State == store.StateInProgress && rec.LeaseOwner == claim.Owner:
 		fin := store.Finish{Key: claim.Key, Owner: claim.Owner, Now: s.now(), State: store.StateNotCreated,
 			Code: int32(codes.Unavailable), LastError: "paymentsd's record store failed as the record was written; nothing was sent"}
-		if rec.Attempts > 0 {
-			// Sent before, by an earlier call: it may have created the
-			// payment.
+		// A claim that starts the key afresh (a new record, or one whose
+		// attempts created nothing) sets its settlement window; one that
+		// takes over an unknown or abandoned record keeps the old one.
+		fresh := rec.SettleBy.Equal(claim.SettleBy.Truncate(time.Microsecond))
+		if !fresh {
 			fin.State, fin.NextSettleAt = store.StateOutcomeUnknown, fin.Now.Add(settleBackoff(s.settleBase, 0))
 		}
 		if ferr := s.finish(rctx, fin); ferr == nil && fin.State == store.StateNotCreated {
 			return s.storeError(ctx, err, "idempotency_key")
 		}
-	case rec.State == store.StateInProgress:
+	case gerr == nil && rec.State == store.StateInProgress:
 		return s.inProgressError(claim.Key)
 	}
 	if ctx.Err() == nil {
 		s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
 	}
-	st := status.New(codes.Unavailable, "paymentsd could not write its record for this call, so this call sent nothing; an earlier call with the key may have created the payment: retry with the same idempotency key, never a new one")
+	st := status.New(codes.Unavailable, "paymentsd could not be sure its record for this call was written, or an earlier call with the key may have created the payment; this call sent nothing: retry with the same idempotency key, never a new one")
 	return withDetails(st, s.errorInfo(ReasonOutcomeUnknown, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
 }
 

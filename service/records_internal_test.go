@@ -2,7 +2,9 @@ package service
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"sync"
@@ -289,5 +291,110 @@ func TestLookupStoreFailureIsUnknown(t *testing.T) {
 	_, err := f.svc.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "looked-up"})
 	if status.Code(err) != codes.Unavailable || reasonOf(err) != ReasonOutcomeUnknown {
 		t.Errorf("lookup = %v (%s), want UNAVAILABLE %s", err, reasonOf(err), ReasonOutcomeUnknown)
+	}
+}
+
+// claimFor is the claim CreateMultiCardPayment would make for key.
+func claimFor(svc *Service, key, owner string) store.Claim {
+	body, _ := upstream.EncodeRequest(upstream.Payment{Currency: "USD", Amount: 1250, IdempotencyKey: key})
+	now := svc.now()
+	return store.Claim{Key: key, Body: body, BodySHA256: sha256.Sum256(body), Currency: "USD", Amount: 1250,
+		Owner: owner, Now: now, LeaseUntil: now.Add(svc.leaseTTL), SettleBy: now.Add(svc.window)}
+}
+
+// errCommitLost is what the store reports when a claim's COMMIT got no
+// answer (a connection lost as it was sent): the claim may be written.
+var errCommitLost = fmt.Errorf("begin: commit: %w: connection reset by peer", store.ErrCommitUnknown)
+
+// A claim that committed although the store reported an error is this
+// call's own record: if it started the key afresh it is marked NotCreated
+// (nothing was sent, and settlement must never send it); if it took over
+// a record whose earlier attempt may have created the payment, it stays
+// unknown, for settlement.
+func TestClaimCommittedDespiteError(t *testing.T) {
+	t.Parallel()
+	t.Run("fresh key", func(t *testing.T) {
+		t.Parallel()
+		c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
+		f := newFixture(t, 10*time.Second, c.Now)
+		cl := claimFor(f.svc, "fresh", f.svc.owner+"/call")
+		if b, err := f.store.Begin(t.Context(), cl); err != nil || b.Outcome != store.Acquired {
+			t.Fatalf("Begin = %+v, %v", b, err)
+		}
+		err := f.svc.beginError(t.Context(), cl, errCommitLost)
+		if reasonOf(err) != ReasonNotCreated {
+			t.Errorf("answer = %v (%s), want %s", err, reasonOf(err), ReasonNotCreated)
+		}
+		c.add(time.Hour)
+		f.svc.settleDue(t.Context())
+		if n := len(f.p.Requests()); n != 0 {
+			t.Errorf("settlement sent %d requests for a key the caller was told was not created", n)
+		}
+	})
+	t.Run("after a holder died", func(t *testing.T) {
+		t.Parallel()
+		c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
+		f := newFixture(t, 10*time.Second, c.Now)
+		// A call claims the key and sends it, and the provider creates the
+		// payment; the call dies before recording anything.
+		dead := claimFor(f.svc, "orphan", f.svc.owner+"/dead")
+		if _, err := f.store.Begin(t.Context(), dead); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.svc.client.Send(t.Context(), dead.Body); err != nil {
+			t.Fatal(err)
+		}
+		// Past its lease, a retry takes the record over, with an error.
+		c.add(11 * time.Second)
+		cl := claimFor(f.svc, "orphan", f.svc.owner+"/retry")
+		if b, err := f.store.Begin(t.Context(), cl); err != nil || b.Outcome != store.Acquired {
+			t.Fatalf("Begin = %+v, %v", b, err)
+		}
+		err := f.svc.beginError(t.Context(), cl, errCommitLost)
+		if reasonOf(err) != ReasonOutcomeUnknown {
+			t.Errorf("answer = %v (%s), want %s", err, reasonOf(err), ReasonOutcomeUnknown)
+		}
+		c.add(time.Minute)
+		f.svc.settleDue(t.Context())
+		rec, err := f.store.Get(t.Context(), "orphan")
+		if err != nil || rec.State != store.StateSucceeded {
+			t.Errorf("record after settlement = %v, %v; want Succeeded", rec.State, err)
+		}
+	})
+	t.Run("unreadable", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, 10*time.Second, nil)
+		cl := claimFor(f.svc, "unreadable", f.svc.owner+"/call")
+		if _, err := f.store.Begin(t.Context(), cl); err != nil {
+			t.Fatal(err)
+		}
+		f.store.Close()
+		if err := f.svc.beginError(t.Context(), cl, errCommitLost); reasonOf(err) != ReasonOutcomeUnknown {
+			t.Errorf("answer = %v (%s), want %s: the claim may be written, and settlement would send it", err, reasonOf(err), ReasonOutcomeUnknown)
+		}
+	})
+}
+
+// A caller's retry of an unknown key near the end of its settlement window
+// sends nothing that could reach the provider after the window: the
+// provider may have forgotten the key by then.
+func TestCallerSendEndsWithTheWindow(t *testing.T) {
+	t.Parallel()
+	c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
+	f := newFixture(t, 10*time.Second, c.Now)
+	f.makeUnknown(t, "closing")
+	rec, err := f.store.Get(t.Context(), "closing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.add(rec.SettleBy.Sub(c.Now()) - time.Second) // a second of the window left
+	sent := len(f.p.Requests())
+	f.p.SetScript(nil)
+	_, err = f.svc.CreateMultiCardPayment(t.Context(), payment("closing"))
+	if reasonOf(err) != ReasonOutcomeUnknown {
+		t.Errorf("retry = %v (%s), want %s", err, reasonOf(err), ReasonOutcomeUnknown)
+	}
+	if n := len(f.p.Requests()) - sent; n != 0 {
+		t.Errorf("retry sent %d requests with a second of the window left, want none", n)
 	}
 }

@@ -197,7 +197,7 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 			return
 		}
 		if cerr := tx.Commit(); cerr != nil {
-			err = fmt.Errorf("commit: %w", cerr)
+			err = fmt.Errorf("commit: %w: %w", ErrCommitUnknown, cerr)
 			return
 		}
 		s.commits.Add(1)
@@ -327,7 +327,7 @@ func (e *redactedError) Error() string { return e.msg }
 
 func (e *redactedError) Is(target error) bool {
 	switch target {
-	case context.Canceled, context.DeadlineExceeded, ErrNotFound, ErrLeaseLost, ErrWrongEnvironment, ErrKeyNotStorable:
+	case context.Canceled, context.DeadlineExceeded, ErrNotFound, ErrLeaseLost, ErrWrongEnvironment, ErrKeyNotStorable, ErrCommitUnknown:
 		return errors.Is(e.cause, target)
 	}
 	return false

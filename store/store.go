@@ -67,6 +67,11 @@ var (
 	// ErrKeyNotStorable: the key can't be stored exactly by this backend
 	// (for example a NUL byte in PostgreSQL).
 	ErrKeyNotStorable = errors.New("idempotency key can't be stored exactly")
+	// ErrCommitUnknown: the write's transaction was sent to be committed
+	// and the database's answer was an error or never came, so it may or
+	// may not have been written. Any other error of a write means nothing
+	// was written.
+	ErrCommitUnknown = errors.New("the commit's outcome is unknown")
 )
 
 // Record is the durable record of one idempotency key.
