@@ -21,8 +21,8 @@ const redactedMark = "[REDACTED]"
 // whose characters are themselves JSON-escaped, and HTML character
 // references (&#47;, &#x2F;, &sol; and every other named one). It also
 // removes the key base64-encoded (standard or URL alphabet, padded or not,
-// at any of the three byte alignments inside a longer encoded value, and
-// with + and / percent-encoded) and hex-encoded (either case).
+// at any of the three byte alignments inside a longer encoded value, with
+// + and / percent-encoded, or / written \/) and hex-encoded (either case).
 //
 // A body that is a JSON document stays one: the key is removed from inside
 // each string that holds it, and the string is encoded again. Whatever a
@@ -83,6 +83,11 @@ func newRedactor(key string) redactor {
 			if strings.ContainsAny(form, "+/") {
 				add(strings.NewReplacer("+", "%2B", "/", "%2F").Replace(form), true)
 				add(strings.NewReplacer("+", "%2b", "/", "%2f").Replace(form), true)
+			}
+			// In a JSON text that can't be decoded as a whole (cut short),
+			// as some encoders write / in any string.
+			if strings.Contains(form, "/") {
+				add(strings.ReplaceAll(form, "/", `\/`), true)
 			}
 		}
 	}
@@ -259,9 +264,22 @@ func (r redactor) trimPartial(b []byte) []byte {
 	if r.key == "" {
 		return b
 	}
+	// Trimming one kind of tail can leave another (an escape cut short
+	// after the start of a base64 form), so trim until nothing changes.
+	for {
+		n := len(b)
+		b = r.trimPartialOnce(b)
+		if len(b) == n {
+			return b
+		}
+	}
+}
+
+func (r redactor) trimPartialOnce(b []byte) []byte {
 	for i := max(0, len(b)-maxEncodedByte*len(r.key)); i < len(b); i++ {
 		if c := b[i]; (c == r.key[0] || c == '%' || c == '\\' || c == '&') && r.partialAt(b, i) {
-			return b[:i]
+			b = b[:i]
+			break
 		}
 	}
 	for _, f := range r.forms {

@@ -1660,3 +1660,43 @@ func TestOutcomeUnknownSticks(t *testing.T) {
 		t.Errorf("503 then 429: MaybeCreated, Attempts = %v, %d; want true, 2", ue.MaybeCreated, ue.Attempts)
 	}
 }
+
+// A key whose base64 holds '/', echoed with '/' percent-encoded, where the
+// read ends inside the "%2F": trimming the cut escape must not leave the
+// base64 before it.
+func TestNoBase64PrefixAtErrorBodyCut(t *testing.T) {
+	t.Parallel()
+	const key = "sk_live_q8Zr/x?Yk3nP0w~Lm9"
+	const form = "c2tfbGl2ZV9xOFpyL3g%2FWWszblAwd35MbT" // base64 of the key, '/' as %2F
+	for _, m := range []int{len("c2tfbGl2ZV9xOFpyL3g%"), len("c2tfbGl2ZV9xOFpyL3g%2")} {
+		readLimit := upstream.MaxErrorBody + upstream.MaxEncodedKeyByte*len(key)
+		shrink := strings.Repeat(key+" ", 200) // redacting these shortens what was read
+		body := shrink + strings.Repeat(".", readLimit-len(shrink)-m) + form + " trailing"
+		srv := newServer(t, nil)
+		srv.AllowKey(key)
+		srv.SetScript(upstreamtest.Always(reply(http.StatusBadRequest, body)))
+		cfg := testConfig(t, srv.URL)
+		cfg.APIKey = key
+		_, err := newClient(t, cfg).CreateMultiCardPayment(t.Context(), payment("k"))
+		if se := statusError(t, err); bytes.Contains(se.Body, []byte("c2tfbGl2ZV9xOFpy")) {
+			t.Errorf("cut %d bytes into the form: body keeps base64 of the key's first bytes", m)
+		}
+	}
+}
+
+// A JSON error body too long to read whole, so not decodable as JSON, whose
+// encoder writes / as \/: the key's base64 is still found.
+func TestEscapedBase64InCutJSONBody(t *testing.T) {
+	t.Parallel()
+	const key = "sk_live_q8Zr/x?Yk3nP0w~Lm9"
+	body := `{"error":"invalid credentials","echo":"Basic c2tfbGl2ZV9xOFpyL3g\/WWszblAwd35MbT0=","trace":"` + strings.Repeat("x", 20000) + `"}`
+	srv := newServer(t, nil)
+	srv.AllowKey(key)
+	srv.SetScript(upstreamtest.Always(reply(http.StatusUnauthorized, body)))
+	cfg := testConfig(t, srv.URL)
+	cfg.APIKey = key
+	_, err := newClient(t, cfg).CreateMultiCardPayment(t.Context(), payment("k"))
+	if se := statusError(t, err); bytes.Contains(se.Body, []byte("c2tfbGl2ZV9xOFpy")) {
+		t.Errorf("cut JSON body keeps the key's base64")
+	}
+}
