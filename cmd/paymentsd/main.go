@@ -70,6 +70,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 
+	quietOpenTelemetry(newLogger(cfg, stderr, slog.LevelWarn))
 	tracerProvider, shutdownTracing, err := setupTracing(ctx, getenv, stdout)
 	if err != nil {
 		return err

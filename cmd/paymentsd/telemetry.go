@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/url"
 	"strings"
 
+	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
@@ -61,7 +64,8 @@ func setupTracing(ctx context.Context, getenv func(string) string, stdout io.Wri
 		return nil, noop, errors.New("OTEL_TRACES_EXPORTER: want otlp, console or none")
 	}
 	if err != nil {
-		return nil, noop, fmt.Errorf("trace exporter: %w", err)
+		// Not the error's text: it may quote an endpoint with credentials.
+		return nil, noop, errors.New("OTEL_EXPORTER_OTLP_*: the trace exporter could not be made from these settings")
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter))
 	return tp, tp.Shutdown, nil
@@ -93,3 +97,26 @@ func checkOTLPHeaders(getenv func(string) string) error {
 func isTokenChar(r rune) bool {
 	return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", r)
 }
+
+// quietOpenTelemetry sends OpenTelemetry's own diagnostics (a malformed
+// OTEL_* value, a failed export) to logger as their messages alone, at
+// error level. Their attributes and error texts quote the values they
+// failed on (an endpoint URL with credentials, a header), which must not
+// reach any output.
+func quietOpenTelemetry(logger *slog.Logger) {
+	otel.SetLogger(logr.FromSlogHandler(messagesOnly{logger.Handler()}))
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(error) {
+		logger.Error("OpenTelemetry failed to export spans, or could not use an OTEL_* setting; its details are withheld, as they may quote credentials")
+	}))
+}
+
+// messagesOnly is a slog.Handler that keeps each record's message and drops
+// its attributes.
+type messagesOnly struct{ slog.Handler }
+
+func (h messagesOnly) Handle(ctx context.Context, r slog.Record) error {
+	return h.Handler.Handle(ctx, slog.NewRecord(r.Time, r.Level, "OpenTelemetry: "+r.Message, r.PC))
+}
+
+func (h messagesOnly) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h messagesOnly) WithGroup(string) slog.Handler      { return h }
