@@ -224,10 +224,15 @@ func RedactedURL(rawURL string) (shown string, ok bool) {
 		return redacted, false
 	}
 	u, err := url.Parse(rawURL)
-	if err != nil || u.Host == "" || ambiguousURL(rawURL) {
+	socket := u != nil && u.Host == "" && u.Query().Get("host") != ""
+	if err != nil || (u.Host == "" && !socket) || ambiguousURL(rawURL) {
 		return scheme + "://" + redacted, false
 	}
 	v := url.URL{Scheme: scheme, Host: u.Host, Path: u.Path}
+	if socket {
+		// A Unix socket directory (or a host) given as host= in the query.
+		v.RawQuery = "host=" + url.QueryEscape(u.Query().Get("host"))
+	}
 	if u.User != nil {
 		v.User = url.User(u.User.Username())
 	}
@@ -245,19 +250,39 @@ func RedactedURL(rawURL string) (shown string, ok bool) {
 // ambiguousURL reports whether a PostgreSQL URL's password may have been
 // taken for part of its host, path or query, as pgx would take it: the URL
 // holds a '#' (after which pgx reads nothing, so it can only be part of a
-// password, unescaped), or an '@' after the authority (which a password's
-// unescaped '/' or '?' ended early). Such a URL names another host or
+// password, unescaped), or an '@' in the path or in a query parameter's
+// name, or a query parameter with no value (where a password's unescaped
+// '/' or '?' ended the authority early). Such a URL names another host or
 // database than the one meant, and errors that quote those would quote
 // part of the password.
 //
 // errAmbiguousURL is Open's refusal of one; like every error of Open's it
 // does not quote the URL.
-var errAmbiguousURL = errors.New("PostgreSQL URL holds a '#', or an '@' after the host: percent-encode any of # / ? @ in the user name and password (%23 %2F %3F %40)")
+var errAmbiguousURL = errors.New("PostgreSQL URL holds a '#', or an '@' in its path or a query parameter's name: percent-encode any of # / ? @ in the user name and password (%23 %2F %3F %40)")
 
 func ambiguousURL(rawURL string) bool {
 	_, rest, _ := strings.Cut(rawURL, "://")
 	end := strings.IndexAny(rest, "/?#")
-	return end >= 0 && strings.ContainsAny(rest[end:], "#@")
+	if end < 0 {
+		return false
+	}
+	rest = rest[end:]
+	if strings.Contains(rest, "#") {
+		return true
+	}
+	path, query, _ := strings.Cut(rest, "?")
+	if strings.Contains(path, "@") {
+		return true
+	}
+	// In the query an '@' may be part of a value (user=alice@server), but
+	// never of a parameter's name: a password's '?' ended the host early.
+	for _, param := range strings.Split(query, "&") {
+		name, _, hasValue := strings.Cut(param, "=")
+		if param != "" && (!hasValue || strings.Contains(name, "@")) {
+			return true
+		}
+	}
+	return false
 }
 
 // secrets lists the forms in which rawURL's password could appear in an

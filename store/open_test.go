@@ -68,6 +68,11 @@ func TestRedactedURL(t *testing.T) {
 		{"postgres://app:12?" + sentinel + "@db.internal/payments", "postgres://[REDACTED]", false},
 		{"postgres://app:" + sentinel + "%zz@db.internal/payments", "postgres://[REDACTED]", false},
 		{"mysql://app:" + sentinel + "@db.internal/payments", "[REDACTED]", false},
+		// '@' inside a query value is a value, not a password's end.
+		{"postgres://db.internal/payments?user=alice@myserver&password=" + sentinel, "postgres://db.internal/payments", true},
+		{"postgres://app:" + sentinel + "@db.internal/payments?application_name=paymentsd@eu-1", "postgres://app@db.internal/payments", true},
+		// A Unix socket directory in the query.
+		{"postgres:///payments?host=/var/run/postgresql&password=" + sentinel, "postgres:///payments?host=%2Fvar%2Frun%2Fpostgresql", true},
 	} {
 		shown, ok := store.RedactedURL(tc.url)
 		if shown != tc.want || ok != tc.ok {

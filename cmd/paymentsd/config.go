@@ -425,10 +425,10 @@ func (c *config) loadDatabase(getenv func(string) string, problem func(string, .
 	case strings.HasPrefix(v, "postgres://"), strings.HasPrefix(v, "postgresql://"):
 		u, err := url.Parse(v)
 		switch {
-		case err != nil || u.Host == "":
-			problem("%s is not a valid postgres:// URL", c.databaseVar())
+		case err != nil || (u.Host == "" && u.Query().Get("host") == ""):
+			problem("%s is not a valid postgres:// URL (it names no host, in the URL or as host= in its query)", c.databaseVar())
 		case !ok:
-			problem("%s holds a '#', or an '@' after the host, as a password with an unescaped # / ? or @ gives: percent-encode those in the user name and password (%%23 %%2F %%3F %%40)", c.databaseVar())
+			problem("%s holds a '#', or an '@' in its path or a query parameter's name, as a password with an unescaped # / ? or @ gives: percent-encode those in the user name and password (%%23 %%2F %%3F %%40)", c.databaseVar())
 		}
 	default:
 		problem("%s must be sqlite:PATH or a postgres:// URL", c.databaseVar())

@@ -588,6 +588,8 @@ func TestDatabaseURLShownWithoutPassword(t *testing.T) {
 		"postgres://app:#" + password + "@127.0.0.1:1/payments",
 		"postgres://app:12/" + password + "@127.0.0.1:1/payments",
 		"postgres://app:12?" + password + "@127.0.0.1:1/payments",
+		"postgres://127.0.0.1:1/payments?user=alice@server&password=" + password,
+		"postgres:///payments?host=/nonexistent/socket/dir&password=" + password,
 	} {
 		env := map[string]string{
 			"PAYMENTS_GRPC_ADDR":    "127.0.0.1:0",
