@@ -156,6 +156,16 @@ func readDeadline(readTimeout time.Duration, next http.Handler) http.Handler {
 	})
 }
 
+// closeAfter ends an HTTP/1 connection with this answer, rather than
+// drain a body paymentsd won't read. Over HTTP/2 only the stream ends (its
+// unread body is reset): "Connection: close" there would close the whole
+// connection, with every other caller's streams on it.
+func closeAfter(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
+}
+
 // limitBody reads the REST body up front, refusing one over max bytes with
 // 413 and one that takes longer than readTimeout (from the request's start)
 // with 408, before it reaches the gateway. The deadline is lifted once the
@@ -164,7 +174,7 @@ func limitBody(max int64, readTimeout time.Duration, next http.Handler) http.Han
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > max {
 			// Not worth draining: the connection ends with the answer.
-			w.Header().Set("Connection", "close")
+			closeAfter(w, r)
 			refuse(w, r, http.StatusRequestEntityTooLarge, codes.InvalidArgument, fmt.Sprintf("request body is over the limit of %d bytes", max), 0)
 			return
 		}
@@ -178,10 +188,10 @@ func limitBody(max int64, readTimeout time.Duration, next http.Handler) http.Han
 			var tooLarge *http.MaxBytesError
 			switch {
 			case errors.As(err, &tooLarge):
-				w.Header().Set("Connection", "close")
+				closeAfter(w, r)
 				refuse(w, r, http.StatusRequestEntityTooLarge, codes.InvalidArgument, fmt.Sprintf("request body is over the limit of %d bytes", max), 0)
 			case errors.Is(err, os.ErrDeadlineExceeded):
-				w.Header().Set("Connection", "close")
+				closeAfter(w, r)
 				refuse(w, r, http.StatusRequestTimeout, codes.DeadlineExceeded, fmt.Sprintf("the request body did not arrive within %v", readTimeout), time.Second)
 			default:
 				refuse(w, r, http.StatusBadRequest, codes.InvalidArgument, "could not read the request body", 0)

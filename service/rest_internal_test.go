@@ -1,0 +1,45 @@
+package service
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"strings"
+	"testing"
+	"time"
+)
+
+// An oversized body over HTTP/2 is refused without closing the connection
+// its stream shares with others.
+func TestOversizedBodyKeepsHTTP2Connection(t *testing.T) {
+	t.Parallel()
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", limitBody(10, time.Second, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })))
+	srv := httptest.NewUnstartedServer(readDeadline(time.Second, mux))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	client := srv.Client()
+	post := func(body string) (status int, reused bool) {
+		ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/x", strings.NewReader(body))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Fatalf("answered over %s, want HTTP/2", resp.Proto)
+		}
+		return resp.StatusCode, reused
+	}
+	post("small")
+	if status, _ := post(strings.Repeat("x", 100)); status != http.StatusRequestEntityTooLarge {
+		t.Fatalf("oversized body = %d, want 413", status)
+	}
+	if status, reused := post("small"); status != http.StatusOK || !reused {
+		t.Errorf("next call = %d on a reused connection %v, want 200 on the same connection", status, reused)
+	}
+}
