@@ -218,7 +218,7 @@ func (s *Service) leaseTooShort(ctx context.Context, key, owner string, maybeBef
 		s.logFinishError(ctx, fin, ferr)
 		reason, msg = ReasonOutcomeUnknown, "paymentsd's record store was too slow to let this call reach the provider in time, and then could not record that nothing was sent; the payment may still be made when paymentsd settles the key: retry with the same idempotency key, never a new one"
 	}
-	return withDetails(status.New(codes.Unavailable, msg), s.errorInfo(reason, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+	return s.retryable(status.New(codes.Unavailable, msg), reason)
 }
 
 // finishLater records fin without waiting; the key is pending until the
@@ -439,7 +439,7 @@ func (s *Service) storeError(ctx context.Context, err error, field string) error
 	}
 	s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
 	st := status.New(codes.Unavailable, "paymentsd could not write or read its payment record, so nothing was sent and no payment was created: it is safe to retry with the same idempotency key")
-	return withDetails(st, s.errorInfo(ReasonNotCreated, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+	return s.retryable(st, ReasonNotCreated)
 }
 
 // beginError is the answer when claiming the key's record failed. This
@@ -494,7 +494,7 @@ func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) 
 		s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
 	}
 	st := status.New(codes.Unavailable, "paymentsd could not be sure its record for this call was written, or an earlier call with the key may have created the payment; this call sent nothing: retry with the same idempotency key, never a new one")
-	return withDetails(st, s.errorInfo(ReasonOutcomeUnknown, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+	return s.retryable(st, ReasonOutcomeUnknown)
 }
 
 // lookupError is the answer when a lookup can't read the record: of the
@@ -513,7 +513,7 @@ func (s *Service) lookupError(ctx context.Context, err error) error {
 		s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
 	}
 	st := status.New(code, "paymentsd could not read its record of this key; retry the lookup")
-	return withDetails(st, s.errorInfo(ReasonOutcomeUnknown, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+	return s.retryable(st, ReasonOutcomeUnknown)
 }
 
 // recheckTimeout bounds reading a key's record after its claim failed.
@@ -526,7 +526,7 @@ func (s *Service) reusedError(key string) error {
 
 func (s *Service) inProgressError(key string) error {
 	st := status.Newf(codes.Aborted, "another call with idempotency key %s is still in flight at the provider; retry with the same key to get its outcome", quoteKey(key))
-	return withDetails(st, s.errorInfo(ReasonInProgress, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+	return s.retryable(st, ReasonInProgress)
 }
 
 // recordedError answers a call with the failure recorded for its key, as
@@ -574,6 +574,12 @@ func (s *Service) errorInfo(reason string, meta map[string]string) *errdetails.E
 	}
 	meta["environment"] = envName(s.env)
 	return &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: meta}
+}
+
+// retryable is st with an ErrorInfo of reason and a RetryInfo of a second:
+// the error of a call that is worth repeating with the same key.
+func (s *Service) retryable(st *status.Status, reason string) error {
+	return withDetails(st, s.errorInfo(reason, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
 }
 
 func withDetails(st *status.Status, details ...protoadapt.MessageV1) error {

@@ -181,7 +181,7 @@ func (s *Service) errorStatus(ctx context.Context, err error, maybeBefore bool) 
 		// a request was written, and is recorded as such (see outcome).
 		if maybeBefore {
 			st := status.New(codes.Internal, "paymentsd failed before calling the payment provider, but an earlier attempt with this idempotency key may have created a payment: retry with the same idempotency key, never a new one, to learn the outcome")
-			return withDetails(st, s.errorInfo(ReasonOutcomeUnknown, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+			return s.retryable(st, ReasonOutcomeUnknown)
 		}
 		st := status.New(codes.Internal, "paymentsd failed before calling the payment provider; no payment was created")
 		return withDetails(st, s.errorInfo(ReasonNotCreated, nil))
