@@ -1,0 +1,551 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// State is what a record says about a payment's money.
+type State int
+
+const (
+	// StateInProgress: a request for the key is being sent now, by the
+	// holder of the record's lease. A payment may exist.
+	StateInProgress State = 1
+	// StateSucceeded: the provider answered 2xx; Reply holds its body.
+	StateSucceeded State = 2
+	// StateNotCreated: no attempt for the key can have created a payment.
+	StateNotCreated State = 3
+	// StateOutcomeUnknown: some attempt may have created a payment and no
+	// 2xx has confirmed it. Settlement re-sends the body until SettleBy.
+	StateOutcomeUnknown State = 4
+)
+
+func (s State) String() string {
+	switch s {
+	case StateInProgress:
+		return "in_progress"
+	case StateSucceeded:
+		return "succeeded"
+	case StateNotCreated:
+		return "not_created"
+	case StateOutcomeUnknown:
+		return "outcome_unknown"
+	}
+	return "unspecified"
+}
+
+// Record is the durable record of one idempotency key.
+type Record struct {
+	Key string
+	// Body is the exact provider request body (never the API key), and
+	// BodySHA256 its hash, which decides whether a later call is the same
+	// request.
+	Body       []byte
+	BodySHA256 [32]byte
+	// Currency and Amount are the recorded request, for lookups.
+	Currency string
+	Amount   int64
+
+	State State
+	// Attempts counts requests sent to the provider for this key, by every
+	// call and by settlement.
+	Attempts int
+	// ProviderStatus is the provider's last HTTP status (0: none), and
+	// Reply its last reply body exactly (a 2xx body when Succeeded, else
+	// the error body, or nil).
+	ProviderStatus int
+	Reply          []byte
+	// LastError says why the last attempt failed ("" after a success), and
+	// Code is the status code its call was answered with. Code is the
+	// service's vocabulary; the store keeps it opaque.
+	LastError string
+	Code      int32
+
+	// RequestID, TraceID and Caller identify the call that created the
+	// record.
+	RequestID string
+	TraceID   string
+	Caller    string
+
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	// SettleBy ends the settlement window: no request for the key is sent
+	// after it. It is set when the first attempt that may create a payment
+	// begins (a new record, or one that was NotCreated).
+	SettleBy time.Time
+	// NextSettleAt is when settlement may next re-send an OutcomeUnknown
+	// record; SettleAttempts counts its re-sends.
+	NextSettleAt   time.Time
+	SettleAttempts int
+	// LeaseOwner holds the record while it is InProgress, until
+	// LeaseExpiresAt. An expired lease means its holder died or hung.
+	LeaseOwner     string
+	LeaseExpiresAt time.Time
+	// GaveUp is set once when an unknown record passes SettleBy.
+	GaveUp bool
+}
+
+// Claim asks Begin for the right to send a request for a key.
+type Claim struct {
+	Key        string
+	Body       []byte
+	BodySHA256 [32]byte
+	Currency   string
+	Amount     int64
+	RequestID  string
+	TraceID    string
+	Caller     string
+	// Owner identifies the claimant (process and call) for the lease.
+	Owner string
+	// Now is the current time; LeaseUntil ends the lease if acquired;
+	// SettleBy ends the settlement window if the claim starts one.
+	Now        time.Time
+	LeaseUntil time.Time
+	SettleBy   time.Time
+}
+
+// Outcome is Begin's verdict on a Claim.
+type Outcome int
+
+const (
+	// Acquired: the record is now InProgress with the claimant's lease,
+	// committed; the claimant must send Body and call Finish.
+	Acquired Outcome = iota + 1
+	// Replay: the key's payment succeeded; answer from the record.
+	Replay
+	// Reused: the key's record holds a different request (another
+	// BodySHA256); nothing changed.
+	Reused
+	// Busy: another owner holds an unexpired lease; nothing changed.
+	Busy
+	// PastWindow: the record's outcome is unknown and its settlement window
+	// has closed, so nothing may be sent for the key again; the record is
+	// left OutcomeUnknown (an expired InProgress record becomes
+	// OutcomeUnknown).
+	PastWindow
+)
+
+// Began is the result of Begin.
+type Began struct {
+	Outcome Outcome
+	// Record is the record after Begin: as found, or as acquired.
+	Record Record
+	// Prior is the record's state before an acquisition: 0 for a new
+	// record; NotCreated, OutcomeUnknown, or InProgress with an expired
+	// lease. A claimant that acquires a record whose Prior is not 0 or
+	// NotCreated must never record it NotCreated: an earlier attempt may
+	// have created the payment.
+	Prior State
+}
+
+// Finish records the outcome of the claimant's request.
+type Finish struct {
+	Key   string
+	Owner string
+	// State is Succeeded, NotCreated or OutcomeUnknown.
+	State          State
+	AddAttempts    int
+	ProviderStatus int
+	Reply          []byte
+	LastError      string
+	Code           int32
+	Now            time.Time
+	// NextSettleAt, for OutcomeUnknown, is when settlement may re-send.
+	NextSettleAt time.Time
+	// Settlement marks a finish by the settlement worker: SettleAttempts
+	// is incremented.
+	Settlement bool
+}
+
+// writerQueries are the queries every payment runs on the writer.
+func (s *Store) writerQueries() []string {
+	return []string{s.insertQuery(), s.lockedSelectQuery(), s.finishQuery()}
+}
+
+func (s *Store) insertQuery() string {
+	d := s.d
+	cols, vals := "", ""
+	if d.keyCol != "key" {
+		cols, vals = ", "+d.keyCol, ", $15"
+	}
+	// A new record comes back from RETURNING; a conflict returns no row.
+	return d.q(`
+		INSERT INTO records (key, body, body_sha256, currency, amount, state,
+			request_id, trace_id, caller, created_at, updated_at, settle_by,
+			next_settle_at, lease_owner, lease_expires_at` + cols + `)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14` + vals + `)
+		ON CONFLICT (` + d.keyCol + `) DO NOTHING
+		RETURNING ` + recordColumns)
+}
+
+func (s *Store) lockedSelectQuery() string {
+	return s.d.q(`SELECT ` + recordColumns + ` FROM records WHERE ` + s.d.keyCol + ` = $1 ` + s.d.lockRows)
+}
+
+func (s *Store) finishQuery() string {
+	d := s.d
+	return d.q(`
+		UPDATE records SET state = $3, attempts = attempts + $4, provider_status = $5,
+			reply = $6, last_error = $7, code = $8, updated_at = $9, next_settle_at = $10,
+			settle_attempts = settle_attempts + $11, lease_owner = '', lease_expires_at = $12
+		WHERE ` + d.keyCol + ` = $1 AND lease_owner = $2 AND state = $13
+		RETURNING ` + recordColumns)
+}
+
+// recordColumns are the records columns in the order scanRecord reads.
+const recordColumns = `key, body, body_sha256, currency, amount, state, attempts,
+	provider_status, reply, last_error, code, request_id, trace_id, caller,
+	created_at, updated_at, settle_by, next_settle_at, settle_attempts,
+	lease_owner, lease_expires_at, gave_up`
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanRecord(row scanner) (Record, error) {
+	var r Record
+	var state int
+	err := row.Scan(&r.Key, &r.Body, shaCol{&r.BodySHA256}, &r.Currency, &r.Amount, &state, &r.Attempts,
+		&r.ProviderStatus, &r.Reply, &r.LastError, &r.Code, &r.RequestID, &r.TraceID, &r.Caller,
+		timeCol{&r.CreatedAt}, timeCol{&r.UpdatedAt}, timeCol{&r.SettleBy}, timeCol{&r.NextSettleAt}, &r.SettleAttempts,
+		&r.LeaseOwner, timeCol{&r.LeaseExpiresAt}, &r.GaveUp)
+	r.State = State(state)
+	return r, err
+}
+
+func scanRecords(rows *sql.Rows) ([]Record, error) {
+	defer rows.Close()
+	var out []Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Begin decides, in one transaction, what a call with c.Key may do:
+//   - no record: insert it InProgress with c's lease and window → Acquired;
+//   - a record with another BodySHA256 → Reused;
+//   - Succeeded → Replay;
+//   - InProgress with an unexpired lease → Busy;
+//   - OutcomeUnknown, or InProgress with an expired lease, before SettleBy →
+//     Acquired (keeping SettleBy), Prior set;
+//   - the same past SettleBy → PastWindow;
+//   - NotCreated → Acquired with a new window (c.SettleBy), Prior set.
+//
+// It returns ErrKeyNotStorable for a key the backend can't hold exactly.
+func (s *Store) Begin(ctx context.Context, c Claim) (Began, error) {
+	if !s.d.storable(c.Key) {
+		return Began{}, fmt.Errorf("begin %.64q: %w", c.Key, ErrKeyNotStorable)
+	}
+	var b Began
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		var err error
+		b, err = s.begin(ctx, tx, c)
+		return err
+	})
+	if err != nil {
+		return Began{}, s.wrap(fmt.Errorf("begin %.64q: %w", c.Key, err))
+	}
+	return b, nil
+}
+
+// write runs fn in a write transaction: the batcher's next one (SQLite),
+// or one of its own.
+func (s *Store) write(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
+	if s.batch != nil {
+		return s.batch.run(ctx, fn)
+	}
+	return s.transact(ctx, func(tx *sql.Tx) error { return fn(ctx, tx) })
+}
+
+func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim) (Began, error) {
+	d := s.d
+	// The INSERT waits for a concurrent transaction inserting the same key
+	// (PostgreSQL) and does nothing once it has committed; the SELECT then
+	// locks the committed row. A row deleted in between (DeleteBefore) sends
+	// us round again.
+	for range 3 {
+		args := []any{c.Key, c.Body, c.BodySHA256[:], c.Currency, c.Amount, int(StateInProgress),
+			c.RequestID, c.TraceID, c.Caller, d.t(c.Now), d.t(c.SettleBy),
+			d.t(time.Time{}), c.Owner, d.t(c.LeaseUntil)}
+		if d.keyCol != "key" {
+			args = append(args, d.k(c.Key))
+		}
+		ins, err := s.txStmt(ctx, tx, s.insertQuery())
+		if err != nil {
+			return Began{}, err
+		}
+		rows, err := ins.QueryContext(ctx, args...)
+		if err != nil {
+			return Began{}, err
+		}
+		inserted, err := scanRecords(rows)
+		if err != nil {
+			return Began{}, err
+		}
+		if len(inserted) == 1 {
+			return Began{Outcome: Acquired, Record: inserted[0]}, nil
+		}
+		r, err := s.getRecordTx(ctx, tx, c.Key)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return Began{}, err
+		}
+		return s.decide(ctx, tx, c, r)
+	}
+	return Began{}, errors.New("record deleted and recreated repeatedly while beginning; retry")
+}
+
+// decide applies Begin's rules to the existing, locked record r.
+func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record) (Began, error) {
+	d := s.d
+	if r.BodySHA256 != c.BodySHA256 {
+		return Began{Outcome: Reused, Record: r}, nil
+	}
+	expired := !c.Now.Before(r.LeaseExpiresAt)
+	switch {
+	case r.State == StateSucceeded:
+		return Began{Outcome: Replay, Record: r}, nil
+	case r.State == StateInProgress && !expired:
+		return Began{Outcome: Busy, Record: r}, nil
+	case r.State == StateNotCreated:
+		nr, err := updateRecord(ctx, tx, d, `state = $2, lease_owner = $3, lease_expires_at = $4, updated_at = $5, settle_by = $6, gave_up = $7`,
+			c.Key, int(StateInProgress), c.Owner, d.t(c.LeaseUntil), d.t(c.Now), d.t(c.SettleBy), false)
+		return Began{Outcome: Acquired, Record: nr, Prior: r.State}, err
+	case r.State == StateOutcomeUnknown || r.State == StateInProgress:
+		if !c.Now.Before(r.SettleBy) {
+			if r.State == StateOutcomeUnknown {
+				return Began{Outcome: PastWindow, Record: r}, nil
+			}
+			nr, err := updateRecord(ctx, tx, d, `state = $2, lease_owner = '', lease_expires_at = $3, updated_at = $4`,
+				c.Key, int(StateOutcomeUnknown), d.t(time.Time{}), d.t(c.Now))
+			return Began{Outcome: PastWindow, Record: nr}, err
+		}
+		nr, err := updateRecord(ctx, tx, d, `state = $2, lease_owner = $3, lease_expires_at = $4, updated_at = $5`,
+			c.Key, int(StateInProgress), c.Owner, d.t(c.LeaseUntil), d.t(c.Now))
+		return Began{Outcome: Acquired, Record: nr, Prior: r.State}, err
+	}
+	return Began{}, fmt.Errorf("record in unknown state %d", r.State)
+}
+
+// getRecordTx reads and locks key's record in tx.
+func (s *Store) getRecordTx(ctx context.Context, tx *sql.Tx, key string) (Record, error) {
+	st, err := s.txStmt(ctx, tx, s.lockedSelectQuery())
+	if err != nil {
+		return Record{}, err
+	}
+	r, err := scanRecord(st.QueryRowContext(ctx, s.d.k(key)))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Record{}, ErrNotFound
+	}
+	return r, err
+}
+
+// updateRecord sets columns ($2 onwards are args) on key's record and
+// returns it.
+func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, set string, key string, args ...any) (Record, error) {
+	args = append([]any{d.k(key)}, args...)
+	return scanRecord(tx.QueryRowContext(ctx, d.q(`UPDATE records SET `+set+` WHERE `+d.keyCol+` = $1 RETURNING `+recordColumns), args...))
+}
+
+// Finish records f's outcome if f.Owner still holds the lease, clearing it,
+// and returns the record; otherwise it returns ErrLeaseLost and writes
+// nothing.
+func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
+	fin, err := s.finishOp(f)
+	if err != nil {
+		return Record{}, err
+	}
+	var r Record
+	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		var err error
+		r, err = fin(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return Record{}, s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err))
+	}
+	return r, nil
+}
+
+// finishOp checks f and returns the statement that records it.
+func (s *Store) finishOp(f Finish) (func(context.Context, *sql.Tx) (Record, error), error) {
+	if !s.d.storable(f.Key) {
+		return nil, fmt.Errorf("finish %.64q: %w", f.Key, ErrLeaseLost)
+	}
+	switch f.State {
+	case StateSucceeded, StateNotCreated, StateOutcomeUnknown:
+	default:
+		return nil, fmt.Errorf("finish %.64q: state %v is not an outcome", f.Key, f.State)
+	}
+	d := s.d
+	settle := 0
+	if f.Settlement {
+		settle = 1
+	}
+	return func(ctx context.Context, tx *sql.Tx) (Record, error) {
+		st, err := s.txStmt(ctx, tx, s.finishQuery())
+		if err != nil {
+			return Record{}, err
+		}
+		rows, err := st.QueryContext(ctx,
+			d.k(f.Key), f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
+			f.Reply, f.LastError, f.Code, d.t(f.Now), d.t(f.NextSettleAt),
+			settle, d.t(time.Time{}), int(StateInProgress))
+		if err != nil {
+			return Record{}, err
+		}
+		rs, err := scanRecords(rows)
+		if err != nil {
+			return Record{}, err
+		}
+		if len(rs) == 0 {
+			return Record{}, ErrLeaseLost
+		}
+		return rs[0], nil
+	}, nil
+}
+
+// FinishLater is Finish without waiting for the commit: done gets Finish's
+// result once the outcome is durable or has failed, on another goroutine.
+// Close waits for every FinishLater to be done. done must not write to the
+// store: with SQLite it runs on the goroutine that commits. Use it only for an outcome
+// whose loss in a crash is harmless: the record stays InProgress, and once
+// its lease expires settlement re-sends it, which gives the same answer.
+func (s *Store) FinishLater(f Finish, done func(Record, error)) {
+	s.later.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), finishLaterTimeout)
+	if s.batch == nil {
+		go func() {
+			defer s.later.Done()
+			defer cancel()
+			r, err := s.Finish(ctx, f)
+			done(r, err)
+		}()
+		return
+	}
+	// Queued directly, so that no goroutine waits on it.
+	fin, wrapErr := s.finishOp(f)
+	if wrapErr != nil {
+		cancel()
+		defer s.later.Done()
+		done(Record{}, wrapErr)
+		return
+	}
+	var r Record
+	s.batch.submit(&batchOp{ctx: ctx, fn: func(ctx context.Context, tx *sql.Tx) error {
+		var err error
+		r, err = fin(ctx, tx)
+		return err
+	}, done: func(err error) {
+		defer s.later.Done()
+		cancel()
+		if err != nil {
+			done(Record{}, s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err)))
+			return
+		}
+		done(r, nil)
+	}})
+}
+
+// finishLaterTimeout bounds a FinishLater.
+const finishLaterTimeout = 30 * time.Second
+
+// Get returns the record for key, or ErrNotFound.
+func (s *Store) Get(ctx context.Context, key string) (Record, error) {
+	if !s.d.storable(key) {
+		return Record{}, fmt.Errorf("get %.64q: %w", key, ErrNotFound)
+	}
+	r, err := func() (Record, error) {
+		st, err := s.prepared(ctx, s.r, s.d.q(`SELECT `+recordColumns+` FROM records WHERE `+s.d.keyCol+` = $1`))
+		if err != nil {
+			return Record{}, err
+		}
+		r, err := scanRecord(st.QueryRowContext(ctx, s.d.k(key)))
+		if errors.Is(err, sql.ErrNoRows) {
+			return Record{}, ErrNotFound
+		}
+		return r, err
+	}()
+	if err != nil {
+		return Record{}, s.wrap(fmt.Errorf("get %.64q: %w", key, err))
+	}
+	return r, nil
+}
+
+// ClaimDue takes the lease (owner, until leaseUntil) on up to limit records
+// due for settlement at now, marking them InProgress, and returns them:
+// OutcomeUnknown records with NextSettleAt <= now, and InProgress records
+// whose lease expired, both only while now < SettleBy. Replicas never claim
+// the same record at once.
+func (s *Store) ClaimDue(ctx context.Context, owner string, now, leaseUntil time.Time, limit int) ([]Record, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	d := s.d
+	var out []Record
+	err := s.transact(ctx, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, d.q(`
+			UPDATE records SET state = $1, lease_owner = $2, lease_expires_at = $3, updated_at = $4
+			WHERE `+d.keyCol+` IN (
+				SELECT `+d.keyCol+` FROM records
+				WHERE ((state = $5 AND next_settle_at <= $4) OR (state = $1 AND lease_expires_at <= $4))
+					AND settle_by > $4
+				ORDER BY next_settle_at, key
+				LIMIT $6 `+d.skipLocked+`)
+			RETURNING `+recordColumns),
+			int(StateInProgress), owner, d.t(leaseUntil), d.t(now), int(StateOutcomeUnknown), limit)
+		if err != nil {
+			return err
+		}
+		out, err = scanRecords(rows)
+		return err
+	})
+	if err != nil {
+		return nil, s.wrap(fmt.Errorf("claim due records: %w", err))
+	}
+	return out, nil
+}
+
+// GiveUp marks up to limit records whose settlement window closed at or
+// before now, unsettled and not yet marked: OutcomeUnknown records, and
+// InProgress records with an expired lease (which become OutcomeUnknown).
+// It returns the records it marked, each once ever, for logging.
+func (s *Store) GiveUp(ctx context.Context, now time.Time, limit int) ([]Record, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	d := s.d
+	var out []Record
+	err := s.transact(ctx, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, d.q(`
+			UPDATE records SET state = $1, gave_up = $2, updated_at = $3,
+				lease_owner = CASE WHEN state = $4 THEN '' ELSE lease_owner END,
+				lease_expires_at = CASE WHEN state = $4 THEN $5 ELSE lease_expires_at END
+			WHERE `+d.keyCol+` IN (
+				SELECT `+d.keyCol+` FROM records
+				WHERE (state = $1 OR (state = $4 AND lease_expires_at <= $3))
+					AND settle_by <= $3 AND gave_up = $6
+				ORDER BY settle_by, key
+				LIMIT $7 `+d.skipLocked+`)
+			RETURNING `+recordColumns),
+			int(StateOutcomeUnknown), true, d.t(now), int(StateInProgress), d.t(time.Time{}), false, limit)
+		if err != nil {
+			return err
+		}
+		out, err = scanRecords(rows)
+		return err
+	})
+	if err != nil {
+		return nil, s.wrap(fmt.Errorf("give up on records: %w", err))
+	}
+	return out, nil
+}
