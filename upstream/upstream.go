@@ -247,6 +247,19 @@ type Error struct {
 	// request was written and no definite refusal came back. A retry with
 	// the same idempotency key settles it.
 	MaybeCreated bool
+	// AtProvider reports that the last request may still be at the
+	// provider: it was written whole and ended without the provider's
+	// answer (a deadline or cancellation cut it off, or the connection was
+	// lost before a status came back), or a gateway answered 504 for it
+	// (its own timeout, not the provider's answer). Cutting off our side
+	// of a request does not stop the provider working on it, so nothing
+	// more may be sent with its key until the provider can be presumed
+	// done: the client makes no further attempt, and callers must wait a
+	// quiet period from LastAttemptStart before sending the key again.
+	AtProvider bool
+	// LastAttemptStart is when the last attempt began, on this process's
+	// monotonic clock.
+	LastAttemptStart time.Time
 	// Err is the last attempt's failure: a *StatusError, a sentinel of this
 	// package, or a context error.
 	Err error
@@ -263,10 +276,13 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // CreateMultiCardPayment asks the provider to create a payment. Every
-// attempt carries p.IdempotencyKey and the same body. Transport failures and
-// the statuses 408, 429, 500, 502, 503 and 504 are retried, with backoff,
-// while the next wait fits in the context's deadline. On failure the error
-// is an *Error.
+// attempt carries p.IdempotencyKey and the same body. A request that never
+// reached the provider (the connection could not be made) and the statuses
+// 408, 429, 500, 502 and 503 are retried, with backoff, while the next wait
+// fits in the context's deadline. A request that may still be at the
+// provider (see Error.AtProvider) is never followed by another: the two
+// would be at the provider at once with one key. On failure the error is
+// an *Error.
 func (c *Client) CreateMultiCardPayment(ctx context.Context, p Payment) (*Reply, error) {
 	body, err := EncodeRequest(p)
 	if err != nil {
@@ -299,7 +315,8 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		if failure.Attempts > 1 {
 			c.metrics.retry()
 		}
-		reply, sent, err := c.attempt(ctx, body)
+		failure.LastAttemptStart = time.Now()
+		reply, sent, answered, err := c.attempt(ctx, body)
 		done(breakerVerdict(err))
 		if err == nil {
 			reply.Attempts = failure.Attempts
@@ -307,7 +324,12 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		}
 		failure.Err = err
 		failure.MaybeCreated = failure.MaybeCreated || maybeCreated(err, sent)
-		if !retryable(err) || failure.Attempts >= c.cfg.MaxAttempts {
+		failure.AtProvider = sent && (!answered || isStatus(err, http.StatusGatewayTimeout))
+		switch {
+		case failure.AtProvider:
+			c.logAttempt(ctx, failure.Attempts, err, sent, "none: the request may still be at the provider")
+			return nil, failure
+		case !retryable(err) || failure.Attempts >= c.cfg.MaxAttempts:
 			c.logAttempt(ctx, failure.Attempts, err, sent, "none")
 			return nil, failure
 		}
@@ -376,8 +398,9 @@ func (e *causeError) Error() string { return e.sentinel.Error() + ": " + e.cause
 func (e *causeError) Unwrap() error { return e.sentinel }
 
 // attempt makes one request. sent reports that the whole request was
-// written, so the provider may have acted on it.
-func (c *Client) attempt(ctx context.Context, body []byte) (_ *Reply, sent bool, _ error) {
+// written, so the provider may have acted on it; answered, that a status
+// came back, so the provider is done with it.
+func (c *Client) attempt(ctx context.Context, body []byte) (_ *Reply, sent, answered bool, _ error) {
 	var wrote atomic.Bool
 	trace := &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
@@ -393,7 +416,7 @@ func (c *Client) attempt(ctx context.Context, body []byte) (_ *Reply, sent bool,
 	}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, c.url, bytes.NewReader(body))
 	if err != nil {
-		return nil, false, fmt.Errorf("build request: %w", err)
+		return nil, false, false, fmt.Errorf("build request: %w", err)
 	}
 	req.Header = http.Header{
 		"X-Api-Key":    {c.key},
@@ -408,11 +431,17 @@ func (c *Client) attempt(ctx context.Context, body []byte) (_ *Reply, sent bool,
 	if err != nil {
 		err = c.transportError(ctx, err, wrote.Load())
 		c.metrics.observe(transportLabel(err), time.Since(start))
-		return nil, wrote.Load(), err
+		return nil, wrote.Load(), false, err
 	}
 	reply, err := c.readReply(ctx, resp)
 	c.metrics.observe(strconv.Itoa(resp.StatusCode), time.Since(start))
-	return reply, true, err
+	return reply, true, true, err
+}
+
+// isStatus reports whether err is the provider's answer with status.
+func isStatus(err error, status int) bool {
+	var se *StatusError
+	return errors.As(err, &se) && se.Status == status
 }
 
 // readReply turns a response into a Reply or an error, and always closes

@@ -362,7 +362,6 @@ func TestRetriesRetryableStatus(t *testing.T) {
 		http.StatusInternalServerError,
 		http.StatusBadGateway,
 		http.StatusServiceUnavailable,
-		http.StatusGatewayTimeout,
 	}
 	for _, status := range statuses {
 		t.Run(strconv.Itoa(status), func(t *testing.T) {
@@ -501,12 +500,6 @@ func TestRetryLimits(t *testing.T) {
 			wantAttempts: 2, wantStatus: 409, wantMaybe: true,
 		},
 		{
-			name:         "refusal after connection lost",
-			maxAttempts:  3,
-			script:       upstreamtest.Sequence(upstreamtest.Reply{Fault: upstreamtest.Reset}, reply(400, "")),
-			wantAttempts: 2, wantStatus: 400, wantMaybe: true,
-		},
-		{
 			// 429 is a refusal before any work: retried, but no payment.
 			name:         "429 on every attempt",
 			maxAttempts:  2,
@@ -535,16 +528,21 @@ func TestRetryLimits(t *testing.T) {
 	}
 }
 
+// TestTransportFaults: a request lost after it was written may still be at
+// the provider, so it is never followed by another with the same key (the
+// two would be at the provider at once); a reply cut off after its status
+// came back is over at the provider, so it is retried.
 func TestTransportFaults(t *testing.T) {
 	t.Parallel()
 	okBody := []byte(`{"id":"pay_1","status":"COMPLETED","cards":[{"last4":"4242"}]}`)
 	faults := []struct {
-		name  string
-		reply upstreamtest.Reply
+		name       string
+		reply      upstreamtest.Reply
+		atProvider bool
 	}{
-		{"reset", upstreamtest.Reply{Fault: upstreamtest.Reset}},
-		{"hangup", upstreamtest.Reply{Fault: upstreamtest.Hangup}},
-		{"cut body", upstreamtest.Reply{Status: http.StatusOK, Body: okBody, Fault: upstreamtest.CutBody}},
+		{"reset", upstreamtest.Reply{Fault: upstreamtest.Reset}, true},
+		{"hangup", upstreamtest.Reply{Fault: upstreamtest.Hangup}, true},
+		{"cut body", upstreamtest.Reply{Status: http.StatusOK, Body: okBody, Fault: upstreamtest.CutBody}, false},
 	}
 	for _, f := range faults {
 		t.Run(f.name+" once", func(t *testing.T) {
@@ -552,7 +550,22 @@ func TestTransportFaults(t *testing.T) {
 			srv := newServer(t, upstreamtest.Sequence(f.reply))
 			c := newClient(t, testConfig(t, srv.URL))
 			p := payment("idem-fault")
+			before := time.Now()
 			r, err := c.CreateMultiCardPayment(t.Context(), p)
+			if f.atProvider {
+				ue := callError(t, err)
+				if !errors.Is(err, upstream.ErrConnectionLost) || ue.Attempts != 1 || !ue.MaybeCreated || !ue.AtProvider {
+					t.Errorf("after one %s: %v, Attempts %d, MaybeCreated %v, AtProvider %v; want ErrConnectionLost, 1, true, true",
+						f.name, err, ue.Attempts, ue.MaybeCreated, ue.AtProvider)
+				}
+				if ue.LastAttemptStart.Before(before) || ue.LastAttemptStart.After(time.Now()) {
+					t.Errorf("LastAttemptStart = %v, want during the call", ue.LastAttemptStart)
+				}
+				if n := len(srv.Requests()); n != 1 {
+					t.Errorf("provider got %d requests, want 1: the first may still be at the provider", n)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatalf("CreateMultiCardPayment after one %s: %v", f.name, err)
 			}
@@ -578,13 +591,49 @@ func TestTransportFaults(t *testing.T) {
 			if !errors.Is(err, upstream.ErrConnectionLost) {
 				t.Errorf("error %v, want ErrConnectionLost", err)
 			}
-			if ue.Attempts != 3 || !ue.MaybeCreated {
-				t.Errorf("Attempts, MaybeCreated = %d, %v; want 3, true", ue.Attempts, ue.MaybeCreated)
+			want := 3
+			if f.atProvider {
+				want = 1
 			}
-			if n := len(srv.Requests()); n != 3 {
-				t.Errorf("provider got %d requests, want 3", n)
+			if ue.Attempts != want || !ue.MaybeCreated || ue.AtProvider != f.atProvider {
+				t.Errorf("Attempts, MaybeCreated, AtProvider = %d, %v, %v; want %d, true, %v", ue.Attempts, ue.MaybeCreated, ue.AtProvider, want, f.atProvider)
+			}
+			if n := len(srv.Requests()); n != want {
+				t.Errorf("provider got %d requests, want %d", n, want)
 			}
 		})
+	}
+}
+
+// TestGatewayTimeoutIsNotRetried: a 504 is a gateway's timeout, not the
+// provider's answer; the request may still be at the provider.
+func TestGatewayTimeoutIsNotRetried(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, upstreamtest.Sequence(reply(http.StatusGatewayTimeout, `{"error":"upstream timed out"}`)))
+	c := newClient(t, testConfig(t, srv.URL))
+	_, err := c.CreateMultiCardPayment(t.Context(), payment("idem-504"))
+	ue := callError(t, err)
+	se := statusError(t, err)
+	if se.Status != http.StatusGatewayTimeout || ue.Attempts != 1 || !ue.MaybeCreated || !ue.AtProvider {
+		t.Errorf("got %d after %d attempts, MaybeCreated %v, AtProvider %v; want 504 after 1, true, true", se.Status, ue.Attempts, ue.MaybeCreated, ue.AtProvider)
+	}
+	if n := len(srv.Requests()); n != 1 {
+		t.Errorf("provider got %d requests, want 1", n)
+	}
+}
+
+// TestDeadlineAfterWriteIsAtProvider: a request cut off by the caller's
+// deadline after it was written may still be at the provider.
+func TestDeadlineAfterWriteIsAtProvider(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, upstreamtest.Always(upstreamtest.Reply{Delay: time.Minute}))
+	c := newClient(t, testConfig(t, srv.URL))
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err := c.CreateMultiCardPayment(ctx, payment("idem-slow"))
+	ue := callError(t, err)
+	if !errors.Is(err, context.DeadlineExceeded) || ue.Attempts != 1 || !ue.MaybeCreated || !ue.AtProvider {
+		t.Errorf("got %v after %d attempts, MaybeCreated %v, AtProvider %v; want DeadlineExceeded after 1, true, true", err, ue.Attempts, ue.MaybeCreated, ue.AtProvider)
 	}
 }
 
@@ -1371,8 +1420,7 @@ func TestMetrics(t *testing.T) {
 		reply(503, ""), // call 1: 503, then 200
 		upstreamtest.Reply{},
 		reply(409, ""), // call 2: 409
-		upstreamtest.Reply{Fault: upstreamtest.Reset}, // call 3: lost, then 200
-		upstreamtest.Reply{},
+		upstreamtest.Reply{Fault: upstreamtest.Reset}, // call 3: lost, and not retried
 	))
 	cfg := testConfig(t, srv.URL)
 	cfg.Metrics = m
@@ -1417,16 +1465,16 @@ func TestMetrics(t *testing.T) {
 		labels []string
 		want   float64
 	}{
-		{"paymentsd_provider_requests_total", []string{"outcome", "200"}, 2},
+		{"paymentsd_provider_requests_total", []string{"outcome", "200"}, 1},
 		{"paymentsd_provider_requests_total", []string{"outcome", "503"}, 1},
 		{"paymentsd_provider_requests_total", []string{"outcome", "409"}, 1},
 		{"paymentsd_provider_requests_total", []string{"outcome", "connection_lost"}, 1},
 		{"paymentsd_provider_requests_total", []string{"outcome", "canceled"}, 1},
 		{"paymentsd_provider_requests_total", []string{"outcome", "unreachable"}, 2},
 		{"paymentsd_provider_requests_total", []string{"outcome", "circuit_open"}, 1},
-		{"paymentsd_provider_retries_total", nil, 3},
+		{"paymentsd_provider_retries_total", nil, 2},
 		// Every attempt that was sent or tried is timed.
-		{"paymentsd_provider_request_duration_seconds", nil, 8},
+		{"paymentsd_provider_request_duration_seconds", nil, 7},
 		{"paymentsd_provider_requests_in_flight", nil, 0},
 		// The pool opened one connection, and one more after the reset.
 		{"paymentsd_provider_connections_opened_total", nil, float64(srv.Connections())},
@@ -1547,9 +1595,10 @@ func TestTLS(t *testing.T) {
 		wantRequests int
 	}{
 		{"success", true, nil, nil, 1, false, 1},
-		{"reset then success", true, upstreamtest.Sequence(upstreamtest.Reply{Fault: upstreamtest.Reset}), nil, 2, false, 2},
-		{"always reset", true, upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}), upstream.ErrConnectionLost, 3, true, 3},
-		{"always hangup", true, upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Hangup}), upstream.ErrConnectionLost, 3, true, 3},
+		// A request lost after it was written may still be at the
+		// provider: it is not followed by another.
+		{"reset", true, upstreamtest.Sequence(upstreamtest.Reply{Fault: upstreamtest.Reset}), upstream.ErrConnectionLost, 1, true, 1},
+		{"hangup", true, upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Hangup}), upstream.ErrConnectionLost, 1, true, 1},
 		{"untrusted certificate", false, nil, upstream.ErrUnreachable, 3, false, 0},
 	}
 	for _, tt := range tests {
