@@ -111,10 +111,27 @@ type Server struct {
 	keepRequests bool
 
 	idempotent  bool
+	lateDedup   bool // dedup by keys of completed requests only
+	stubborn    bool // keep working on a request whose client has gone
 	created     int                // payments created
 	payments    map[string]payment // idempotency key → its payment
 	inFlight    map[string]int     // idempotency key → requests being answered
 	maxInFlight map[string]int     // idempotency key → most seen at once
+	perKey      map[string]*KeyStats
+	bodies      map[string]map[string]bool // idempotency key → bodies seen
+}
+
+// KeyStats is what the fake saw of one idempotency key.
+type KeyStats struct {
+	// Requests counts the requests received with the key.
+	Requests int
+	// MaxInFlight is the most of them the fake was working on at once.
+	MaxInFlight int
+	// Bodies counts the distinct request bodies sent with the key.
+	Bodies int
+	// Charges counts the payments the fake made for the key: more than
+	// one is a double charge.
+	Charges int
 }
 
 // payment is a payment the idempotent fake created.
@@ -137,6 +154,8 @@ func newServer(useTLS bool) *Server {
 		payments:     make(map[string]payment),
 		inFlight:     make(map[string]int),
 		maxInFlight:  make(map[string]int),
+		perKey:       make(map[string]*KeyStats),
+		bodies:       make(map[string]map[string]bool),
 		canceled:     make(chan struct{}, 4096),
 		keepRequests: true,
 	}
@@ -192,6 +211,60 @@ func (s *Server) Idempotent(on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.idempotent = on
+}
+
+// DedupOnCompletion makes the fake an idempotent provider of a weaker kind
+// (off by default): it learns a key only once a request with it completes.
+// A request whose key a completed request already used gets that reply
+// again; every request that arrives before then makes a payment of its own
+// when it completes, so two requests with one key at the provider at once
+// charge twice. Tests use it to prove paymentsd never overlaps them.
+func (s *Server) DedupOnCompletion(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lateDedup = on
+}
+
+// Stubborn sets whether the fake keeps working on a request after its
+// client has gone (off by default), as a real provider does: a Delay runs
+// to its end, the payment is made, and the request counts as in flight
+// until then. Only the reply is lost.
+func (s *Server) Stubborn(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stubborn = on
+}
+
+// KeyStats returns what the fake saw of idempotency key.
+func (s *Server) KeyStats(key string) KeyStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ks, ok := s.perKey[key]; ok {
+		return *ks
+	}
+	return KeyStats{}
+}
+
+// AllKeyStats returns what the fake saw of every idempotency key.
+func (s *Server) AllKeyStats() map[string]KeyStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]KeyStats, len(s.perKey))
+	for k, ks := range s.perKey {
+		out[k] = *ks
+	}
+	return out
+}
+
+// InFlight returns how many requests the fake is working on now.
+func (s *Server) InFlight() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, v := range s.inFlight {
+		n += v
+	}
+	return n
 }
 
 // Created returns how many payments the fake has created: with
@@ -256,22 +329,35 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 
 	idemKey := idempotencyKey(body)
-	s.enter(idemKey)
+	s.enter(idemKey, body)
 	defer s.leave(idemKey)
 
 	var reply Reply
 	if script != nil {
 		reply = script(n, req)
 	}
+	s.mu.Lock()
+	lateDedup, stubborn := s.lateDedup, s.stubborn
+	s.mu.Unlock()
 	var remembered *Reply
 	if reply.Status == 0 {
-		remembered = s.remember(idemKey, req)
+		if lateDedup {
+			remembered = s.completed(idemKey, req)
+		} else {
+			remembered = s.remember(idemKey, req)
+		}
+	}
+	// gone is closed when the client goes away, unless the fake is
+	// stubborn: then it works on regardless, and only the reply is lost.
+	gone := r.Context().Done()
+	if stubborn {
+		gone = nil
 	}
 	if reply.Delay > 0 {
 		t := time.NewTimer(reply.Delay)
 		select {
 		case <-t.C:
-		case <-r.Context().Done():
+		case <-gone:
 			t.Stop()
 			s.noteCanceled()
 			return
@@ -280,19 +366,60 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if reply.Wait != nil {
 		select {
 		case <-reply.Wait:
-		case <-r.Context().Done():
+		case <-gone:
 			s.noteCanceled()
 			return
 		}
 	}
 	if reply.Status == 0 && reply.Fault == NoFault {
-		if remembered != nil {
+		switch {
+		case remembered != nil:
 			reply = *remembered
-		} else {
+		case lateDedup:
+			reply = s.completeLate(idemKey, req)
+		default:
 			reply = s.simulate(req)
 		}
 	}
+	if r.Context().Err() != nil {
+		s.noteCanceled()
+		return
+	}
 	s.send(w, r, reply)
+}
+
+// completed is the late-deduplicating provider's check at arrival: the
+// reply of a completed request with key, if any.
+func (s *Server) completed(key string, r Request) *Reply {
+	if key == "" {
+		return nil
+	}
+	if refusal, refused := s.check(r); refused {
+		return &refusal
+	}
+	s.mu.Lock()
+	p, ok := s.payments[key]
+	s.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	if !bytes.Equal(p.body, r.Body) {
+		reply := errorReply(http.StatusUnprocessableEntity, "idempotency key reused with a different request")
+		return &reply
+	}
+	return &p.reply
+}
+
+// completeLate makes the payment of a request that arrived when no
+// completed request had used its key, and remembers the first one made.
+func (s *Server) completeLate(key string, r Request) Reply {
+	reply := s.create(r)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.payments[key]; !ok && key != "" {
+		s.payments[key] = payment{body: r.Body, reply: reply}
+	}
+	return reply
 }
 
 // idempotencyKey returns the body's idempotencyKey, or "".
@@ -304,11 +431,31 @@ func idempotencyKey(body []byte) string {
 	return v.IdempotencyKey
 }
 
-func (s *Server) enter(key string) {
+func (s *Server) enter(key string, body []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inFlight[key]++
 	s.maxInFlight[key] = max(s.maxInFlight[key], s.inFlight[key])
+	ks := s.stats(key)
+	ks.Requests++
+	ks.MaxInFlight = s.maxInFlight[key]
+	if s.bodies[key] == nil {
+		s.bodies[key] = make(map[string]bool)
+	}
+	if !s.bodies[key][string(body)] {
+		s.bodies[key][string(body)] = true
+		ks.Bodies++
+	}
+}
+
+// stats returns key's KeyStats, with s.mu held.
+func (s *Server) stats(key string) *KeyStats {
+	ks, ok := s.perKey[key]
+	if !ok {
+		ks = &KeyStats{}
+		s.perKey[key] = ks
+	}
+	return ks
 }
 
 func (s *Server) leave(key string) {
@@ -458,6 +605,7 @@ func (s *Server) create(r Request) Reply {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.created++
+	s.stats(idempotencyKey(r.Body)).Charges++
 	body := fmt.Appendf(nil, `{"id":"pay_sim_%d","simulated":true,"note":"paymentsd simulator: no payment was made","request":%s}`, s.created, echo.Bytes())
 	return Reply{Status: http.StatusOK, Body: body}
 }
