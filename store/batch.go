@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"sync"
+	"time"
 )
 
 // Group commit. In SQLite every write goes through one connection and every
@@ -35,9 +36,10 @@ type batchOp struct {
 	// ctx's error and writes nothing. Once it has run, it is committed or
 	// fails with the batch, whatever ctx does.
 	ctx context.Context
-	// fn runs the operation in the batch's transaction. It must write
-	// nothing when it returns an error that clean accepts.
-	fn func(context.Context, *sql.Tx) error
+	// fn runs the operation in the batch's transaction, given the store's
+	// clock as the transaction began. It must write nothing when it
+	// returns an error that clean accepts.
+	fn func(context.Context, *sql.Tx, time.Time) error
 	// done gets the operation's result, after the batch has committed or
 	// failed.
 	done func(error)
@@ -85,7 +87,7 @@ func (b *batcher) submit(op *batchOp) {
 
 // run submits fn and waits for its result. It waits even if ctx ends: an
 // operation that has run must learn whether it committed.
-func (b *batcher) run(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
+func (b *batcher) run(ctx context.Context, fn func(context.Context, *sql.Tx, time.Time) error) error {
 	errc := make(chan error, 1)
 	b.submit(&batchOp{ctx: ctx, fn: fn, done: func(err error) { errc <- err }})
 	return <-errc
@@ -135,12 +137,16 @@ func (s *Store) runBatch(ops []*batchOp) {
 	ctx := context.Background()
 	errs := make([]error, len(ops))
 	err := s.transact(ctx, func(tx *sql.Tx) error {
+		now, err := s.txNow(ctx, tx)
+		if err != nil {
+			return err
+		}
 		for i, op := range ops {
 			if op.ctx != nil && op.ctx.Err() != nil {
 				errs[i] = op.ctx.Err()
 				continue
 			}
-			if err := op.fn(ctx, tx); err != nil {
+			if err := op.fn(ctx, tx, now); err != nil {
 				if !clean(err) {
 					return errBatchFailed
 				}
@@ -155,7 +161,13 @@ func (s *Store) runBatch(ops []*batchOp) {
 				op.done(op.ctx.Err())
 				continue
 			}
-			op.done(s.transact(ctx, func(tx *sql.Tx) error { return op.fn(ctx, tx) }))
+			op.done(s.transact(ctx, func(tx *sql.Tx) error {
+				now, err := s.txNow(ctx, tx)
+				if err != nil {
+					return err
+				}
+				return op.fn(ctx, tx, now)
+			}))
 		}
 		return
 	}

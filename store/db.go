@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -165,12 +166,19 @@ func openSQLite(path string, opts Options) (w, r *sql.DB, err error) {
 	return w, r, nil
 }
 
+// statementTimeout bounds every PostgreSQL statement but migrations'.
+const statementTimeout = 30 * time.Second
+
 // openPostgres opens a database/sql pool over pgx.
 func openPostgres(rawURL string, opts Options) (*sql.DB, error) {
 	cfg, err := pgx.ParseConfig(rawURL)
 	if err != nil {
 		return nil, err
 	}
+	// Every statement ends within statementTimeout, lock waits included:
+	// retention's two-step delete relies on it (see tombstoneGrace), and a
+	// payment must not hang on a stuck lock.
+	cfg.RuntimeParams["statement_timeout"] = strconv.Itoa(int(statementTimeout / time.Millisecond))
 	db := stdlib.OpenDB(*cfg)
 	db.SetMaxOpenConns(opts.postgresConns())
 	db.SetMaxIdleConns(opts.postgresConns())

@@ -70,6 +70,11 @@ func (s *Store) migrate(ctx context.Context, env string) error {
 	}
 	return s.transact(ctx, func(tx *sql.Tx) error {
 		if s.d.name == "postgres" {
+			// A migration may rewrite a large table: it is bounded by ctx,
+			// not by the statement timeout of everyday queries.
+			if _, err := tx.ExecContext(ctx, `SET LOCAL statement_timeout = 0`); err != nil {
+				return fmt.Errorf("lift the statement timeout: %w", err)
+			}
 			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, migrationLockID); err != nil {
 				return fmt.Errorf("take the migration lock: %w", err)
 			}

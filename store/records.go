@@ -87,9 +87,32 @@ type Record struct {
 	LeaseExpiresAt time.Time
 	// GaveUp is set once when an unknown record passes SettleBy.
 	GaveUp bool
+	// QuietUntil is until when the key's last request may still be at the
+	// provider (it ended without the provider's answer, or its sender died
+	// mid-call): nothing may be sent with the key before then. Zero when
+	// no request is presumed there.
+	QuietUntil time.Time
+	// AttemptStartedAt is when the last attempt for the key was claimed.
+	AttemptStartedAt time.Time
+	// PriorState is the state the last acquisition took the record over
+	// from: 0 for a new record, or NotCreated (both start the key afresh),
+	// OutcomeUnknown or InProgress (an earlier attempt may have created the
+	// payment).
+	PriorState State
+	// TombstonedAt, if set, is when retention wrote the record's
+	// tombstone: the key has expired, and the record is about to be
+	// deleted. Get no longer returns it, and Begin answers Expired.
+	TombstonedAt time.Time
+
+	// ReadAt is the store's clock when the record was read or written: the
+	// time its other times are to be compared with (for PostgreSQL the
+	// database server's clock, not this process's).
+	ReadAt time.Time
 }
 
-// Claim asks Begin for the right to send a request for a key.
+// Claim asks Begin for the right to send a request for a key. Its times
+// are durations: the store reads the clock (for PostgreSQL, the database
+// server's) so that replicas whose clocks disagree never both hold a key.
 type Claim struct {
 	Key        string
 	Body       []byte
@@ -101,11 +124,16 @@ type Claim struct {
 	Caller     string
 	// Owner identifies the claimant (process and call) for the lease.
 	Owner string
-	// Now is the current time; LeaseUntil ends the lease if acquired;
-	// SettleBy ends the settlement window if the claim starts one.
-	Now        time.Time
-	LeaseUntil time.Time
-	SettleBy   time.Time
+	// LeaseTTL is how long the lease lasts if acquired: the claimant must
+	// be done with the provider before it ends.
+	LeaseTTL time.Duration
+	// Window is the settlement window the claim starts, if it starts the
+	// key afresh.
+	Window time.Duration
+	// Quiet is the provider quiet period: until the claimant has recorded
+	// its outcome, its request is presumed at the provider for LeaseTTL
+	// plus Quiet (the longest it may be sent, and then be worked on).
+	Quiet time.Duration
 }
 
 // Outcome is Begin's verdict on a Claim.
@@ -127,6 +155,13 @@ const (
 	// left OutcomeUnknown (an expired InProgress record becomes
 	// OutcomeUnknown).
 	PastWindow
+	// Quiet: the record's outcome is unknown and its last request may
+	// still be at the provider (Record.QuietUntil has not passed), so
+	// nothing may be sent for the key yet; nothing changed.
+	Quiet
+	// Expired: the key's record was deleted by retention; its tombstone
+	// (Began.Tombstone) remains, and nothing may be sent for the key again.
+	Expired
 )
 
 // Began is the result of Begin.
@@ -140,9 +175,12 @@ type Began struct {
 	// NotCreated must never record it NotCreated: an earlier attempt may
 	// have created the payment.
 	Prior State
+	// Tombstone is the key's tombstone when Outcome is Expired.
+	Tombstone Tombstone
 }
 
-// Finish records the outcome of the claimant's request.
+// Finish records the outcome of the claimant's request. Like Claim, it
+// carries durations, measured from the store's clock when it is written.
 type Finish struct {
 	Key   string
 	Owner string
@@ -153,9 +191,14 @@ type Finish struct {
 	Reply          []byte
 	LastError      string
 	Code           int32
-	Now            time.Time
-	// NextSettleAt, for OutcomeUnknown, is when settlement may re-send.
-	NextSettleAt time.Time
+	// SettleAfter, for OutcomeUnknown, is how long settlement waits
+	// before it may re-send.
+	SettleAfter time.Duration
+	// QuietFor, if positive, is how much longer the request may still be
+	// at the provider (it ended without the provider's answer): nothing
+	// is sent with the key until then. Zero or less: the provider is done
+	// with it.
+	QuietFor time.Duration
 	// Settlement marks a finish by the settlement worker: SettleAttempts
 	// is incremented.
 	Settlement bool
@@ -163,21 +206,29 @@ type Finish struct {
 
 // writerQueries are the queries every payment runs on the writer.
 func (s *Store) writerQueries() []string {
-	return []string{s.insertQuery(), s.lockedSelectQuery(), s.finishQuery()}
+	qs := []string{s.insertQuery(), s.lockedSelectQuery(), s.finishQuery()}
+	if s.clock == nil {
+		qs = append(qs, nowQuery)
+	}
+	return qs
 }
 
 func (s *Store) insertQuery() string {
 	d := s.d
 	cols, vals := "", ""
 	if d.keyCol != "key" {
-		cols, vals = ", "+d.keyCol, ", $15"
+		// key_hash is the key's SHA-256, as the tombstone's is.
+		cols, vals = ", "+d.keyCol, ", $16"
 	}
-	// A new record comes back from RETURNING; a conflict returns no row.
+	// A new record comes back from RETURNING; a conflict, or a tombstone
+	// for the key, returns no row.
 	return d.q(`
 		INSERT INTO records (key, body, body_sha256, currency, amount, state,
 			request_id, trace_id, caller, created_at, updated_at, settle_by,
-			next_settle_at, lease_owner, lease_expires_at` + cols + `)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14` + vals + `)
+			next_settle_at, lease_owner, lease_expires_at, quiet_until,
+			attempt_started_at` + cols + `)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15, $10` + vals + `
+		WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE key_sha256 = $16)
 		ON CONFLICT (` + d.keyCol + `) DO NOTHING
 		RETURNING ` + recordColumns)
 }
@@ -191,7 +242,8 @@ func (s *Store) finishQuery() string {
 	return d.q(`
 		UPDATE records SET state = $3, attempts = attempts + $4, provider_status = $5,
 			reply = $6, last_error = $7, code = $8, updated_at = $9, next_settle_at = $10,
-			settle_attempts = settle_attempts + $11, lease_owner = '', lease_expires_at = $12
+			settle_attempts = settle_attempts + $11, lease_owner = '', lease_expires_at = $12,
+			quiet_until = $14
 		WHERE ` + d.keyCol + ` = $1 AND lease_owner = $2 AND state = $13
 		RETURNING ` + recordColumns)
 }
@@ -200,22 +252,26 @@ func (s *Store) finishQuery() string {
 const recordColumns = `key, body, body_sha256, currency, amount, state, attempts,
 	provider_status, reply, last_error, code, request_id, trace_id, caller,
 	created_at, updated_at, settle_by, next_settle_at, settle_attempts,
-	lease_owner, lease_expires_at, gave_up`
+	lease_owner, lease_expires_at, gave_up, quiet_until, attempt_started_at,
+	prior_state, tombstoned_at`
 
 type scanner interface{ Scan(dest ...any) error }
 
-func scanRecord(row scanner) (Record, error) {
+func scanRecord(row scanner, extra ...any) (Record, error) {
 	var r Record
-	var state int
-	err := row.Scan(&r.Key, &r.Body, shaCol{&r.BodySHA256}, &r.Currency, &r.Amount, &state, &r.Attempts,
+	var state, prior int
+	dest := []any{&r.Key, &r.Body, shaCol{&r.BodySHA256}, &r.Currency, &r.Amount, &state, &r.Attempts,
 		&r.ProviderStatus, &r.Reply, &r.LastError, &r.Code, &r.RequestID, &r.TraceID, &r.Caller,
 		timeCol{&r.CreatedAt}, timeCol{&r.UpdatedAt}, timeCol{&r.SettleBy}, timeCol{&r.NextSettleAt}, &r.SettleAttempts,
-		&r.LeaseOwner, timeCol{&r.LeaseExpiresAt}, &r.GaveUp)
-	r.State = State(state)
+		&r.LeaseOwner, timeCol{&r.LeaseExpiresAt}, &r.GaveUp, timeCol{&r.QuietUntil}, timeCol{&r.AttemptStartedAt},
+		&prior, timeCol{&r.TombstonedAt}}
+	err := row.Scan(append(dest, extra...)...)
+	r.State, r.PriorState = State(state), State(prior)
 	return r, err
 }
 
-func scanRecords(rows *sql.Rows) ([]Record, error) {
+// scanRecords reads rows of recordColumns, each read at now.
+func scanRecords(rows *sql.Rows, now time.Time) ([]Record, error) {
 	defer rows.Close()
 	var out []Record
 	for rows.Next() {
@@ -223,20 +279,31 @@ func scanRecords(rows *sql.Rows) ([]Record, error) {
 		if err != nil {
 			return nil, err
 		}
+		r.ReadAt = now
 		out = append(out, r)
 	}
 	return out, rows.Err()
 }
 
-// Begin decides, in one transaction, what a call with c.Key may do:
-//   - no record: insert it InProgress with c's lease and window → Acquired;
+// Begin decides, in one transaction, what a call with c.Key may do, by the
+// store's clock:
+//   - no record and no tombstone: insert it InProgress with c's lease and
+//     window → Acquired;
+//   - no record but a tombstone, or a record retention has tombstoned and
+//     is about to delete → Expired;
 //   - a record with another BodySHA256 → Reused;
 //   - Succeeded → Replay;
 //   - InProgress with an unexpired lease → Busy;
-//   - OutcomeUnknown, or InProgress with an expired lease, before SettleBy →
-//     Acquired (keeping SettleBy), Prior set;
-//   - the same past SettleBy → PastWindow;
-//   - NotCreated → Acquired with a new window (c.SettleBy), Prior set.
+//   - OutcomeUnknown, or InProgress with an expired lease, past SettleBy →
+//     PastWindow;
+//   - the same before SettleBy, while QuietUntil has not passed → Quiet;
+//   - the same once it has → Acquired (keeping SettleBy), Prior set;
+//   - NotCreated → Acquired with a new window, Prior set.
+//
+// An acquisition also presumes the claimant's request at the provider
+// until the lease ends plus c.Quiet (QuietUntil), until Finish says
+// otherwise, so that a claimant that dies mid-call leaves the key quiet
+// for as long as its request may still be worked on.
 //
 // It returns ErrKeyNotStorable for a key the backend can't hold exactly.
 func (s *Store) Begin(ctx context.Context, c Claim) (Began, error) {
@@ -244,9 +311,9 @@ func (s *Store) Begin(ctx context.Context, c Claim) (Began, error) {
 		return Began{}, fmt.Errorf("begin %.64q: %w", c.Key, ErrKeyNotStorable)
 	}
 	var b Began
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx, now time.Time) error {
 		var err error
-		b, err = s.begin(ctx, tx, c)
+		b, err = s.begin(ctx, tx, c, now)
 		return err
 	})
 	if err != nil {
@@ -255,28 +322,24 @@ func (s *Store) Begin(ctx context.Context, c Claim) (Began, error) {
 	return b, nil
 }
 
-// write runs fn in a write transaction: the batcher's next one (SQLite),
-// or one of its own.
-func (s *Store) write(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
-	if s.batch != nil {
-		return s.batch.run(ctx, fn)
-	}
-	return s.transact(ctx, func(tx *sql.Tx) error { return fn(ctx, tx) })
+// write runs fn in a write transaction, the batcher's next one, with the
+// store's clock as it began.
+func (s *Store) write(ctx context.Context, fn func(context.Context, *sql.Tx, time.Time) error) error {
+	return s.batch.run(ctx, fn)
 }
 
-func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim) (Began, error) {
+func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim, now time.Time) (Began, error) {
 	d := s.d
+	keySum := keySHA256(c.Key)
 	// The INSERT waits for a concurrent transaction inserting the same key
 	// (PostgreSQL) and does nothing once it has committed; the SELECT then
-	// locks the committed row. A row deleted in between (DeleteBefore) sends
-	// us round again.
+	// locks the committed row. A row deleted in between (retention) sends
+	// us round again, to find its tombstone.
 	for range 3 {
 		args := []any{c.Key, c.Body, c.BodySHA256[:], c.Currency, c.Amount, int(StateInProgress),
-			c.RequestID, c.TraceID, c.Caller, d.t(c.Now), d.t(c.SettleBy),
-			d.t(time.Time{}), c.Owner, d.t(c.LeaseUntil)}
-		if d.keyCol != "key" {
-			args = append(args, d.k(c.Key))
-		}
+			c.RequestID, c.TraceID, c.Caller, d.t(now), d.t(now.Add(c.Window)),
+			d.t(time.Time{}), c.Owner, d.t(now.Add(c.LeaseTTL)), d.t(now.Add(c.LeaseTTL + c.Quiet)),
+			keySum[:]}
 		ins, err := s.txStmt(ctx, tx, s.insertQuery())
 		if err != nil {
 			return Began{}, err
@@ -285,7 +348,7 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim) (Began, error) {
 		if err != nil {
 			return Began{}, err
 		}
-		inserted, err := scanRecords(rows)
+		inserted, err := scanRecords(rows, now)
 		if err != nil {
 			return Began{}, err
 		}
@@ -294,43 +357,63 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim) (Began, error) {
 		}
 		r, err := s.getRecordTx(ctx, tx, c.Key)
 		if errors.Is(err, ErrNotFound) {
+			ts, err := s.tombstoneTx(ctx, tx, keySum)
+			if err == nil {
+				return Began{Outcome: Expired, Tombstone: ts}, nil
+			}
+			if !errors.Is(err, ErrNotFound) {
+				return Began{}, err
+			}
 			continue
 		}
 		if err != nil {
 			return Began{}, err
 		}
-		return s.decide(ctx, tx, c, r)
+		r.ReadAt = now
+		return s.decide(ctx, tx, c, r, now)
 	}
 	return Began{}, errors.New("record deleted and recreated repeatedly while beginning; retry")
 }
 
 // decide applies Begin's rules to the existing, locked record r.
-func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record) (Began, error) {
+func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record, now time.Time) (Began, error) {
 	d := s.d
+	if !r.TombstonedAt.IsZero() {
+		ts, err := s.tombstoneTx(ctx, tx, keySHA256(c.Key))
+		if err != nil {
+			return Began{}, fmt.Errorf("tombstone of a tombstoned record: %w", err)
+		}
+		return Began{Outcome: Expired, Tombstone: ts}, nil
+	}
 	if r.BodySHA256 != c.BodySHA256 {
 		return Began{Outcome: Reused, Record: r}, nil
 	}
-	expired := !c.Now.Before(r.LeaseExpiresAt)
+	expired := !now.Before(r.LeaseExpiresAt)
+	acquire := `state = $2, lease_owner = $3, lease_expires_at = $4, updated_at = $5, quiet_until = $6,
+		attempt_started_at = $5, prior_state = $7`
+	acquireArgs := []any{int(StateInProgress), c.Owner, d.t(now.Add(c.LeaseTTL)), d.t(now), d.t(now.Add(c.LeaseTTL + c.Quiet)), int(r.State)}
 	switch {
 	case r.State == StateSucceeded:
 		return Began{Outcome: Replay, Record: r}, nil
 	case r.State == StateInProgress && !expired:
 		return Began{Outcome: Busy, Record: r}, nil
 	case r.State == StateNotCreated:
-		nr, err := updateRecord(ctx, tx, d, `state = $2, lease_owner = $3, lease_expires_at = $4, updated_at = $5, settle_by = $6, gave_up = $7`,
-			c.Key, int(StateInProgress), c.Owner, d.t(c.LeaseUntil), d.t(c.Now), d.t(c.SettleBy), false)
+		nr, err := updateRecord(ctx, tx, d, now, acquire+`, settle_by = $8, gave_up = $9`,
+			c.Key, append(acquireArgs, d.t(now.Add(c.Window)), false)...)
 		return Began{Outcome: Acquired, Record: nr, Prior: r.State}, err
 	case r.State == StateOutcomeUnknown || r.State == StateInProgress:
-		if !c.Now.Before(r.SettleBy) {
+		if !now.Before(r.SettleBy) {
 			if r.State == StateOutcomeUnknown {
 				return Began{Outcome: PastWindow, Record: r}, nil
 			}
-			nr, err := updateRecord(ctx, tx, d, `state = $2, lease_owner = '', lease_expires_at = $3, updated_at = $4`,
-				c.Key, int(StateOutcomeUnknown), d.t(time.Time{}), d.t(c.Now))
+			nr, err := updateRecord(ctx, tx, d, now, `state = $2, lease_owner = '', lease_expires_at = $3, updated_at = $4`,
+				c.Key, int(StateOutcomeUnknown), d.t(time.Time{}), d.t(now))
 			return Began{Outcome: PastWindow, Record: nr}, err
 		}
-		nr, err := updateRecord(ctx, tx, d, `state = $2, lease_owner = $3, lease_expires_at = $4, updated_at = $5`,
-			c.Key, int(StateInProgress), c.Owner, d.t(c.LeaseUntil), d.t(c.Now))
+		if now.Before(r.QuietUntil) {
+			return Began{Outcome: Quiet, Record: r}, nil
+		}
+		nr, err := updateRecord(ctx, tx, d, now, acquire, c.Key, acquireArgs...)
 		return Began{Outcome: Acquired, Record: nr, Prior: r.State}, err
 	}
 	return Began{}, fmt.Errorf("record in unknown state %d", r.State)
@@ -350,10 +433,12 @@ func (s *Store) getRecordTx(ctx context.Context, tx *sql.Tx, key string) (Record
 }
 
 // updateRecord sets columns ($2 onwards are args) on key's record and
-// returns it.
-func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, set string, key string, args ...any) (Record, error) {
+// returns it, read at now.
+func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, now time.Time, set string, key string, args ...any) (Record, error) {
 	args = append([]any{d.k(key)}, args...)
-	return scanRecord(tx.QueryRowContext(ctx, d.q(`UPDATE records SET `+set+` WHERE `+d.keyCol+` = $1 RETURNING `+recordColumns), args...))
+	r, err := scanRecord(tx.QueryRowContext(ctx, d.q(`UPDATE records SET `+set+` WHERE `+d.keyCol+` = $1 RETURNING `+recordColumns), args...))
+	r.ReadAt = now
+	return r, err
 }
 
 // Finish records f's outcome if f.Owner still holds the lease, clearing it,
@@ -365,9 +450,9 @@ func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 		return Record{}, err
 	}
 	var r Record
-	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx, now time.Time) error {
 		var err error
-		r, err = fin(ctx, tx)
+		r, err = fin(ctx, tx, now)
 		return err
 	})
 	if err != nil {
@@ -377,7 +462,7 @@ func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 }
 
 // finishOp checks f and returns the statement that records it.
-func (s *Store) finishOp(f Finish) (func(context.Context, *sql.Tx) (Record, error), error) {
+func (s *Store) finishOp(f Finish) (func(context.Context, *sql.Tx, time.Time) (Record, error), error) {
 	if !s.d.storable(f.Key) {
 		return nil, fmt.Errorf("finish %.64q: %w", f.Key, ErrLeaseLost)
 	}
@@ -391,19 +476,26 @@ func (s *Store) finishOp(f Finish) (func(context.Context, *sql.Tx) (Record, erro
 	if f.Settlement {
 		settle = 1
 	}
-	return func(ctx context.Context, tx *sql.Tx) (Record, error) {
+	return func(ctx context.Context, tx *sql.Tx, now time.Time) (Record, error) {
 		st, err := s.txStmt(ctx, tx, s.finishQuery())
 		if err != nil {
 			return Record{}, err
 		}
+		var next, quiet time.Time
+		if f.State == StateOutcomeUnknown {
+			next = now.Add(max(f.SettleAfter, 0))
+		}
+		if f.QuietFor > 0 {
+			quiet = now.Add(f.QuietFor)
+		}
 		rows, err := st.QueryContext(ctx,
 			d.k(f.Key), f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
-			f.Reply, f.LastError, f.Code, d.t(f.Now), d.t(f.NextSettleAt),
-			settle, d.t(time.Time{}), int(StateInProgress))
+			f.Reply, f.LastError, f.Code, d.t(now), d.t(next),
+			settle, d.t(time.Time{}), int(StateInProgress), d.t(quiet))
 		if err != nil {
 			return Record{}, err
 		}
-		rs, err := scanRecords(rows)
+		rs, err := scanRecords(rows, now)
 		if err != nil {
 			return Record{}, err
 		}
@@ -417,21 +509,13 @@ func (s *Store) finishOp(f Finish) (func(context.Context, *sql.Tx) (Record, erro
 // FinishLater is Finish without waiting for the commit: done gets Finish's
 // result once the outcome is durable or has failed, on another goroutine.
 // Close waits for every FinishLater to be done. done must not write to the
-// store: with SQLite it runs on the goroutine that commits. Use it only for an outcome
+// store: it runs on the goroutine that commits. Use it only for an outcome
 // whose loss in a crash is harmless: the record stays InProgress, and once
-// its lease expires settlement re-sends it, which gives the same answer.
+// its lease and quiet period end settlement re-sends it, which gives the
+// same answer.
 func (s *Store) FinishLater(f Finish, done func(Record, error)) {
 	s.later.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), finishLaterTimeout)
-	if s.batch == nil {
-		go func() {
-			defer s.later.Done()
-			defer cancel()
-			r, err := s.Finish(ctx, f)
-			done(r, err)
-		}()
-		return
-	}
 	// Queued directly, so that no goroutine waits on it.
 	fin, wrapErr := s.finishOp(f)
 	if wrapErr != nil {
@@ -441,9 +525,9 @@ func (s *Store) FinishLater(f Finish, done func(Record, error)) {
 		return
 	}
 	var r Record
-	s.batch.submit(&batchOp{ctx: ctx, fn: func(ctx context.Context, tx *sql.Tx) error {
+	s.batch.submit(&batchOp{ctx: ctx, fn: func(ctx context.Context, tx *sql.Tx, now time.Time) error {
 		var err error
-		r, err = fin(ctx, tx)
+		r, err = fin(ctx, tx, now)
 		return err
 	}, done: func(err error) {
 		defer s.later.Done()
@@ -459,20 +543,26 @@ func (s *Store) FinishLater(f Finish, done func(Record, error)) {
 // finishLaterTimeout bounds a FinishLater.
 const finishLaterTimeout = 30 * time.Second
 
-// Get returns the record for key, or ErrNotFound.
+// Get returns the record for key, or ErrNotFound (see Tombstone for a key
+// whose record retention deleted, or has tombstoned and is about to).
+// Record.ReadAt is the store's clock at the read.
 func (s *Store) Get(ctx context.Context, key string) (Record, error) {
 	if !s.d.storable(key) {
 		return Record{}, fmt.Errorf("get %.64q: %w", key, ErrNotFound)
 	}
 	r, err := func() (Record, error) {
-		st, err := s.prepared(ctx, s.r, s.d.q(`SELECT `+recordColumns+` FROM records WHERE `+s.d.keyCol+` = $1`))
+		st, err := s.prepared(ctx, s.r, s.d.q(`SELECT `+recordColumns+`, `+s.readClock()+` FROM records WHERE `+s.d.keyCol+` = $1 AND tombstoned_at IS NULL`))
 		if err != nil {
 			return Record{}, err
 		}
-		r, err := scanRecord(st.QueryRowContext(ctx, s.d.k(key)))
+		var at timeCol
+		var readAt time.Time
+		at.t = &readAt
+		r, err := scanRecord(st.QueryRowContext(ctx, s.d.k(key)), at)
 		if errors.Is(err, sql.ErrNoRows) {
 			return Record{}, ErrNotFound
 		}
+		r.ReadAt = s.readTime(readAt)
 		return r, err
 	}()
 	if err != nil {
@@ -481,32 +571,41 @@ func (s *Store) Get(ctx context.Context, key string) (Record, error) {
 	return r, nil
 }
 
-// ClaimDue takes the lease (owner, until leaseUntil) on up to limit records
-// due for settlement at now, marking them InProgress, and returns them:
-// OutcomeUnknown records with NextSettleAt <= now, and InProgress records
-// whose lease expired, both only while now < SettleBy. Replicas never claim
-// the same record at once.
-func (s *Store) ClaimDue(ctx context.Context, owner string, now, leaseUntil time.Time, limit int) ([]Record, error) {
+// ClaimDue takes the lease (owner, for leaseTTL) on up to limit records
+// due for settlement, by the store's clock, marking them InProgress, and
+// returns them: OutcomeUnknown records with NextSettleAt passed, and
+// InProgress records whose lease expired, both only while SettleBy has not
+// passed and once QuietUntil has (no earlier request may still be at the
+// provider). Each claimed record's request is presumed at the provider
+// until its lease ends plus quiet, until Finish says otherwise. Replicas
+// never claim the same record at once.
+func (s *Store) ClaimDue(ctx context.Context, owner string, leaseTTL, quiet time.Duration, limit int) ([]Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	d := s.d
 	var out []Record
 	err := s.transact(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, d.q(`
-			UPDATE records SET state = $1, lease_owner = $2, lease_expires_at = $3, updated_at = $4
-			WHERE `+d.keyCol+` IN (
-				SELECT `+d.keyCol+` FROM records
-				WHERE ((state = $5 AND next_settle_at <= $4) OR (state = $1 AND lease_expires_at <= $4))
-					AND settle_by > $4
-				ORDER BY next_settle_at, key
-				LIMIT $6 `+d.skipLocked+`)
-			RETURNING `+recordColumns),
-			int(StateInProgress), owner, d.t(leaseUntil), d.t(now), int(StateOutcomeUnknown), limit)
+		now, err := s.txNow(ctx, tx)
 		if err != nil {
 			return err
 		}
-		out, err = scanRecords(rows)
+		rows, err := tx.QueryContext(ctx, d.q(`
+			UPDATE records SET state = $1, lease_owner = $2, lease_expires_at = $3, updated_at = $4,
+				quiet_until = $7, attempt_started_at = $4, prior_state = state
+			WHERE `+d.keyCol+` IN (
+				SELECT `+d.keyCol+` FROM records
+				WHERE ((state = $5 AND next_settle_at <= $4) OR (state = $1 AND lease_expires_at <= $4))
+					AND settle_by > $4 AND quiet_until <= $4 AND tombstoned_at IS NULL
+				ORDER BY next_settle_at, key
+				LIMIT $6 `+d.skipLocked+`)
+			RETURNING `+recordColumns),
+			int(StateInProgress), owner, d.t(now.Add(leaseTTL)), d.t(now), int(StateOutcomeUnknown), limit,
+			d.t(now.Add(leaseTTL+quiet)))
+		if err != nil {
+			return err
+		}
+		out, err = scanRecords(rows, now)
 		return err
 	})
 	if err != nil {
@@ -515,17 +614,22 @@ func (s *Store) ClaimDue(ctx context.Context, owner string, now, leaseUntil time
 	return out, nil
 }
 
-// GiveUp marks up to limit records whose settlement window closed at or
-// before now, unsettled and not yet marked: OutcomeUnknown records, and
-// InProgress records with an expired lease (which become OutcomeUnknown).
-// It returns the records it marked, each once ever, for logging.
-func (s *Store) GiveUp(ctx context.Context, now time.Time, limit int) ([]Record, error) {
+// GiveUp marks up to limit records whose settlement window has closed, by
+// the store's clock, unsettled and not yet marked: OutcomeUnknown records,
+// and InProgress records with an expired lease (which become
+// OutcomeUnknown). It returns the records it marked, each once ever, for
+// logging.
+func (s *Store) GiveUp(ctx context.Context, limit int) ([]Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	d := s.d
 	var out []Record
 	err := s.transact(ctx, func(tx *sql.Tx) error {
+		now, err := s.txNow(ctx, tx)
+		if err != nil {
+			return err
+		}
 		rows, err := tx.QueryContext(ctx, d.q(`
 			UPDATE records SET state = $1, gave_up = $2, updated_at = $3,
 				lease_owner = CASE WHEN state = $4 THEN '' ELSE lease_owner END,
@@ -533,7 +637,7 @@ func (s *Store) GiveUp(ctx context.Context, now time.Time, limit int) ([]Record,
 			WHERE `+d.keyCol+` IN (
 				SELECT `+d.keyCol+` FROM records
 				WHERE (state = $1 OR (state = $4 AND lease_expires_at <= $3))
-					AND settle_by <= $3 AND gave_up = $6
+					AND settle_by <= $3 AND gave_up = $6 AND tombstoned_at IS NULL
 				ORDER BY settle_by, key
 				LIMIT $7 `+d.skipLocked+`)
 			RETURNING `+recordColumns),
@@ -541,7 +645,7 @@ func (s *Store) GiveUp(ctx context.Context, now time.Time, limit int) ([]Record,
 		if err != nil {
 			return err
 		}
-		out, err = scanRecords(rows)
+		out, err = scanRecords(rows, now)
 		return err
 	})
 	if err != nil {

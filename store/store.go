@@ -67,6 +67,11 @@ type Options struct {
 	// duplicate only of one received within it, never of one about to be
 	// deleted.
 	Retention time.Duration
+	// Now is the clock the store decides by. Leave it nil: SQLite then
+	// uses time.Now, and PostgreSQL its server's clock (see ClockOffset),
+	// so that replicas whose clocks disagree never both hold a key. Tests
+	// set it to move time.
+	Now func() time.Time
 }
 
 func (o Options) busyTimeout() time.Duration {
@@ -101,6 +106,8 @@ type Store struct {
 	secrets []string
 	// retention is Options.Retention.
 	retention time.Duration
+	// clock is the store's clock, or nil for the database server's.
+	clock func() time.Time
 	// batch group-commits Begins and Finishes.
 	batch *batcher
 	// later counts FinishLater calls not yet done, for Close.
@@ -167,7 +174,7 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 	if env == "" {
 		return nil, errors.New("empty provider environment")
 	}
-	s := &Store{secrets: sec, retention: opts.Retention}
+	s := &Store{secrets: sec, retention: opts.Retention, clock: opts.Now}
 	switch {
 	case strings.HasPrefix(url, "sqlite:"):
 		w, r, err := openSQLite(strings.TrimPrefix(url, "sqlite:"), opts)
@@ -175,6 +182,9 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 			return nil, err
 		}
 		s.d, s.w, s.r = sqliteDialect, w, r
+		if s.clock == nil {
+			s.clock = time.Now
+		}
 		s.batch = newBatcher(s)
 	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
 		if ambiguousURL(url) {

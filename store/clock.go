@@ -1,0 +1,75 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"time"
+)
+
+// The store's clock. Every time the store decides by (leases, settlement
+// windows, quiet periods, retention) comes from one clock, read as each
+// write transaction begins: for SQLite, whose database lives on this host,
+// this process's (Options.Now, by default time.Now); for PostgreSQL, whose
+// replicas may run on hosts whose clocks disagree, the database server's
+// (now(), the transaction's start). So two replicas whose clocks are apart
+// still agree on whether a lease has expired, and never both hold a key.
+// Callers pass durations, never times, and compare a record's times only
+// with its ReadAt.
+
+// nowQuery reads the database server's clock: in a transaction, the time
+// it began.
+const nowQuery = `SELECT now()`
+
+// txNow is the store's clock for tx, truncated to the microsecond both
+// backends keep.
+func (s *Store) txNow(ctx context.Context, tx *sql.Tx) (time.Time, error) {
+	if s.clock != nil {
+		return s.clock().Truncate(time.Microsecond).UTC(), nil
+	}
+	st, err := s.txStmt(ctx, tx, nowQuery)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var t time.Time
+	if err := st.QueryRowContext(ctx).Scan(&t); err != nil {
+		return time.Time{}, err
+	}
+	return t.UTC(), nil
+}
+
+// readClock is the SQL expression a read adds to its columns for the
+// database server's clock, or NULL when the store keeps its own.
+func (s *Store) readClock() string {
+	if s.clock != nil {
+		return "NULL"
+	}
+	return "now()"
+}
+
+// readTime is the store's clock for a read whose readClock column held
+// server.
+func (s *Store) readTime(server time.Time) time.Time {
+	if s.clock != nil {
+		return s.clock().Truncate(time.Microsecond).UTC()
+	}
+	return server
+}
+
+// ClockOffset measures how far local, this process's clock, is ahead of
+// the store's (negative if behind). For PostgreSQL it asks the server for
+// its clock and takes the midpoint of the round trip, so the result is
+// good to about half of it; for a store that keeps its own clock it
+// compares the two directly.
+func (s *Store) ClockOffset(ctx context.Context, local func() time.Time) (time.Duration, error) {
+	if s.clock != nil {
+		return local().Sub(s.clock()), nil
+	}
+	before := local()
+	var server time.Time
+	if err := s.w.QueryRowContext(ctx, `SELECT clock_timestamp()`).Scan(&server); err != nil {
+		return 0, s.wrap(err)
+	}
+	after := local()
+	mid := before.Add(after.Sub(before) / 2)
+	return mid.Sub(server), nil
+}

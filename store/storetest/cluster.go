@@ -1,0 +1,121 @@
+package storetest
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"testing"
+)
+
+// Cluster is a PostgreSQL server of a test's own, which the test may stop
+// and start (as a failing database would), unlike the shared server of
+// PAYMENTS_TEST_POSTGRES_URL.
+type Cluster struct {
+	t    testing.TB
+	bin  string
+	dir  string
+	port int
+	asPG []string // the command prefix that runs as the postgres user
+	// URL is the cluster's postgres database, for the postgres superuser.
+	URL string
+}
+
+// StartCluster initdbs and starts a throwaway PostgreSQL cluster on a free
+// loopback port, trusting local connections; t.Cleanup stops it and
+// removes its files. It needs PostgreSQL's server binaries (as `bash
+// .ci/postgres` installs them): without them it skips the test, except
+// under CI=true, where it fails it. As root, the server runs as the
+// postgres user, as PostgreSQL requires.
+func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres")
+	if len(bins) == 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("PostgreSQL's server binaries are not installed and CI=true; run bash .ci/postgres first")
+		}
+		t.Skip("PostgreSQL's server binaries are not installed (/usr/lib/postgresql/*/bin); run bash .ci/postgres")
+	}
+	sort.Strings(bins)
+	c := &Cluster{t: t, bin: filepath.Dir(bins[len(bins)-1])}
+
+	dir, err := os.MkdirTemp("", "paymentsd-cluster-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.dir = dir
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatalf("running as root needs a postgres user to run the server as: %v", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+		c.asPG = []string{"runuser", "-u", "postgres", "--"}
+	}
+	c.run("initdb", "-D", c.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.port = l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+	c.Start()
+	t.Cleanup(func() { c.pgctl("stop", "-m", "immediate") })
+	return c
+}
+
+func (c *Cluster) data() string { return filepath.Join(c.dir, "data") }
+
+// Start starts the server, which must be stopped, and waits until it
+// accepts connections.
+func (c *Cluster) Start() {
+	c.t.Helper()
+	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=100", c.port, c.dir)
+	c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "postgres.log"), "-w", "-t", "60", "-o", opts, "start")
+}
+
+// Stop stops the server with pg_ctl's shutdown mode: "fast" (roll back
+// open transactions, close connections) or "immediate" (abort, as a crash
+// would; the next start recovers from the WAL).
+func (c *Cluster) Stop(mode string) {
+	c.t.Helper()
+	c.run("pg_ctl", "-D", c.data(), "-w", "-t", "60", "-m", mode, "stop")
+}
+
+func (c *Cluster) pgctl(args ...string) {
+	cmd := exec.Command(filepath.Join(c.bin, "pg_ctl"), append([]string{"-D", c.data()}, args...)...)
+	if len(c.asPG) > 0 {
+		cmd = exec.Command(c.asPG[0], append(append(c.asPG[1:], filepath.Join(c.bin, "pg_ctl"), "-D", c.data()), args...)...)
+	}
+	cmd.Run()
+}
+
+func (c *Cluster) run(name string, args ...string) {
+	c.t.Helper()
+	argv := append([]string{filepath.Join(c.bin, name)}, args...)
+	if len(c.asPG) > 0 {
+		argv = append(append([]string(nil), c.asPG...), argv...)
+	}
+	var out bytes.Buffer
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		log, _ := os.ReadFile(filepath.Join(c.dir, "postgres.log"))
+		c.t.Fatalf("%s: %v\n%s\n%s", name, err, out.String(), log)
+	}
+}
