@@ -136,7 +136,7 @@ func (a allowlist) check(ctx context.Context, fullMethod string) error {
 	if a.permits(id) {
 		return nil
 	}
-	st := status.New(codes.PermissionDenied, "this caller's client certificate names no identity that may call paymentsd; no payment was created: ask the payments team to add the caller's SPIFFE ID or DNS name to PAYMENTS_ALLOWED_CALLERS")
+	st := status.New(codes.PermissionDenied, "this caller's client certificate names no identity that may call paymentsd; this call sent nothing to the provider: ask the payments team to add the caller's SPIFFE ID or DNS name to PAYMENTS_ALLOWED_CALLERS")
 	info := &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain}
 	if c := id.caller(); c != "" {
 		info.Metadata = map[string]string{"caller": c}

@@ -1,18 +1,16 @@
 package service
 
 import (
-	"context"
 	"errors"
 	"testing"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
 
-// TestErrorStatusOtherFailure checks errorStatus's answer to a failure that
+// TestErrorStatusOtherFailure checks failureStatus's answer to a failure that
 // is not the upstream client's (which the client never returns today): it
 // says what happened to the money like every other, and an earlier attempt
 // that may have created the payment keeps the outcome unknown.
@@ -29,7 +27,7 @@ func TestErrorStatusOtherFailure(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := status.Convert(s.errorStatus(context.Background(), errors.New("not an upstream error"), tt.maybeBefore))
+			st := s.failureStatus(errors.New("not an upstream error"), tt.maybeBefore)
 			var reason, domain string
 			retry := false
 			for _, d := range st.Details() {
@@ -41,7 +39,7 @@ func TestErrorStatusOtherFailure(t *testing.T) {
 				}
 			}
 			if st.Code() != codes.Internal || reason != tt.wantReason || domain != ErrorDomain || retry != tt.wantRetry {
-				t.Errorf("errorStatus(maybeBefore=%v) = %v, reason %q, domain %q, RetryInfo %v; want %v, %s, %s, %v",
+				t.Errorf("failureStatus(maybeBefore=%v) = %v, reason %q, domain %q, RetryInfo %v; want %v, %s, %s, %v",
 					tt.maybeBefore, st.Code(), reason, domain, retry, codes.Internal, tt.wantReason, ErrorDomain, tt.wantRetry)
 			}
 		})

@@ -178,8 +178,9 @@ func recoverPanic(logger *slog.Logger) func(ctx context.Context, p any) error {
 
 // validateUnary is go-grpc-middleware's protovalidate interceptor, with one
 // addition: a CreateMultiCardPayment request it refuses carries ErrorInfo
-// PAYMENT_NOT_CREATED, as every refusal made before anything was sent
-// does.
+// REQUEST_NOT_SENT, as every refusal made before the key's record is read
+// does: this call sent nothing, and an earlier valid call with the key may
+// have paid.
 func validateUnary(v protovalidate.Validator) grpc.UnaryServerInterceptor {
 	validate := validatemw.UnaryServerInterceptor(v)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -192,7 +193,7 @@ func validateUnary(v protovalidate.Validator) grpc.UnaryServerInterceptor {
 			return handler(ctx, req)
 		})
 		if st, ok := status.FromError(err); err != nil && !valid && ok {
-			if withInfo, err2 := st.WithDetails(notCreatedInfo()); err2 == nil {
+			if withInfo, err2 := st.WithDetails(notSentInfo()); err2 == nil {
 				err = withInfo.Err()
 			}
 		}

@@ -97,7 +97,7 @@ func (l *limiter) acquire() bool {
 func (l *limiter) release() { l.n.Add(-1) }
 
 const (
-	overloaded       = "paymentsd has too many calls in progress; no payment was created: retry after a short delay with the same idempotency key"
+	overloaded       = "paymentsd has too many calls in progress; this call sent nothing: retry after a short delay with the same idempotency key"
 	overloadedLookup = "paymentsd has too many calls in progress: retry after a short delay"
 	tooManyWatches   = "paymentsd has too many WatchProviderEvents streams open; watch again later, or read with ListProviderEvents"
 )

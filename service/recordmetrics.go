@@ -20,6 +20,9 @@ type recordMetrics struct {
 	settlements *prometheus.CounterVec
 	storeTime   *prometheus.HistogramVec
 	storeErrors *prometheus.CounterVec
+	clockOffset prometheus.Gauge
+	quietWaits  prometheus.Counter
+	expired     prometheus.Counter
 }
 
 func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
@@ -61,8 +64,21 @@ func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
 			Name: "paymentsd_store_errors_total",
 			Help: "Record store operations that failed (not counting not-found and lost leases).",
 		}, []string{"op"}),
+		clockOffset: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paymentsd_clock_offset_seconds",
+			Help: "How far this replica's clock is ahead of the record store's (PostgreSQL: the database server's, which decides leases), as last measured; negative if behind. paymentsd warns past one second.",
+		}),
+		quietWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paymentsd_provider_quiet_refusals_total",
+			Help: "Calls answered PAYMENT_IN_PROGRESS because an earlier request with their key may still be at the provider (its quiet period).",
+		}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paymentsd_idempotency_key_expired_total",
+			Help: "Calls refused because their key's record was deleted by retention (its tombstone refuses the key).",
+		}),
 	}
-	reg.MustRegister(m.records, m.unsettled, m.gaveUp, m.replays, m.reuses, m.waits, m.settlements, m.storeTime, m.storeErrors)
+	reg.MustRegister(m.records, m.unsettled, m.gaveUp, m.replays, m.reuses, m.waits, m.settlements, m.storeTime, m.storeErrors,
+		m.clockOffset, m.quietWaits, m.expired)
 	for _, outcome := range []string{"succeeded", "unknown"} {
 		m.settlements.WithLabelValues(outcome)
 	}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -30,8 +31,12 @@ import (
 const (
 	// ReasonKeyReused: the key's record holds a different request.
 	ReasonKeyReused = "IDEMPOTENCY_KEY_REUSED"
-	// ReasonInProgress: another call with the key is in flight.
+	// ReasonInProgress: another call with the key is in flight, or an
+	// earlier request with it may still be at the provider.
 	ReasonInProgress = "PAYMENT_IN_PROGRESS"
+	// ReasonKeyExpired: the key's record was deleted by retention; its
+	// tombstone refuses the key for good.
+	ReasonKeyExpired = "IDEMPOTENCY_KEY_EXPIRED"
 )
 
 // finishTimeout bounds writing a call's outcome, which must happen even
@@ -55,7 +60,7 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		IdempotencyKey: key,
 	})
 	if err != nil {
-		return nil, withDetails(status.New(codes.Internal, "paymentsd could not encode the request; nothing was sent and no payment was created"), s.errorInfo(ReasonNotCreated, nil))
+		return nil, withDetails(status.New(codes.Internal, "paymentsd could not encode the request; this call sent nothing"), s.errorInfo(ReasonNotSent, nil))
 	}
 	claim := store.Claim{
 		Key:        key,
@@ -64,6 +69,9 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		Currency:   money.GetCurrency(),
 		Amount:     money.GetAmount(),
 		Caller:     CallerFromContext(ctx),
+		LeaseTTL:   s.leaseTTL,
+		Window:     s.window,
+		Quiet:      s.quiet,
 	}
 	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
 		claim.RequestID = ci.requestID
@@ -73,18 +81,27 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 	}
 
 	for {
-		now := s.now()
 		claim.Owner = s.owner + "/" + newRequestID()[:12]
-		claim.Now, claim.LeaseUntil, claim.SettleBy = now, now.Add(s.leaseTTL), now.Add(s.window)
-		start := time.Now()
+		// The lease is counted from before the claim could commit, on
+		// this process's monotonic clock: the store's clock (for
+		// PostgreSQL, the server's) started it later, so the lease ends
+		// no earlier than claimed plus its length, whatever this
+		// process's wall clock says.
+		claimed := time.Now()
 		began, err := s.store.Begin(ctx, claim)
-		s.metrics.storeOp("begin", start, err)
+		s.metrics.storeOp("begin", claimed, err)
 		if err != nil {
 			return nil, s.beginError(ctx, claim, err)
 		}
 		switch began.Outcome {
 		case store.Acquired:
-			return s.send(ctx, claim.Owner, began)
+			return s.send(ctx, claim.Owner, claimed, began)
+		case store.Quiet:
+			s.metrics.quietWaits.Inc()
+			return nil, s.quietError(began.Record)
+		case store.Expired:
+			s.metrics.expired.Inc()
+			return nil, s.expiredError(codes.FailedPrecondition, key, began.Tombstone)
 		case store.Replay:
 			return s.replay(ctx, began.Record)
 		case store.Reused:
@@ -112,59 +129,94 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 	}
 }
 
-// send makes the provider call for a record this call has acquired, and
-// records its outcome.
-func (s *Service) send(ctx context.Context, owner string, began store.Began) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+// send makes the provider call for a record this call has acquired (its
+// claim began at claimed), and records its outcome.
+//
+// The request does not end when the caller gives up: cutting off
+// paymentsd's side would not stop the provider working on it, and would
+// leave the key's outcome unknown and the key quiet for the provider quiet
+// period. So the request runs detached from the caller, bounded only by
+// the lease (and the client's timeout), and its outcome is recorded
+// whenever it comes; a caller whose deadline comes first is told that the
+// request is still at the provider, and its retry waits for (or replays)
+// the recorded outcome.
+func (s *Service) send(ctx context.Context, owner string, claimed time.Time, began store.Began) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	rec := began.Record
 	// An earlier attempt for this key may have created the payment, so
 	// nothing this attempt learns short of a 2xx can make it NotCreated.
 	maybeBefore := began.Prior == store.StateOutcomeUnknown || began.Prior == store.StateInProgress
-	// The send ends before the lease does; and a re-send of a key an
-	// earlier attempt may have created ends before the settlement window
-	// closes: past it the provider may have forgotten the key.
-	sendBy := rec.LeaseExpiresAt
-	if maybeBefore {
-		sendBy = earliest(sendBy, rec.SettleBy)
+	if !s.sends.acquire() {
+		return nil, s.sendNothing(ctx, rec.Key, owner, maybeBefore, codes.ResourceExhausted,
+			"paymentsd is waiting on too many provider requests")
 	}
-	sendCtx, cancel, ok := s.withinLease(ctx, sendBy)
-	defer cancel()
+	dctx, cancelDetached := context.WithCancel(context.WithoutCancel(ctx))
+	stopOnCutOff := context.AfterFunc(s.cutOff, cancelDetached)
+	sendCtx, cancel, ok := s.withinLease(dctx, s.sendBy(claimed, rec, maybeBefore))
+	release := func() {
+		cancel()
+		stopOnCutOff()
+		cancelDetached()
+		s.sends.release()
+	}
 	if !ok {
-		return nil, s.leaseTooShort(ctx, rec.Key, owner, maybeBefore)
+		release()
+		return nil, s.sendNothing(ctx, rec.Key, owner, maybeBefore, codes.Unavailable,
+			"paymentsd's record store was too slow to let this call reach the provider in time")
 	}
-	reply, callErr := s.client.Send(sendCtx, rec.Body)
+	done := make(chan sent, 1)
+	s.sending.Add(1)
+	go func() {
+		defer s.sending.Done()
+		defer release()
+		done <- s.sendAndRecord(sendCtx, owner, rec, maybeBefore)
+	}()
+	select {
+	case r := <-done:
+		return s.answer(ctx, r)
+	case <-ctx.Done():
+		if errors.Is(context.Cause(ctx), errHardStop) {
+			// paymentsd is shutting down and the drain deadline has
+			// passed: the request is cut off, and the caller hears what
+			// that means for the money.
+			cancelDetached()
+			return s.answer(ctx, <-done)
+		}
+		return nil, s.stillAtProviderError(ctx, rec.Key)
+	}
+}
+
+// sent is what a send learnt and recorded.
+type sent struct {
+	reply   *upstream.Reply
+	callErr error
+	// st is the answer to callErr, nil after a success.
+	st *status.Status
+}
+
+// sendAndRecord sends rec's body and records the outcome. It runs detached
+// from the caller, and touches nothing of the caller's call.
+func (s *Service) sendAndRecord(ctx context.Context, owner string, rec store.Record, maybeBefore bool) sent {
+	reply, callErr := s.client.Send(ctx, rec.Body)
 	fin := s.outcome(reply, callErr, maybeBefore)
 	fin.Key, fin.Owner = rec.Key, owner
-
-	var resp *paymentsv1.CreateMultiCardPaymentResponse
-	var err error
-	if callErr == nil {
-		noteProvider(ctx, reply.Status, reply.Attempts)
-		resp = &paymentsv1.CreateMultiCardPaymentResponse{
-			Payment:            reply.Payment,
-			PaymentJson:        reply.Body,
-			ProviderHttpStatus: int32(reply.Status),
-			Environment:        s.env,
-		}
-	} else {
-		err = s.errorStatus(ctx, callErr, maybeBefore)
-		st := status.Convert(err)
-		fin.Code, fin.LastError = int32(st.Code()), st.Message()
+	r := sent{reply: reply, callErr: callErr}
+	if callErr != nil {
+		r.st = s.failureStatus(callErr, maybeBefore)
+		fin.Code, fin.LastError = int32(r.st.Code()), r.st.Message()
 	}
-
 	if fin.State == store.StateSucceeded || fin.State == store.StateOutcomeUnknown {
 		// A success, or an outcome nobody knows, is answered without
 		// waiting for its record to commit. Were this process to die
-		// first, the record would stay InProgress until its lease expired
-		// and settlement re-sent the same body with the same key: for a
-		// success that gives the provider's same answer, and an unknown
-		// outcome is what settlement exists for. Either way the caller was
-		// told the truth. It also keeps a call whose deadline is about to
-		// expire from spending its last moments on a commit, so the caller
-		// gets paymentsd's answer, with its details, rather than a bare
-		// DEADLINE_EXCEEDED from its own side. Calls here with the key wait
-		// for the commit (Busy, or Get's pending check).
+		// first, the record would stay InProgress until its lease and
+		// quiet period expired and settlement re-sent the same body with
+		// the same key: for a success that gives the provider's same
+		// answer, and an unknown outcome is what settlement exists for.
+		// Either way the caller was told the truth. It also keeps a call
+		// whose deadline is about to expire from spending its last
+		// moments on a commit. Calls here with the key wait for the
+		// commit (Busy, or Get's pending check).
 		s.finishLater(ctx, fin)
-		return resp, err
+		return r
 	}
 	// NotCreated is recorded before it is answered: a caller told that no
 	// payment was created may pay again under a new key, so the record
@@ -174,24 +226,107 @@ func (s *Service) send(ctx context.Context, owner string, began store.Began) (*p
 	// told the outcome is unknown.
 	if ferr := s.finish(ctx, fin); ferr != nil {
 		s.logFinishError(ctx, fin, ferr)
-		return nil, s.errorStatus(ctx, callErr, true)
+		r.st = s.failureStatus(callErr, true)
 	}
-	return resp, err
+	return r
+}
+
+// answer is the caller's answer for what its send learnt.
+func (s *Service) answer(ctx context.Context, r sent) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+	if r.callErr == nil {
+		noteProvider(ctx, r.reply.Status, r.reply.Attempts)
+		return &paymentsv1.CreateMultiCardPaymentResponse{
+			Payment:            r.reply.Payment,
+			PaymentJson:        r.reply.Body,
+			ProviderHttpStatus: int32(r.reply.Status),
+			Environment:        s.env,
+		}, nil
+	}
+	noteFailure(ctx, r.callErr)
+	return nil, r.st.Err()
+}
+
+// stillAtProviderError answers a caller whose deadline (or cancellation)
+// came before the provider's answer: its request is still at the
+// provider, and paymentsd goes on waiting for the answer and records it.
+func (s *Service) stillAtProviderError(ctx context.Context, key string) error {
+	code := codes.DeadlineExceeded
+	if errors.Is(ctx.Err(), context.Canceled) {
+		code = codes.Canceled
+	}
+	st := status.Newf(code, "the call's deadline came before the payment provider's answer; the request for idempotency key %s is still at the provider, and paymentsd is waiting for the answer and will record it: retry with the same key (never a new one) to get the outcome", quoteKey(key))
+	return s.retryable(st, ReasonInProgress)
+}
+
+// Shutdown waits for the provider requests paymentsd is still waiting on,
+// whose callers may have gone, and for their outcomes to be recorded. If
+// ctx ends first it cuts them off (each is recorded as possibly still at
+// the provider) and waits for that. Call it once nothing can start a
+// call any more.
+func (s *Service) Shutdown(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		s.sending.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.cutOffSends()
+		<-done
+	}
+}
+
+// sendSlots bounds the provider requests paymentsd waits on at once. A
+// call's in-flight slot ends when its caller goes; its request may not.
+type sendSlots struct {
+	n, max atomic.Int64
+}
+
+func (l *sendSlots) acquire() bool {
+	if l.n.Add(1) > l.max.Load() {
+		l.n.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (l *sendSlots) release() { l.n.Add(-1) }
+
+// sendBy is when a send for rec, claimed at claimed (this process's
+// monotonic clock), must end: before its lease does; and, for a re-send of
+// a key an earlier attempt may have created, before the settlement window
+// closes (past it the provider may have forgotten the key). Both are read
+// as durations from rec's ReadAt, the store's clock as it wrote the claim,
+// which was after claimed: so the send ends no later than the store
+// thinks, however this process's wall clock differs from the store's.
+func (s *Service) sendBy(claimed time.Time, rec store.Record, maybeBefore bool) time.Time {
+	by := claimed.Add(rec.LeaseExpiresAt.Sub(rec.ReadAt))
+	if maybeBefore {
+		by = earliest(by, claimed.Add(rec.SettleBy.Sub(rec.ReadAt)))
+	}
+	return by
 }
 
 // withinLease bounds a send by the lease on its record: the request must be
 // over, one way or the other, a margin before the lease expires and
-// another call or replica may take the record over and send it again. It
-// reports false when too little of the lease is left to send at all (the
-// store was slow to commit the claim).
-func (s *Service) withinLease(ctx context.Context, leaseUntil time.Time) (context.Context, context.CancelFunc, bool) {
+// another call or replica may take the record over (once the request's
+// quiet period, too, has passed). It reports false when too little of the
+// lease is left to send at all (the store was slow to commit the claim).
+func (s *Service) withinLease(ctx context.Context, by time.Time) (context.Context, context.CancelFunc, bool) {
 	margin := min(s.leaseTTL/5, 2*time.Second)
-	left := leaseUntil.Sub(s.now()) - margin
+	left := time.Until(by) - margin
 	if left <= margin {
 		return ctx, func() {}, false
 	}
 	ctx, cancel := context.WithTimeout(ctx, left)
 	return ctx, cancel, true
+}
+
+// quietLeft is how much of the provider quiet period of a request that
+// started at start (this process's monotonic clock) is left.
+func (s *Service) quietLeft(start time.Time) time.Duration {
+	return s.quiet - time.Since(start)
 }
 
 func earliest(a, b time.Time) time.Time {
@@ -201,24 +336,25 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-// leaseTooShort records and answers a call that acquired its record too
-// late to send within the lease (or the settlement window): nothing was
-// sent.
-func (s *Service) leaseTooShort(ctx context.Context, key, owner string, maybeBefore bool) error {
-	fin := store.Finish{Key: key, Owner: owner, Now: s.now(), State: store.StateNotCreated,
-		LastError: "paymentsd's record store was too slow to let this attempt be sent; nothing was sent"}
-	reason, msg := ReasonNotCreated, "paymentsd's record store was too slow to let this call reach the provider in time; nothing was sent and no payment was created: retry with the same idempotency key"
+// sendNothing records and answers a call that acquired its record but
+// sends nothing after all (why says why; code is the answer's): nothing was
+// sent. If the key started afresh the record becomes NotCreated and the
+// caller is told so; if an earlier attempt may have created the payment it
+// stays unknown, for settlement.
+func (s *Service) sendNothing(ctx context.Context, key, owner string, maybeBefore bool, code codes.Code, why string) error {
+	fin := store.Finish{Key: key, Owner: owner, State: store.StateNotCreated, Code: int32(code),
+		LastError: why + "; nothing was sent"}
+	reason, msg := ReasonNotCreated, why+"; nothing was sent and no payment exists for this idempotency key: retry with the same key"
 	if maybeBefore {
-		fin.State, fin.NextSettleAt = store.StateOutcomeUnknown, fin.Now.Add(settleBackoff(s.settleBase, 0))
-		reason, msg = ReasonOutcomeUnknown, "paymentsd's record store was too slow to let this call reach the provider in time; nothing was sent by this call, but an earlier one may have created the payment: retry with the same idempotency key, never a new one"
+		fin.State, fin.SettleAfter = store.StateOutcomeUnknown, settleBackoff(s.settleBase, 0)
+		reason, msg = ReasonOutcomeUnknown, why+"; nothing was sent by this call, but an earlier one may have created the payment: retry with the same idempotency key, never a new one"
 	}
-	fin.Code = int32(codes.Unavailable)
 	if ferr := s.finish(ctx, fin); ferr != nil {
 		// Left InProgress, the record will be re-sent by settlement.
 		s.logFinishError(ctx, fin, ferr)
-		reason, msg = ReasonOutcomeUnknown, "paymentsd's record store was too slow to let this call reach the provider in time, and then could not record that nothing was sent; the payment may still be made when paymentsd settles the key: retry with the same idempotency key, never a new one"
+		reason, msg = ReasonOutcomeUnknown, why+", and then paymentsd could not record that nothing was sent; the payment may still be made when paymentsd settles the key: retry with the same idempotency key, never a new one"
 	}
-	return s.retryable(status.New(codes.Unavailable, msg), reason)
+	return s.retryable(status.New(code, msg), reason)
 }
 
 // finishLater records fin without waiting; the key is pending until the
@@ -271,9 +407,11 @@ func (s *Service) finish(ctx context.Context, fin store.Finish) error {
 	return err
 }
 
-// outcome turns a provider call's result into the record's new state.
+// outcome turns a provider call's result into the record's new state. A
+// request that may still be at the provider keeps the key quiet for the
+// rest of its quiet period.
 func (s *Service) outcome(reply *upstream.Reply, err error, maybeBefore bool) store.Finish {
-	fin := store.Finish{Now: s.now()}
+	var fin store.Finish
 	if err == nil {
 		fin.State = store.StateSucceeded
 		fin.AddAttempts = reply.Attempts
@@ -289,6 +427,9 @@ func (s *Service) outcome(reply *upstream.Reply, err error, maybeBefore bool) st
 		if uerr.MaybeCreated {
 			fin.State = store.StateOutcomeUnknown
 		}
+		if uerr.AtProvider {
+			fin.QuietFor = s.quietLeft(uerr.LastAttemptStart)
+		}
 		var se *upstream.StatusError
 		if errors.As(uerr.Err, &se) {
 			fin.ProviderStatus = se.Status
@@ -299,7 +440,7 @@ func (s *Service) outcome(reply *upstream.Reply, err error, maybeBefore bool) st
 		fin.State = store.StateOutcomeUnknown
 	}
 	if fin.State == store.StateOutcomeUnknown {
-		fin.NextSettleAt = fin.Now.Add(settleBackoff(s.settleBase, 0))
+		fin.SettleAfter = settleBackoff(s.settleBase, 0)
 	}
 	return fin
 }
@@ -339,7 +480,7 @@ func (s *Service) waitForOutcome(ctx context.Context, key string) (store.Record,
 		rec, err := s.store.Get(ctx, key)
 		s.metrics.storeOp("get", start, err)
 		switch {
-		case err == nil && (rec.State != store.StateInProgress || !rec.LeaseExpiresAt.After(s.now())):
+		case err == nil && (rec.State != store.StateInProgress || !rec.LeaseExpiresAt.After(rec.ReadAt)):
 			return rec, nil
 		case err != nil && ctx.Err() == nil:
 			// Another call holds the key and may be at the provider now:
@@ -369,15 +510,25 @@ func (s *Service) resubscribe(key string, release func()) (<-chan struct{}, func
 }
 
 // GetMultiCardPayment implements paymentsv1.PaymentsServiceServer: it
-// answers from the record only.
+// answers from the record only. A key whose record retention deleted is
+// NOT_FOUND with ErrorInfo IDEMPOTENCY_KEY_EXPIRED, saying in what state
+// the record ended.
 func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMultiCardPaymentRequest) (*paymentsv1.GetMultiCardPaymentResponse, error) {
-	s.waitPending(ctx, req.GetIdempotencyKey())
+	key := req.GetIdempotencyKey()
+	s.waitPending(ctx, key)
 	start := time.Now()
-	rec, err := s.store.Get(ctx, req.GetIdempotencyKey())
+	rec, err := s.store.Get(ctx, key)
 	s.metrics.storeOp("get", start, err)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return nil, status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment (never used here, or older than the retention period)", quoteKey(req.GetIdempotencyKey()), envName(s.env))
+		ts, terr := s.store.Tombstone(ctx, key)
+		switch {
+		case terr == nil:
+			return nil, s.expiredError(codes.NotFound, key, ts)
+		case !errors.Is(terr, store.ErrNotFound):
+			return nil, s.lookupError(ctx, terr)
+		}
+		return nil, status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment (never used here, or its record and tombstone are both past retention)", quoteKey(key), envName(s.env))
 	case err != nil:
 		return nil, s.lookupError(ctx, err)
 	}
@@ -397,6 +548,16 @@ func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 		Caller:             rec.Caller,
 		RequestId:          rec.RequestID,
 		TraceId:            rec.TraceID,
+		SettlementGaveUp:   rec.GaveUp,
+	}
+	if !rec.AttemptStartedAt.IsZero() {
+		resp.LastAttemptTime = timestamppb.New(rec.AttemptStartedAt)
+	}
+	if rec.State != store.StateSucceeded && rec.State != store.StateNotCreated && !rec.SettleBy.IsZero() {
+		resp.SettlementWindowEndTime = timestamppb.New(rec.SettleBy)
+	}
+	if rec.QuietUntil.After(rec.ReadAt) {
+		resp.ProviderQuietUntil = timestamppb.New(rec.QuietUntil)
 	}
 	if rec.State == store.StateSucceeded {
 		if p, err := upstream.DecodeReply(rec.Reply); err == nil {
@@ -420,25 +581,46 @@ func paymentState(st store.State) paymentsv1.PaymentState {
 	return paymentsv1.PaymentState_PAYMENT_STATE_UNSPECIFIED
 }
 
-// storeError is the answer when the record store fails: nothing was sent,
-// so no payment was created.
-func (s *Service) storeError(ctx context.Context, err error, field string) error {
-	if errors.Is(err, store.ErrKeyNotStorable) {
-		st := status.New(codes.InvalidArgument, field+": this idempotency key can't be stored exactly by paymentsd's record store (it holds a character the database can't keep); nothing was sent and no payment was created")
-		br := &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
-			Field: field, Description: "can't be stored exactly",
-		}}}
-		return withDetails(st, s.errorInfo(ReasonNotCreated, nil), br)
-	}
+// notStorableError is the answer for a key the record store can't hold
+// exactly. No record can exist for such a key, so nothing was ever sent
+// with it: that is known, and the reason is PAYMENT_NOT_CREATED.
+func (s *Service) notStorableError(field string) error {
+	st := status.New(codes.InvalidArgument, field+": this idempotency key can't be stored exactly by paymentsd's record store (it holds a character the database can't keep), so paymentsd has never sent it and sent nothing now; no payment exists for it")
+	br := &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
+		Field: field, Description: "can't be stored exactly",
+	}}}
+	return withDetails(st, s.errorInfo(ReasonNotCreated, nil), br)
+}
+
+// notSentError is the answer when the record store failed before the
+// call could read the key's record: this call sent nothing, and nothing is
+// known of what earlier calls with the key did.
+func (s *Service) notSentError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		code := codes.DeadlineExceeded
 		if errors.Is(ctx.Err(), context.Canceled) {
 			code = codes.Canceled
 		}
-		return withDetails(status.New(code, "the call ended before paymentsd could write its record; nothing was sent and no payment was created"), s.errorInfo(ReasonNotCreated, nil))
+		return withDetails(status.New(code, "the call ended before paymentsd could write its record; this call sent nothing: retry with the same idempotency key, or look it up"), s.errorInfo(ReasonNotSent, nil))
 	}
 	s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
-	st := status.New(codes.Unavailable, "paymentsd could not write or read its payment record, so nothing was sent and no payment was created: it is safe to retry with the same idempotency key")
+	st := status.New(codes.Unavailable, "paymentsd could not write or read its payment record, so this call sent nothing; what earlier calls with the key did stands: retry with the same idempotency key, or look it up")
+	return s.retryable(st, ReasonNotSent)
+}
+
+// notCreatedError is the answer when the claim failed and the key's
+// record, read afterwards, shows that no payment exists for the key.
+func (s *Service) notCreatedError(ctx context.Context, err error) error {
+	code := codes.Unavailable
+	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		code = codes.Canceled
+	case ctx.Err() != nil:
+		code = codes.DeadlineExceeded
+	default:
+		s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
+	}
+	st := status.New(code, "paymentsd could not write its payment record, so this call sent nothing, and its record shows no payment for this idempotency key: retry with the same key")
 	return s.retryable(st, ReasonNotCreated)
 }
 
@@ -448,9 +630,9 @@ func (s *Service) storeError(ctx context.Context, err error, field string) error
 // tell: store.ErrCommitUnknown), leaving a record that settlement would
 // send. So paymentsd reads the record, briefly, before answering:
 //
-//   - no record, or one that certainly created nothing: PAYMENT_NOT_CREATED,
-//     unless the claim may have committed and the read can't be trusted
-//     to have seen it;
+//   - no record and no tombstone, or a record that certainly created
+//     nothing: PAYMENT_NOT_CREATED, unless the claim may have committed;
+//   - a tombstone: IDEMPOTENCY_KEY_EXPIRED;
 //   - this call's own claim, committed after all: it is marked NotCreated
 //     if the claim started the key afresh, so settlement never sends it,
 //     and OutcomeUnknown otherwise (it took over a record whose earlier
@@ -458,34 +640,43 @@ func (s *Service) storeError(ctx context.Context, err error, field string) error
 //   - a record another call holds: PAYMENT_IN_PROGRESS;
 //   - anything else (unknown, succeeded): PAYMENT_OUTCOME_UNKNOWN.
 //
-// When the record can't be read, the answer is storeError's
-// PAYMENT_NOT_CREATED if nothing was written, and PAYMENT_OUTCOME_UNKNOWN
-// if the claim may have committed.
+// When the record can't be read, nothing is known: REQUEST_NOT_SENT if
+// the claim wrote nothing, PAYMENT_OUTCOME_UNKNOWN if it may have
+// committed (settlement may send it).
 func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) error {
 	if errors.Is(err, store.ErrKeyNotStorable) {
-		return s.storeError(ctx, err, "idempotency_key")
+		return s.notStorableError("idempotency_key")
 	}
 	mayHaveCommitted := errors.Is(err, store.ErrCommitUnknown)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recheckTimeout)
 	defer cancel()
 	rec, gerr := s.store.Get(rctx, claim.Key)
 	switch {
-	case (gerr != nil || rec.State == store.StateNotCreated) && !mayHaveCommitted:
-		// No record (ErrNotFound), one that certainly created nothing, or
-		// a store that can't be read; and this claim wrote nothing.
-		return s.storeError(ctx, err, "idempotency_key")
+	case errors.Is(gerr, store.ErrNotFound) && !mayHaveCommitted:
+		ts, terr := s.store.Tombstone(rctx, claim.Key)
+		switch {
+		case terr == nil:
+			return s.expiredError(codes.FailedPrecondition, claim.Key, ts)
+		case errors.Is(terr, store.ErrNotFound):
+			return s.notCreatedError(ctx, err)
+		}
+		return s.notSentError(ctx, err)
+	case gerr != nil && !mayHaveCommitted:
+		return s.notSentError(ctx, err)
+	case gerr == nil && rec.State == store.StateNotCreated && !mayHaveCommitted:
+		return s.notCreatedError(ctx, err)
 	case gerr == nil && rec.State == store.StateInProgress && rec.LeaseOwner == claim.Owner:
-		fin := store.Finish{Key: claim.Key, Owner: claim.Owner, Now: s.now(), State: store.StateNotCreated,
+		fin := store.Finish{Key: claim.Key, Owner: claim.Owner, State: store.StateNotCreated,
 			Code: int32(codes.Unavailable), LastError: "paymentsd's record store failed as the record was written; nothing was sent"}
-		// A claim that starts the key afresh (a new record, or one whose
-		// attempts created nothing) sets its settlement window; one that
-		// takes over an unknown or abandoned record keeps the old one.
-		fresh := rec.SettleBy.Equal(claim.SettleBy.Truncate(time.Microsecond))
+		// A claim that started the key afresh (a new record, or one whose
+		// attempts created nothing) may be marked NotCreated; one that
+		// took over an unknown or abandoned record may not.
+		fresh := rec.PriorState == 0 || rec.PriorState == store.StateNotCreated
 		if !fresh {
-			fin.State, fin.NextSettleAt = store.StateOutcomeUnknown, fin.Now.Add(settleBackoff(s.settleBase, 0))
+			fin.State, fin.SettleAfter = store.StateOutcomeUnknown, settleBackoff(s.settleBase, 0)
 		}
 		if ferr := s.finish(rctx, fin); ferr == nil && fin.State == store.StateNotCreated {
-			return s.storeError(ctx, err, "idempotency_key")
+			return s.notCreatedError(ctx, err)
 		}
 	case gerr == nil && rec.State == store.StateInProgress:
 		return s.inProgressError(claim.Key)
@@ -501,7 +692,7 @@ func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) 
 // reasons, only "unknown" is true of a record nobody can read.
 func (s *Service) lookupError(ctx context.Context, err error) error {
 	if errors.Is(err, store.ErrKeyNotStorable) {
-		return s.storeError(ctx, err, "idempotency_key")
+		return s.notStorableError("idempotency_key")
 	}
 	code := codes.Unavailable
 	switch {
@@ -518,6 +709,39 @@ func (s *Service) lookupError(ctx context.Context, err error) error {
 
 // recheckTimeout bounds reading a key's record after its claim failed.
 const recheckTimeout = 500 * time.Millisecond
+
+// quietError answers a call for a key whose last request may still be at
+// the provider: nothing may be sent with the key until its quiet period
+// ends, which the RetryInfo says.
+func (s *Service) quietError(rec store.Record) error {
+	left := max(rec.QuietUntil.Sub(rec.ReadAt), time.Millisecond)
+	st := status.Newf(codes.Aborted, "an earlier request with idempotency key %s ended without the provider's answer and may still be at the provider, so paymentsd sends nothing with the key for %v more; retry with the same key after the RetryInfo's delay, never with a new one (a payment may exist)",
+		quoteKey(rec.Key), left.Round(time.Millisecond))
+	meta := map[string]string{"provider_quiet_until": rec.QuietUntil.Format(time.RFC3339Nano)}
+	return withDetails(st, s.errorInfo(ReasonInProgress, meta), &errdetails.RetryInfo{RetryDelay: durationpb.New(left)})
+}
+
+// expiredError answers a call, or a lookup (code NOT_FOUND), for a key
+// whose record retention deleted, leaving tombstone ts.
+func (s *Service) expiredError(code codes.Code, key string, ts store.Tombstone) error {
+	state := paymentState(ts.State)
+	meta := map[string]string{
+		"state":       state.String(),
+		"create_time": ts.CreatedAt.Format(time.RFC3339Nano),
+		"update_time": ts.UpdatedAt.Format(time.RFC3339Nano),
+		"expire_time": ts.ExpiredAt.Format(time.RFC3339Nano),
+	}
+	if ts.GaveUp {
+		meta["settlement_gave_up"] = "true"
+	}
+	var msg string
+	if code == codes.NotFound {
+		msg = fmt.Sprintf("paymentsd's record of idempotency key %s expired and was deleted after the retention period; it ended in state %s (see this error's ErrorInfo)", quoteKey(key), state)
+	} else {
+		msg = fmt.Sprintf("idempotency key %s belongs to a payment whose record expired and was deleted after the retention period (it ended in state %s); nothing was sent: a key can't be used again after its record expires. Use a new key only for a new payment, and check the provider's dashboard for the old one", quoteKey(key), state)
+	}
+	return withDetails(status.New(code, msg), s.errorInfo(ReasonKeyExpired, meta))
+}
 
 func (s *Service) reusedError(key string) error {
 	st := status.Newf(codes.FailedPrecondition, "idempotency key %s was first used for a different request (another currency or amount); nothing was sent for this one: use a new key for a new payment, or repeat the first request exactly", quoteKey(key))
@@ -539,9 +763,11 @@ func (s *Service) recordedError(rec store.Record) error {
 	msg := rec.LastError
 	reason := ReasonNotCreated
 	retryable := true
+	delay := time.Second
 	if rec.State == store.StateOutcomeUnknown {
 		reason = ReasonOutcomeUnknown
-		if !rec.SettleBy.After(s.now()) {
+		delay = max(delay, rec.QuietUntil.Sub(rec.ReadAt))
+		if !rec.SettleBy.After(rec.ReadAt) {
 			retryable = false
 			msg = "the outcome of the payment with this idempotency key is unknown and paymentsd's settlement window has closed, so it will not be sent again: check the provider's dashboard, and never retry it with a new key"
 		}
@@ -555,7 +781,7 @@ func (s *Service) recordedError(rec store.Record) error {
 	}
 	details := []protoadapt.MessageV1{s.errorInfo(reason, meta)}
 	if retryable {
-		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
 	}
 	if rec.ProviderStatus != 0 {
 		details = append(details, &paymentsv1.ProviderError{

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -33,18 +34,11 @@ const internalKey = "sk_internal_test_0123456789"
 type clock struct {
 	mu  sync.Mutex
 	now time.Time
-	// then, if set, is what every call after the first returns.
-	then time.Time
-	n    int
 }
 
 func (c *clock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.n++
-	if c.n > 1 && !c.then.IsZero() {
-		return c.then
-	}
 	return c.now
 }
 
@@ -58,10 +52,12 @@ type fixture struct {
 	svc   *Service
 	store *store.Store
 	p     *upstreamtest.Server
+	path  string // the SQLite file
 }
 
 // newFixture returns a Service on a fresh SQLite file, calling the fake
-// provider, with the given lease and clock (nil: the real one).
+// provider, with the given lease and clock (nil: the real one), which the
+// store decides by.
 func newFixture(t *testing.T, lease time.Duration, now func() time.Time) fixture {
 	t.Helper()
 	p := upstreamtest.NewServer()
@@ -76,14 +72,15 @@ func newFixture(t *testing.T, lease time.Duration, now func() time.Time) fixture
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "records.db"), "sandbox", store.Options{})
+	path := filepath.Join(t.TempDir(), "records.db")
+	st, err := store.Open(t.Context(), "sqlite:"+path, "sandbox", store.Options{Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
 	svc := New(Config{Client: client, Store: st, Environment: paymentsv1.Environment_ENVIRONMENT_SANDBOX,
 		LeaseTTL: lease, Now: now, Registerer: prometheus.NewRegistry()})
-	return fixture{svc: svc, store: st, p: p}
+	return fixture{svc: svc, store: st, p: p, path: path}
 }
 
 func payment(key string) *paymentsv1.CreateMultiCardPaymentRequest {
@@ -121,6 +118,9 @@ func (f fixture) makeUnknown(t *testing.T, keys ...string) {
 		if reasonOf(err) != ReasonOutcomeUnknown {
 			t.Fatalf("first call for %s = %v, want %s", k, err, ReasonOutcomeUnknown)
 		}
+		// The outcome is answered before its record commits; the test's
+		// clock must not move before it has.
+		f.svc.waitPending(t.Context(), k)
 	}
 }
 
@@ -191,15 +191,28 @@ func TestSettlementClaimsOneRecordAtATime(t *testing.T) {
 }
 
 // A call whose record was committed so late that too little of its lease
-// is left sends nothing, records NotCreated and says so.
+// is left sends nothing, records NotCreated and says so. The store is
+// slowed for real: another connection holds SQLite's write lock.
 func TestSendWithinLease(t *testing.T) {
 	t.Parallel()
-	t0 := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
-	// The claim is made at t0; by the time it has committed, 9 s of the
-	// 10 s lease have gone.
-	c := &clock{now: t0, then: t0.Add(9 * time.Second)}
-	f := newFixture(t, 10*time.Second, c.Now)
-	_, err := f.svc.CreateMultiCardPayment(t.Context(), payment("late"))
+	f := newFixture(t, time.Second, nil)
+	db, err := sql.Open("sqlite", f.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	conn, err := db.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(t.Context(), "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	// With a 1 s lease (a 200 ms margin at each end), a claim that takes
+	// 700 ms to commit leaves too little to send in.
+	time.AfterFunc(700*time.Millisecond, func() { conn.ExecContext(context.Background(), "COMMIT") })
+	_, err = f.svc.CreateMultiCardPayment(t.Context(), payment("late"))
 	if status.Code(err) != codes.Unavailable || reasonOf(err) != ReasonNotCreated {
 		t.Errorf("call = %v (%s), want UNAVAILABLE %s", err, reasonOf(err), ReasonNotCreated)
 	}
@@ -297,9 +310,8 @@ func TestLookupStoreFailureIsUnknown(t *testing.T) {
 // claimFor is the claim CreateMultiCardPayment would make for key.
 func claimFor(svc *Service, key, owner string) store.Claim {
 	body, _ := upstream.EncodeRequest(upstream.Payment{Currency: "USD", Amount: 1250, IdempotencyKey: key})
-	now := svc.now()
 	return store.Claim{Key: key, Body: body, BodySHA256: sha256.Sum256(body), Currency: "USD", Amount: 1250,
-		Owner: owner, Now: now, LeaseUntil: now.Add(svc.leaseTTL), SettleBy: now.Add(svc.window)}
+		Owner: owner, LeaseTTL: svc.leaseTTL, Window: svc.window, Quiet: svc.quiet}
 }
 
 // errCommitLost is what the store reports when a claim's COMMIT got no
@@ -344,8 +356,10 @@ func TestClaimCommittedDespiteError(t *testing.T) {
 		if _, err := f.svc.client.Send(t.Context(), dead.Body); err != nil {
 			t.Fatal(err)
 		}
-		// Past its lease, a retry takes the record over, with an error.
-		c.add(11 * time.Second)
+		// Past its lease and quiet period (its request may have been at
+		// the provider until then), a retry takes the record over, with
+		// an error.
+		c.add(f.svc.leaseTTL + f.svc.quiet + time.Second)
 		cl := claimFor(f.svc, "orphan", f.svc.owner+"/retry")
 		if b, err := f.store.Begin(t.Context(), cl); err != nil || b.Outcome != store.Acquired {
 			t.Fatalf("Begin = %+v, %v", b, err)

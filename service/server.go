@@ -377,19 +377,20 @@ func (c *chainedEvents) ListProviderEvents(ctx context.Context, req *paymentsv1.
 	return callChain(ctx, c.chain, listEventsInfo, req, c.svc.ListProviderEvents)
 }
 
-// restError is the gateway's error handler with two changes: a reused
-// idempotency key is 422 Unprocessable Content, as the IETF Idempotency-Key
-// draft has it, rather than FAILED_PRECONDITION's usual 400; and the
+// restError is the gateway's error handler with two changes: a reused or
+// expired idempotency key is 422 Unprocessable Content, as the IETF
+// Idempotency-Key draft has it, rather than FAILED_PRECONDITION's usual
+// 400; and the
 // gateway's own refusal of a CreateMultiCardPayment call (a body it could
-// not decode) carries ErrorInfo PAYMENT_NOT_CREATED, as paymentsd's other
+// not decode) carries ErrorInfo REQUEST_NOT_SENT, as paymentsd's other
 // refusals do.
 func restError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 	if st, ok := status.FromError(err); ok && createsPayment(r) && gatewayRefusal(r) {
-		if withInfo, err2 := st.WithDetails(notCreatedInfo()); err2 == nil {
+		if withInfo, err2 := st.WithDetails(notSentInfo()); err2 == nil {
 			err = withInfo.Err()
 		}
 	}
-	if hasReason(err, ReasonKeyReused) {
+	if hasReason(err, ReasonKeyReused) || (hasReason(err, ReasonKeyExpired) && createsPayment(r)) {
 		w = statusOverride{ResponseWriter: w, status: http.StatusUnprocessableEntity}
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)

@@ -5,6 +5,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,21 +33,29 @@ const ErrorDomain = "paymentsd.example.com"
 
 // ErrorInfo reasons: what an error means for the money.
 const (
-	// ReasonNotCreated: the provider certainly created no payment.
+	// ReasonNotCreated: no payment exists for the key. paymentsd says so
+	// only when it knows: from the key's record, or from the provider's
+	// definite refusal with no earlier attempt that may have created one.
+	// A caller may pay again under a new key.
 	ReasonNotCreated = "PAYMENT_NOT_CREATED"
 	// ReasonOutcomeUnknown: a payment may exist; retry with the same key.
 	ReasonOutcomeUnknown = "PAYMENT_OUTCOME_UNKNOWN"
+	// ReasonNotSent: this call sent nothing to the provider, and paymentsd
+	// did not read the key's record to say more: whatever earlier calls
+	// with the key did stands. Retry with the same key, or look it up;
+	// never take it as "not created".
+	ReasonNotSent = "REQUEST_NOT_SENT"
 )
 
 // refusal is the status of a call paymentsd turned away before sending
-// anything. A CreateMultiCardPayment call's carries ErrorInfo
-// PAYMENT_NOT_CREATED; any other call's carries no reason, since a lookup
-// turned away says nothing about the payment it looks up. A retryDelay
-// adds a RetryInfo.
+// anything, without reading the key's record. A CreateMultiCardPayment
+// call's carries ErrorInfo REQUEST_NOT_SENT; any other call's carries no
+// reason, since a lookup turned away says nothing about the payment it
+// looks up. A retryDelay adds a RetryInfo.
 func refusal(code codes.Code, msg string, create bool, retryDelay time.Duration) *status.Status {
 	var details []protoadapt.MessageV1
 	if create {
-		details = append(details, notCreatedInfo())
+		details = append(details, notSentInfo())
 	}
 	if retryDelay > 0 {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)})
@@ -60,8 +69,8 @@ func refusal(code codes.Code, msg string, create bool, retryDelay time.Duration)
 	return st
 }
 
-func notCreatedInfo() *errdetails.ErrorInfo {
-	return &errdetails.ErrorInfo{Reason: ReasonNotCreated, Domain: ErrorDomain}
+func notSentInfo() *errdetails.ErrorInfo {
+	return &errdetails.ErrorInfo{Reason: ReasonNotSent, Domain: ErrorDomain}
 }
 
 // Service implements paymentsv1.PaymentsServiceServer against one provider
@@ -77,14 +86,26 @@ type Service struct {
 	// pending holds, for each key whose success was answered but whose
 	// record is not yet committed, a channel closed once it is.
 	pending sync.Map
-	owner   string
-	now     func() time.Time
+	// sends bounds the provider requests waited on at once; sending
+	// counts them, for Shutdown; cutOff ends when Shutdown cuts them off.
+	sends       sendSlots
+	sending     sync.WaitGroup
+	cutOff      context.Context
+	cutOffSends context.CancelFunc
+	owner       string
+	// now is this process's clock, used only to measure it against the
+	// store's: every decision goes by the store's clock.
+	now      func() time.Time
+	clockFar bool // the clock was last found far from the store's
 
-	leaseTTL    time.Duration
-	window      time.Duration
-	retention   time.Duration
-	settleEvery time.Duration
-	settleBase  time.Duration
+	leaseTTL           time.Duration
+	window             time.Duration
+	quiet              time.Duration
+	retention          time.Duration
+	tombstoneRetention time.Duration
+	retentionEvery     time.Duration
+	settleEvery        time.Duration
+	settleBase         time.Duration
 }
 
 // Config configures New. Client, Store and Environment are required.
@@ -103,28 +124,47 @@ type Config struct {
 	// SettlementWindow is how long after a key's first attempt paymentsd
 	// may still send it. Default 10 minutes.
 	SettlementWindow time.Duration
+	// QuietPeriod is how long a request that ended without the provider's
+	// answer is presumed still at the provider, from its start: nothing is
+	// sent with its key until it has passed. Default 30s; it must be at
+	// least the provider client's timeout.
+	QuietPeriod time.Duration
 	// Retention is how long records and events are kept; 0 keeps them.
 	Retention time.Duration
+	// TombstoneRetention is how long a deleted record's tombstone (which
+	// refuses its key for good) is kept; 0 keeps them.
+	TombstoneRetention time.Duration
+	// RetentionInterval is how often Run deletes what retention allows.
+	// Default 10 minutes.
+	RetentionInterval time.Duration
 	// SettleInterval is how often Run looks for records to settle, and the
 	// first settlement backoff. Default 1s.
 	SettleInterval time.Duration
-	// Now is the clock; nil means time.Now.
+	// Now is this process's clock, which Run measures against the
+	// store's; nil means time.Now. Nothing is decided by it.
 	Now func() time.Time
+	// MaxSends bounds the provider requests paymentsd waits on at once,
+	// including those whose callers have gone; past it a call sends
+	// nothing (RESOURCE_EXHAUSTED). Default 1000.
+	MaxSends int
 }
 
 // New returns a Service for cfg.
 func New(cfg Config) *Service {
 	s := &Service{
-		client:      cfg.Client,
-		store:       cfg.Store,
-		env:         cfg.Environment,
-		logger:      cfg.Logger,
-		owner:       newOwner(),
-		now:         cfg.Now,
-		leaseTTL:    cfg.LeaseTTL,
-		window:      cfg.SettlementWindow,
-		retention:   cfg.Retention,
-		settleEvery: cfg.SettleInterval,
+		client:             cfg.Client,
+		store:              cfg.Store,
+		env:                cfg.Environment,
+		logger:             cfg.Logger,
+		owner:              newOwner(),
+		now:                cfg.Now,
+		leaseTTL:           cfg.LeaseTTL,
+		window:             cfg.SettlementWindow,
+		quiet:              cfg.QuietPeriod,
+		retention:          cfg.Retention,
+		tombstoneRetention: cfg.TombstoneRetention,
+		retentionEvery:     cfg.RetentionInterval,
+		settleEvery:        cfg.SettleInterval,
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
@@ -138,10 +178,18 @@ func New(cfg Config) *Service {
 	if s.window <= 0 {
 		s.window = 10 * time.Minute
 	}
+	if s.quiet <= 0 {
+		s.quiet = 30 * time.Second
+	}
+	if s.retentionEvery <= 0 {
+		s.retentionEvery = retentionEvery
+	}
 	if s.settleEvery <= 0 {
 		s.settleEvery = time.Second
 	}
 	s.settleBase = s.settleEvery
+	s.sends.max.Store(int64(cmp.Or(cfg.MaxSends, 1000)))
+	s.cutOff, s.cutOffSends = context.WithCancel(context.Background())
 	reg := cfg.Registerer
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -169,30 +217,42 @@ func answerBeforeDeadline(ctx context.Context) (context.Context, context.CancelF
 	return context.WithDeadline(ctx, deadline.Add(-margin))
 }
 
-// errorStatus maps a failed provider call to a status whose message says
+// noteFailure notes a failed provider call's status and attempts for the
+// access log.
+func noteFailure(ctx context.Context, err error) {
+	var uerr *upstream.Error
+	if !errors.As(err, &uerr) {
+		return
+	}
+	var se *upstream.StatusError
+	providerStatus := 0
+	if errors.As(uerr.Err, &se) {
+		providerStatus = se.Status
+	}
+	noteProvider(ctx, providerStatus, uerr.Attempts)
+}
+
+// failureStatus maps a failed provider call to a status whose message says
 // what happened and what to do, with ErrorInfo, RetryInfo and ProviderError
 // details. It is the only place provider failures become gRPC codes.
 // maybeBefore says an earlier call for the key may have created the
-// payment, so the outcome is unknown whatever this call learnt.
-func (s *Service) errorStatus(ctx context.Context, err error, maybeBefore bool) error {
+// payment, so the outcome is unknown whatever this call learnt. A request
+// that may still be at the provider sets the RetryInfo to when its quiet
+// period ends: until then a retry would only be told it is in progress.
+func (s *Service) failureStatus(err error, maybeBefore bool) *status.Status {
 	var uerr *upstream.Error
 	if !errors.As(err, &uerr) {
 		// The client fails only with *upstream.Error, so this failed before
 		// a request was written, and is recorded as such (see outcome).
 		if maybeBefore {
 			st := status.New(codes.Internal, "paymentsd failed before calling the payment provider, but an earlier attempt with this idempotency key may have created a payment: retry with the same idempotency key, never a new one, to learn the outcome")
-			return s.retryable(st, ReasonOutcomeUnknown)
+			return status.Convert(s.retryable(st, ReasonOutcomeUnknown))
 		}
 		st := status.New(codes.Internal, "paymentsd failed before calling the payment provider; no payment was created")
-		return withDetails(st, s.errorInfo(ReasonNotCreated, nil))
+		return status.Convert(withDetails(st, s.errorInfo(ReasonNotCreated, nil)))
 	}
 	var se *upstream.StatusError
 	hasStatus := errors.As(uerr.Err, &se)
-	providerStatus := 0
-	if hasStatus {
-		providerStatus = se.Status
-	}
-	noteProvider(ctx, providerStatus, uerr.Attempts)
 
 	code, what := describe(uerr.Err, se)
 	msg := what
@@ -205,6 +265,9 @@ func (s *Service) errorStatus(ctx context.Context, err error, maybeBefore bool) 
 		reason = ReasonOutcomeUnknown
 		retryable = true
 		msg += "; a payment may have been created: retry with the same idempotency key, never a new one, to learn the outcome"
+		if uerr.AtProvider {
+			msg += " (the request may still be at the provider, so paymentsd sends nothing more with the key until the RetryInfo's delay has passed)"
+		}
 	} else {
 		msg += "; no payment was created"
 		if retryable {
@@ -230,6 +293,9 @@ func (s *Service) errorStatus(ctx context.Context, err error, maybeBefore bool) 
 		if hasStatus && se.RetryAfter > 0 {
 			delay = se.RetryAfter
 		}
+		if uerr.AtProvider {
+			delay = max(delay, s.quietLeft(uerr.LastAttemptStart))
+		}
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
 	}
 	if hasStatus {
@@ -243,7 +309,7 @@ func (s *Service) errorStatus(ctx context.Context, err error, maybeBefore bool) 
 	if withDetails, err := st.WithDetails(details...); err == nil {
 		st = withDetails
 	}
-	return st.Err()
+	return st
 }
 
 // describe returns the code for a provider failure and a sentence that says

@@ -33,9 +33,10 @@ func (s *Service) Run(ctx context.Context) {
 		s.giveUp(ctx)
 		if now := time.Now(); now.Sub(lastStats) >= statsEvery {
 			s.updateStats(ctx)
+			s.checkClock(ctx)
 			lastStats = now
 		}
-		if now := time.Now(); s.retention > 0 && now.Sub(lastRetention) >= retentionEvery {
+		if now := time.Now(); s.retention > 0 && now.Sub(lastRetention) >= s.retentionEvery {
 			s.deleteExpired(ctx)
 			lastRetention = now
 		}
@@ -58,10 +59,9 @@ func (s *Service) settleDue(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		now := s.now()
-		start := time.Now()
-		recs, err := s.store.ClaimDue(ctx, s.owner, now, now.Add(s.leaseTTL), 1)
-		s.metrics.storeOp("claim_due", start, err)
+		claimed := time.Now()
+		recs, err := s.store.ClaimDue(ctx, s.owner, s.leaseTTL, s.quiet, 1)
+		s.metrics.storeOp("claim_due", claimed, err)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.logger.Warn("settlement could not claim records", slog.String("error", err.Error()))
@@ -71,22 +71,18 @@ func (s *Service) settleDue(ctx context.Context) {
 		if len(recs) == 0 {
 			return
 		}
-		s.settle(ctx, recs[0])
+		s.settle(ctx, claimed, recs[0])
 	}
 }
 
-// settle re-sends one claimed record's body, byte for byte, with its key,
-// within its lease and its settlement window. Only a 2xx settles it: any
-// other answer proves nothing about the attempt that may have created the
-// payment, so the record stays unknown and is tried again later, until
-// its window closes.
-func (s *Service) settle(ctx context.Context, rec store.Record) {
-	sendCtx, cancel, ok := s.withinLease(ctx, rec.LeaseExpiresAt)
+// settle re-sends one record's body, byte for byte, with its key, within
+// its lease and its settlement window (claimed is when its claim began).
+// Only a 2xx settles it: any other answer proves nothing about the attempt
+// that may have created the payment, so the record stays unknown and is
+// tried again later, until its window closes.
+func (s *Service) settle(ctx context.Context, claimed time.Time, rec store.Record) {
+	sendCtx, cancel, ok := s.withinLease(ctx, s.sendBy(claimed, rec, true))
 	defer cancel()
-	if ok {
-		sendCtx, cancel = context.WithTimeout(sendCtx, rec.SettleBy.Sub(s.now()))
-		defer cancel()
-	}
 	if !ok || sendCtx.Err() != nil {
 		// Too late to send: leave the record to its lease's expiry, and
 		// to the next round or to giving up.
@@ -96,7 +92,7 @@ func (s *Service) settle(ctx context.Context, rec store.Record) {
 	fin := s.outcome(reply, callErr, true)
 	fin.Key, fin.Owner, fin.Settlement = rec.Key, s.owner, true
 	if fin.State == store.StateOutcomeUnknown {
-		fin.NextSettleAt = fin.Now.Add(settleBackoff(s.settleBase, rec.SettleAttempts+1))
+		fin.SettleAfter = settleBackoff(s.settleBase, rec.SettleAttempts+1)
 	}
 	err := s.finish(ctx, fin)
 	outcome := "succeeded"
@@ -124,7 +120,7 @@ func (s *Service) settle(ctx context.Context, rec store.Record) {
 // each once at error level: someone must check the provider's dashboard.
 func (s *Service) giveUp(ctx context.Context) {
 	start := time.Now()
-	recs, err := s.store.GiveUp(ctx, s.now(), settleBatch*4)
+	recs, err := s.store.GiveUp(ctx, settleBatch*4)
 	s.metrics.storeOp("give_up", start, err)
 	if err != nil {
 		return
@@ -155,18 +151,50 @@ func (s *Service) updateStats(ctx context.Context) {
 }
 
 // deleteExpired deletes, in small batches, what is older than the
-// retention period.
+// retention periods, leaving a tombstone for each record it deletes.
 func (s *Service) deleteExpired(ctx context.Context) {
-	before := s.now().Add(-s.retention)
+	keep := store.Retention{Records: s.retention, Tombstones: s.tombstoneRetention}
 	for ctx.Err() == nil {
 		start := time.Now()
-		n, err := s.store.DeleteBefore(ctx, before, retentionBatch)
+		n, err := s.store.DeleteExpired(ctx, keep, retentionBatch)
 		s.metrics.storeOp("delete", start, err)
-		if err != nil || n < retentionBatch {
+		if err != nil {
+			s.logger.Warn("retention could not delete expired records", slog.String("error", err.Error()))
+			return
+		}
+		if n == 0 {
 			return
 		}
 	}
 }
+
+// checkClock measures this process's clock against the store's (for
+// PostgreSQL, the database server's, which decides every lease), exports
+// the difference, and warns when it passes maxClockOffset and again when
+// it comes back. Nothing paymentsd decides depends on this clock, but a
+// replica that far off has a broken clock, and its logs and traces are
+// misdated.
+func (s *Service) checkClock(ctx context.Context) {
+	off, err := s.store.ClockOffset(ctx, s.now)
+	if err != nil {
+		return
+	}
+	s.metrics.clockOffset.Set(off.Seconds())
+	far := off > maxClockOffset || off < -maxClockOffset
+	if far != s.clockFar {
+		s.clockFar = far
+		if far {
+			s.logger.Warn("this replica's clock differs from the record store's by more than a second; leases and settlement go by the store's clock, but fix the clock (NTP)",
+				slog.Duration("offset", off), slog.String("store", s.store.Backend()))
+		} else {
+			s.logger.Info("this replica's clock agrees with the record store's again", slog.Duration("offset", off))
+		}
+	}
+}
+
+// maxClockOffset is how far this process's clock may be from the store's
+// before checkClock warns.
+const maxClockOffset = time.Second
 
 // settleBackoff is the wait before settlement attempt n+1: exponential from
 // base, capped at a minute, with jitter so replicas spread out.

@@ -111,8 +111,8 @@ type Server struct {
 	keepRequests bool
 
 	idempotent  bool
-	lateDedup   bool // dedup by keys of completed requests only
-	stubborn    bool // keep working on a request whose client has gone
+	lateDedup   bool               // dedup by keys of completed requests only
+	stubborn    bool               // keep working on a request whose client has gone
 	created     int                // payments created
 	payments    map[string]payment // idempotency key → its payment
 	inFlight    map[string]int     // idempotency key → requests being answered

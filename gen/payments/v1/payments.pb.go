@@ -458,10 +458,26 @@ type GetMultiCardPaymentResponse struct {
 	Caller string `protobuf:"bytes,11,opt,name=caller,proto3" json:"caller,omitempty"`
 	// request_id and trace_id are those of the call that created the record,
 	// for finding its log lines and trace.
-	RequestId     string `protobuf:"bytes,12,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	TraceId       string `protobuf:"bytes,13,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RequestId string `protobuf:"bytes,12,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	TraceId   string `protobuf:"bytes,13,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
+	// last_attempt_time is when the last request for this key (by a call or
+	// by settlement) was claimed to be sent, by the record store's clock.
+	LastAttemptTime *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=last_attempt_time,json=lastAttemptTime,proto3" json:"last_attempt_time,omitempty"`
+	// provider_quiet_until, when set, is until when an earlier request with
+	// this key may still be at the provider (it ended without the
+	// provider's answer, or is being sent now): paymentsd sends nothing with
+	// the key before then, and a call with it gets PAYMENT_IN_PROGRESS.
+	// Unset once no request is presumed there.
+	ProviderQuietUntil *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=provider_quiet_until,json=providerQuietUntil,proto3" json:"provider_quiet_until,omitempty"`
+	// settlement_window_end_time is when the settlement window closes: no
+	// request for the key is sent after it. Set while the payment's outcome
+	// is unknown or in progress.
+	SettlementWindowEndTime *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=settlement_window_end_time,json=settlementWindowEndTime,proto3" json:"settlement_window_end_time,omitempty"`
+	// settlement_gave_up is true when the settlement window closed with the
+	// outcome still unknown: a person must check the provider's dashboard.
+	SettlementGaveUp bool `protobuf:"varint,17,opt,name=settlement_gave_up,json=settlementGaveUp,proto3" json:"settlement_gave_up,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GetMultiCardPaymentResponse) Reset() {
@@ -583,6 +599,34 @@ func (x *GetMultiCardPaymentResponse) GetTraceId() string {
 		return x.TraceId
 	}
 	return ""
+}
+
+func (x *GetMultiCardPaymentResponse) GetLastAttemptTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastAttemptTime
+	}
+	return nil
+}
+
+func (x *GetMultiCardPaymentResponse) GetProviderQuietUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ProviderQuietUntil
+	}
+	return nil
+}
+
+func (x *GetMultiCardPaymentResponse) GetSettlementWindowEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SettlementWindowEndTime
+	}
+	return nil
+}
+
+func (x *GetMultiCardPaymentResponse) GetSettlementGaveUp() bool {
+	if x != nil {
+		return x.SettlementGaveUp
+	}
+	return false
 }
 
 // ProviderError is attached as a status detail to every error that comes from
@@ -1069,7 +1113,7 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\breplayed\x18\x04 \x01(\bR\breplayed\x12!\n" +
 	"\fpayment_json\x18\x05 \x01(\fR\vpaymentJson\"c\n" +
 	"\x1aGetMultiCardPaymentRequest\x12E\n" +
-	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\xdf\x04\n" +
+	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\xfc\x06\n" +
 	"\x1bGetMultiCardPaymentResponse\x12/\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x19.payments.v1.PaymentStateR\x05state\x12D\n" +
 	"\arequest\x18\x02 \x01(\v2*.payments.v1.CreateMultiCardPaymentRequestR\arequest\x121\n" +
@@ -1088,7 +1132,11 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\x06caller\x18\v \x01(\tR\x06caller\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\f \x01(\tR\trequestId\x12\x19\n" +
-	"\btrace_id\x18\r \x01(\tR\atraceId\"\x9c\x01\n" +
+	"\btrace_id\x18\r \x01(\tR\atraceId\x12F\n" +
+	"\x11last_attempt_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\x0flastAttemptTime\x12L\n" +
+	"\x14provider_quiet_until\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x12providerQuietUntil\x12W\n" +
+	"\x1asettlement_window_end_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x17settlementWindowEndTime\x12,\n" +
+	"\x12settlement_gave_up\x18\x11 \x01(\bR\x10settlementGaveUp\"\x9c\x01\n" +
 	"\rProviderError\x12\x1f\n" +
 	"\vhttp_status\x18\x01 \x01(\x05R\n" +
 	"httpStatus\x12\x12\n" +
@@ -1180,25 +1228,28 @@ var file_payments_v1_payments_proto_depIdxs = []int32{
 	15, // 6: payments.v1.GetMultiCardPaymentResponse.create_time:type_name -> google.protobuf.Timestamp
 	15, // 7: payments.v1.GetMultiCardPaymentResponse.update_time:type_name -> google.protobuf.Timestamp
 	1,  // 8: payments.v1.GetMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
-	1,  // 9: payments.v1.ProviderError.environment:type_name -> payments.v1.Environment
-	12, // 10: payments.v1.ListProviderEventsResponse.events:type_name -> payments.v1.ProviderEvent
-	12, // 11: payments.v1.WatchProviderEventsResponse.event:type_name -> payments.v1.ProviderEvent
-	15, // 12: payments.v1.ProviderEvent.receive_time:type_name -> google.protobuf.Timestamp
-	13, // 13: payments.v1.ProviderEvent.headers:type_name -> payments.v1.HttpHeader
-	1,  // 14: payments.v1.ProviderEvent.environment:type_name -> payments.v1.Environment
-	3,  // 15: payments.v1.PaymentsService.CreateMultiCardPayment:input_type -> payments.v1.CreateMultiCardPaymentRequest
-	5,  // 16: payments.v1.PaymentsService.GetMultiCardPayment:input_type -> payments.v1.GetMultiCardPaymentRequest
-	8,  // 17: payments.v1.ProviderEventsService.ListProviderEvents:input_type -> payments.v1.ListProviderEventsRequest
-	10, // 18: payments.v1.ProviderEventsService.WatchProviderEvents:input_type -> payments.v1.WatchProviderEventsRequest
-	4,  // 19: payments.v1.PaymentsService.CreateMultiCardPayment:output_type -> payments.v1.CreateMultiCardPaymentResponse
-	6,  // 20: payments.v1.PaymentsService.GetMultiCardPayment:output_type -> payments.v1.GetMultiCardPaymentResponse
-	9,  // 21: payments.v1.ProviderEventsService.ListProviderEvents:output_type -> payments.v1.ListProviderEventsResponse
-	11, // 22: payments.v1.ProviderEventsService.WatchProviderEvents:output_type -> payments.v1.WatchProviderEventsResponse
-	19, // [19:23] is the sub-list for method output_type
-	15, // [15:19] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	15, // 9: payments.v1.GetMultiCardPaymentResponse.last_attempt_time:type_name -> google.protobuf.Timestamp
+	15, // 10: payments.v1.GetMultiCardPaymentResponse.provider_quiet_until:type_name -> google.protobuf.Timestamp
+	15, // 11: payments.v1.GetMultiCardPaymentResponse.settlement_window_end_time:type_name -> google.protobuf.Timestamp
+	1,  // 12: payments.v1.ProviderError.environment:type_name -> payments.v1.Environment
+	12, // 13: payments.v1.ListProviderEventsResponse.events:type_name -> payments.v1.ProviderEvent
+	12, // 14: payments.v1.WatchProviderEventsResponse.event:type_name -> payments.v1.ProviderEvent
+	15, // 15: payments.v1.ProviderEvent.receive_time:type_name -> google.protobuf.Timestamp
+	13, // 16: payments.v1.ProviderEvent.headers:type_name -> payments.v1.HttpHeader
+	1,  // 17: payments.v1.ProviderEvent.environment:type_name -> payments.v1.Environment
+	3,  // 18: payments.v1.PaymentsService.CreateMultiCardPayment:input_type -> payments.v1.CreateMultiCardPaymentRequest
+	5,  // 19: payments.v1.PaymentsService.GetMultiCardPayment:input_type -> payments.v1.GetMultiCardPaymentRequest
+	8,  // 20: payments.v1.ProviderEventsService.ListProviderEvents:input_type -> payments.v1.ListProviderEventsRequest
+	10, // 21: payments.v1.ProviderEventsService.WatchProviderEvents:input_type -> payments.v1.WatchProviderEventsRequest
+	4,  // 22: payments.v1.PaymentsService.CreateMultiCardPayment:output_type -> payments.v1.CreateMultiCardPaymentResponse
+	6,  // 23: payments.v1.PaymentsService.GetMultiCardPayment:output_type -> payments.v1.GetMultiCardPaymentResponse
+	9,  // 24: payments.v1.ProviderEventsService.ListProviderEvents:output_type -> payments.v1.ListProviderEventsResponse
+	11, // 25: payments.v1.ProviderEventsService.WatchProviderEvents:output_type -> payments.v1.WatchProviderEventsResponse
+	22, // [22:26] is the sub-list for method output_type
+	18, // [18:22] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_payments_v1_payments_proto_init() }

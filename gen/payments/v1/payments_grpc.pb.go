@@ -58,41 +58,69 @@ type PaymentsServiceClient interface {
 	//     calling again makes a new attempt.
 	//   - A key whose outcome is unknown is settled by paymentsd itself in the
 	//     background, and calling again with it re-sends the recorded body.
+	//   - Quiet period: a request that ended without the provider's answer
+	//     (a deadline, a lost connection, a gateway's 504, a shutdown) may
+	//     still be at the provider, so nothing more is sent with its key
+	//     until its start plus the deployment's provider quiet period: a
+	//     call meanwhile gets ABORTED (409), PAYMENT_IN_PROGRESS, with a
+	//     RetryInfo for the time left. So the provider never has two
+	//     requests with one key at once.
+	//   - Expiry: once retention deletes a key's record, a tombstone keeps
+	//     the key (as a hash) for the tombstone retention period, and a call
+	//     with it is refused before the provider: FAILED_PRECONDITION (422),
+	//     IDEMPOTENCY_KEY_EXPIRED.
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
-	//     PAYMENT_NOT_CREATED, or PAYMENT_OUTCOME_UNKNOWN when the record can
-	//     still be read and an earlier call with the key may have created
-	//     the payment.
+	//     REQUEST_NOT_SENT when the record can't be read either,
+	//     PAYMENT_NOT_CREATED when it shows no payment for the key, or
+	//     PAYMENT_OUTCOME_UNKNOWN when an earlier call with the key may have
+	//     created the payment.
 	//
 	// Retrying a call with the same idempotency_key is always safe and is the
-	// way to learn an uncertain outcome.
+	// way to learn an uncertain outcome. A new key is safe only after
+	// PAYMENT_NOT_CREATED.
 	//
 	// REST: POST /v1/multi-card-payments with the request as the JSON body.
 	//
 	// Errors carry a google.rpc.ErrorInfo (domain "paymentsd.example.com")
 	// whose reason says what happened to the money:
 	//
-	//   - PAYMENT_NOT_CREATED: the provider certainly did not create a payment.
+	//   - PAYMENT_NOT_CREATED: no payment exists for this idempotency_key.
+	//     paymentsd says so only when it knows: from the key's record, or
+	//     from the provider's definite refusal when no earlier attempt with
+	//     the key may have created one. Only after this reason may the
+	//     caller pay again under a new key.
 	//   - PAYMENT_OUTCOME_UNKNOWN: a payment may have been created. Retry with
 	//     the same idempotency_key to learn the outcome; never with a new one.
+	//   - REQUEST_NOT_SENT: this call sent nothing to the provider, and
+	//     paymentsd refused it before reading the key's record (an invalid
+	//     request, REST input it could not decode, too many calls in
+	//     progress, a record store it can't read): whatever earlier calls
+	//     with the key did stands. Retry with the same key (fixing the
+	//     request if it was invalid), or look the key up; never treat it as
+	//     PAYMENT_NOT_CREATED.
 	//   - IDEMPOTENCY_KEY_REUSED: the key was first used for a different
 	//     request; nothing was sent for this one.
-	//   - PAYMENT_IN_PROGRESS: another call with this key is in flight; retry
-	//     with the same key after the RetryInfo's delay.
+	//   - IDEMPOTENCY_KEY_EXPIRED: the key's record was deleted by retention
+	//     and its tombstone refuses the key; nothing was sent. The ErrorInfo
+	//     metadata gives the state the record ended in ("state") and its
+	//     dates ("create_time", "update_time", "expire_time").
+	//   - PAYMENT_IN_PROGRESS: another call with this key is in flight, or an
+	//     earlier request with it may still be at the provider (metadata
+	//     "provider_quiet_until"); retry with the same key after the
+	//     RetryInfo's delay.
 	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
-	//     deployment's allowlist; nothing was sent.
+	//     deployment's allowlist; this call sent nothing (like
+	//     REQUEST_NOT_SENT, it says nothing of earlier calls).
 	//
-	// PAYMENT_NOT_CREATED is reported only when nothing was sent, and for the
-	// provider refusals that prove the request was not acted on: 400, 401,
-	// 403, 404, 405, 406, 411, 413, 414, 415, 429 and 431. Every other
-	// provider answer is PAYMENT_OUTCOME_UNKNOWN, among them 409 (another
-	// request with the key in flight), 408, 412, 422, other 4xx, 1xx, 3xx
-	// (redirects are never followed) and 5xx. Once an attempt for a key may
-	// have created a payment, later failures for that key stay
-	// PAYMENT_OUTCOME_UNKNOWN until a 2xx settles it, except refusals made
-	// before paymentsd can read the key's record (an invalid request,
-	// CALLER_NOT_ALLOWED, too many calls in progress, a record store that
-	// can't be read): their PAYMENT_NOT_CREATED is about that call only, and
-	// does not undo an earlier PAYMENT_OUTCOME_UNKNOWN for the key.
+	// Of the provider's answers, only the refusals that prove the request was
+	// not acted on are PAYMENT_NOT_CREATED: 400, 401, 403, 404, 405, 406,
+	// 411, 413, 414, 415, 429 and 431, and only when no earlier attempt with
+	// the key may have created a payment. Every other provider answer is
+	// PAYMENT_OUTCOME_UNKNOWN, among them 409 (another request with the key
+	// in flight), 408, 412, 422, other 4xx, 1xx, 3xx (redirects are never
+	// followed) and 5xx. Once an attempt for a key may have created a
+	// payment, later failures for that key stay PAYMENT_OUTCOME_UNKNOWN until
+	// a 2xx settles it.
 	//
 	// Retryable errors also carry a google.rpc.RetryInfo, and errors that come
 	// from a provider reply carry a ProviderError with its HTTP status and body.
@@ -100,13 +128,13 @@ type PaymentsServiceClient interface {
 	// REST: the body must be sent with Content-Type: application/json (415
 	// otherwise) and be exactly one JSON object (400 if anything but
 	// whitespace follows it), of at most the configured size (413), sent
-	// within the configured read timeout (408). These refusals, like every
-	// other made before anything was sent, carry PAYMENT_NOT_CREATED.
+	// within the configured read timeout (408). These refusals carry
+	// REQUEST_NOT_SENT.
 	//
 	// Codes (REST status in brackets):
 	//
 	//   - INVALID_ARGUMENT (400): the request failed validation and was not
-	//     sent (PAYMENT_NOT_CREATED; the message and a buf.validate.Violations
+	//     sent (REQUEST_NOT_SENT; the message and a buf.validate.Violations
 	//     detail name the field); or the provider answered 400, or a 4xx not
 	//     listed here.
 	//   - UNAUTHENTICATED (401): the provider answered 401: this deployment's
@@ -119,7 +147,9 @@ type PaymentsServiceClient interface {
 	//     connection was lost, it answered 502 or 503, or the circuit breaker
 	//     is open because the provider keeps failing.
 	//   - DEADLINE_EXCEEDED (504): the caller's deadline or the service's
-	//     upstream timeout expired, or the provider answered 504 or 408.
+	//     upstream timeout expired, or the provider answered 504 or 408. A
+	//     request cut off after it was sent, and a 504, leave the key in its
+	//     quiet period (see above).
 	//   - INTERNAL (500): the provider answered 500 or a 5xx not listed here,
 	//     or paymentsd itself failed (a failure while handling the call, such
 	//     as a panic, is PAYMENT_OUTCOME_UNKNOWN: it may have come after the
@@ -130,15 +160,18 @@ type PaymentsServiceClient interface {
 	//     unexpected 1xx or 3xx status.
 	//   - CANCELLED (499): the caller gave up.
 	//   - FAILED_PRECONDITION (422): the idempotency_key was first used for a
-	//     different request (IDEMPOTENCY_KEY_REUSED).
-	//   - ABORTED (409): another call with this key is still in flight
+	//     different request (IDEMPOTENCY_KEY_REUSED), or its record has
+	//     expired (IDEMPOTENCY_KEY_EXPIRED).
+	//   - ABORTED (409): another call with this key is still in flight, or an
+	//     earlier request with it may still be at the provider
 	//     (PAYMENT_IN_PROGRESS); or the provider answered 409, which does not
 	//     prove the payment absent (PAYMENT_OUTCOME_UNKNOWN).
-	//   - UNAVAILABLE (503) with PAYMENT_NOT_CREATED: also when paymentsd could
-	//     not write its record; nothing was sent to the provider.
+	//   - UNAVAILABLE (503): also when paymentsd could not write its record;
+	//     nothing was sent by this call (REQUEST_NOT_SENT, PAYMENT_NOT_CREATED
+	//     or PAYMENT_OUTCOME_UNKNOWN, as above).
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
 	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
-	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED and a RetryInfo:
+	//   - RESOURCE_EXHAUSTED (429) with REQUEST_NOT_SENT and a RetryInfo:
 	//     paymentsd has too many calls in progress; retry shortly with the
 	//     same key.
 	//   - UNAVAILABLE (503): paymentsd shut down before the call finished; the
@@ -152,9 +185,14 @@ type PaymentsServiceClient interface {
 	// REST: GET /v1/multi-card-payments/{idempotency_key}, with the key
 	// percent-encoded as a path segment.
 	//
-	// Codes: NOT_FOUND (404) when paymentsd has no record of the key (never
-	// used with this deployment's environment, or older than the retention
-	// period); INVALID_ARGUMENT (400) for a key that could not be a key;
+	// Codes: NOT_FOUND (404) when paymentsd has no record of the key: never
+	// used with this deployment's environment, or deleted by retention, in
+	// which case an ErrorInfo with reason IDEMPOTENCY_KEY_EXPIRED says so and
+	// gives, in its metadata, the state the record ended in ("state", a
+	// PaymentState name), "create_time", "update_time", "expire_time" and,
+	// if settlement gave up on it, "settlement_gave_up"; once the tombstone
+	// too is past its retention, a plain NOT_FOUND. INVALID_ARGUMENT (400)
+	// for a key that could not be a key;
 	// UNAVAILABLE (503) when the record store can't be read, with reason
 	// PAYMENT_OUTCOME_UNKNOWN (the record's state can't be known) and a
 	// RetryInfo; RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
@@ -223,41 +261,69 @@ type PaymentsServiceServer interface {
 	//     calling again makes a new attempt.
 	//   - A key whose outcome is unknown is settled by paymentsd itself in the
 	//     background, and calling again with it re-sends the recorded body.
+	//   - Quiet period: a request that ended without the provider's answer
+	//     (a deadline, a lost connection, a gateway's 504, a shutdown) may
+	//     still be at the provider, so nothing more is sent with its key
+	//     until its start plus the deployment's provider quiet period: a
+	//     call meanwhile gets ABORTED (409), PAYMENT_IN_PROGRESS, with a
+	//     RetryInfo for the time left. So the provider never has two
+	//     requests with one key at once.
+	//   - Expiry: once retention deletes a key's record, a tombstone keeps
+	//     the key (as a hash) for the tombstone retention period, and a call
+	//     with it is refused before the provider: FAILED_PRECONDITION (422),
+	//     IDEMPOTENCY_KEY_EXPIRED.
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
-	//     PAYMENT_NOT_CREATED, or PAYMENT_OUTCOME_UNKNOWN when the record can
-	//     still be read and an earlier call with the key may have created
-	//     the payment.
+	//     REQUEST_NOT_SENT when the record can't be read either,
+	//     PAYMENT_NOT_CREATED when it shows no payment for the key, or
+	//     PAYMENT_OUTCOME_UNKNOWN when an earlier call with the key may have
+	//     created the payment.
 	//
 	// Retrying a call with the same idempotency_key is always safe and is the
-	// way to learn an uncertain outcome.
+	// way to learn an uncertain outcome. A new key is safe only after
+	// PAYMENT_NOT_CREATED.
 	//
 	// REST: POST /v1/multi-card-payments with the request as the JSON body.
 	//
 	// Errors carry a google.rpc.ErrorInfo (domain "paymentsd.example.com")
 	// whose reason says what happened to the money:
 	//
-	//   - PAYMENT_NOT_CREATED: the provider certainly did not create a payment.
+	//   - PAYMENT_NOT_CREATED: no payment exists for this idempotency_key.
+	//     paymentsd says so only when it knows: from the key's record, or
+	//     from the provider's definite refusal when no earlier attempt with
+	//     the key may have created one. Only after this reason may the
+	//     caller pay again under a new key.
 	//   - PAYMENT_OUTCOME_UNKNOWN: a payment may have been created. Retry with
 	//     the same idempotency_key to learn the outcome; never with a new one.
+	//   - REQUEST_NOT_SENT: this call sent nothing to the provider, and
+	//     paymentsd refused it before reading the key's record (an invalid
+	//     request, REST input it could not decode, too many calls in
+	//     progress, a record store it can't read): whatever earlier calls
+	//     with the key did stands. Retry with the same key (fixing the
+	//     request if it was invalid), or look the key up; never treat it as
+	//     PAYMENT_NOT_CREATED.
 	//   - IDEMPOTENCY_KEY_REUSED: the key was first used for a different
 	//     request; nothing was sent for this one.
-	//   - PAYMENT_IN_PROGRESS: another call with this key is in flight; retry
-	//     with the same key after the RetryInfo's delay.
+	//   - IDEMPOTENCY_KEY_EXPIRED: the key's record was deleted by retention
+	//     and its tombstone refuses the key; nothing was sent. The ErrorInfo
+	//     metadata gives the state the record ended in ("state") and its
+	//     dates ("create_time", "update_time", "expire_time").
+	//   - PAYMENT_IN_PROGRESS: another call with this key is in flight, or an
+	//     earlier request with it may still be at the provider (metadata
+	//     "provider_quiet_until"); retry with the same key after the
+	//     RetryInfo's delay.
 	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
-	//     deployment's allowlist; nothing was sent.
+	//     deployment's allowlist; this call sent nothing (like
+	//     REQUEST_NOT_SENT, it says nothing of earlier calls).
 	//
-	// PAYMENT_NOT_CREATED is reported only when nothing was sent, and for the
-	// provider refusals that prove the request was not acted on: 400, 401,
-	// 403, 404, 405, 406, 411, 413, 414, 415, 429 and 431. Every other
-	// provider answer is PAYMENT_OUTCOME_UNKNOWN, among them 409 (another
-	// request with the key in flight), 408, 412, 422, other 4xx, 1xx, 3xx
-	// (redirects are never followed) and 5xx. Once an attempt for a key may
-	// have created a payment, later failures for that key stay
-	// PAYMENT_OUTCOME_UNKNOWN until a 2xx settles it, except refusals made
-	// before paymentsd can read the key's record (an invalid request,
-	// CALLER_NOT_ALLOWED, too many calls in progress, a record store that
-	// can't be read): their PAYMENT_NOT_CREATED is about that call only, and
-	// does not undo an earlier PAYMENT_OUTCOME_UNKNOWN for the key.
+	// Of the provider's answers, only the refusals that prove the request was
+	// not acted on are PAYMENT_NOT_CREATED: 400, 401, 403, 404, 405, 406,
+	// 411, 413, 414, 415, 429 and 431, and only when no earlier attempt with
+	// the key may have created a payment. Every other provider answer is
+	// PAYMENT_OUTCOME_UNKNOWN, among them 409 (another request with the key
+	// in flight), 408, 412, 422, other 4xx, 1xx, 3xx (redirects are never
+	// followed) and 5xx. Once an attempt for a key may have created a
+	// payment, later failures for that key stay PAYMENT_OUTCOME_UNKNOWN until
+	// a 2xx settles it.
 	//
 	// Retryable errors also carry a google.rpc.RetryInfo, and errors that come
 	// from a provider reply carry a ProviderError with its HTTP status and body.
@@ -265,13 +331,13 @@ type PaymentsServiceServer interface {
 	// REST: the body must be sent with Content-Type: application/json (415
 	// otherwise) and be exactly one JSON object (400 if anything but
 	// whitespace follows it), of at most the configured size (413), sent
-	// within the configured read timeout (408). These refusals, like every
-	// other made before anything was sent, carry PAYMENT_NOT_CREATED.
+	// within the configured read timeout (408). These refusals carry
+	// REQUEST_NOT_SENT.
 	//
 	// Codes (REST status in brackets):
 	//
 	//   - INVALID_ARGUMENT (400): the request failed validation and was not
-	//     sent (PAYMENT_NOT_CREATED; the message and a buf.validate.Violations
+	//     sent (REQUEST_NOT_SENT; the message and a buf.validate.Violations
 	//     detail name the field); or the provider answered 400, or a 4xx not
 	//     listed here.
 	//   - UNAUTHENTICATED (401): the provider answered 401: this deployment's
@@ -284,7 +350,9 @@ type PaymentsServiceServer interface {
 	//     connection was lost, it answered 502 or 503, or the circuit breaker
 	//     is open because the provider keeps failing.
 	//   - DEADLINE_EXCEEDED (504): the caller's deadline or the service's
-	//     upstream timeout expired, or the provider answered 504 or 408.
+	//     upstream timeout expired, or the provider answered 504 or 408. A
+	//     request cut off after it was sent, and a 504, leave the key in its
+	//     quiet period (see above).
 	//   - INTERNAL (500): the provider answered 500 or a 5xx not listed here,
 	//     or paymentsd itself failed (a failure while handling the call, such
 	//     as a panic, is PAYMENT_OUTCOME_UNKNOWN: it may have come after the
@@ -295,15 +363,18 @@ type PaymentsServiceServer interface {
 	//     unexpected 1xx or 3xx status.
 	//   - CANCELLED (499): the caller gave up.
 	//   - FAILED_PRECONDITION (422): the idempotency_key was first used for a
-	//     different request (IDEMPOTENCY_KEY_REUSED).
-	//   - ABORTED (409): another call with this key is still in flight
+	//     different request (IDEMPOTENCY_KEY_REUSED), or its record has
+	//     expired (IDEMPOTENCY_KEY_EXPIRED).
+	//   - ABORTED (409): another call with this key is still in flight, or an
+	//     earlier request with it may still be at the provider
 	//     (PAYMENT_IN_PROGRESS); or the provider answered 409, which does not
 	//     prove the payment absent (PAYMENT_OUTCOME_UNKNOWN).
-	//   - UNAVAILABLE (503) with PAYMENT_NOT_CREATED: also when paymentsd could
-	//     not write its record; nothing was sent to the provider.
+	//   - UNAVAILABLE (503): also when paymentsd could not write its record;
+	//     nothing was sent by this call (REQUEST_NOT_SENT, PAYMENT_NOT_CREATED
+	//     or PAYMENT_OUTCOME_UNKNOWN, as above).
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
 	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
-	//   - RESOURCE_EXHAUSTED (429) with PAYMENT_NOT_CREATED and a RetryInfo:
+	//   - RESOURCE_EXHAUSTED (429) with REQUEST_NOT_SENT and a RetryInfo:
 	//     paymentsd has too many calls in progress; retry shortly with the
 	//     same key.
 	//   - UNAVAILABLE (503): paymentsd shut down before the call finished; the
@@ -317,9 +388,14 @@ type PaymentsServiceServer interface {
 	// REST: GET /v1/multi-card-payments/{idempotency_key}, with the key
 	// percent-encoded as a path segment.
 	//
-	// Codes: NOT_FOUND (404) when paymentsd has no record of the key (never
-	// used with this deployment's environment, or older than the retention
-	// period); INVALID_ARGUMENT (400) for a key that could not be a key;
+	// Codes: NOT_FOUND (404) when paymentsd has no record of the key: never
+	// used with this deployment's environment, or deleted by retention, in
+	// which case an ErrorInfo with reason IDEMPOTENCY_KEY_EXPIRED says so and
+	// gives, in its metadata, the state the record ended in ("state", a
+	// PaymentState name), "create_time", "update_time", "expire_time" and,
+	// if settlement gave up on it, "settlement_gave_up"; once the tombstone
+	// too is past its retention, a plain NOT_FOUND. INVALID_ARGUMENT (400)
+	// for a key that could not be a key;
 	// UNAVAILABLE (503) when the record store can't be read, with reason
 	// PAYMENT_OUTCOME_UNKNOWN (the record's state can't be known) and a
 	// RetryInfo; RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
