@@ -70,6 +70,11 @@ type config struct {
 	DatabaseShown    string
 	SettlementWindow time.Duration
 	RecordRetention  time.Duration
+	// ProviderQuietPeriod is how long a request that ended without the
+	// provider's answer is presumed still at the provider; TombstoneRetention
+	// how long a deleted record's tombstone refuses its key.
+	ProviderQuietPeriod time.Duration
+	TombstoneRetention  time.Duration
 	// MaxInFlight caps calls in progress over both ports; MaxConnections
 	// caps open connections on each port; HTTPReadTimeout bounds reading a
 	// REST request's header, and then its body.
@@ -94,6 +99,9 @@ type config struct {
 	WebhookTokens     []secret
 	WebhookTokensFrom string
 	WebhookMaxBytes   int64
+
+	// testHooks are a test binary's changes; none in production builds.
+	testHooks testHooks
 }
 
 func (c *config) env() paymentsv1.Environment {
@@ -126,6 +134,8 @@ func (c *config) LogValue() slog.Value {
 		slog.String("database_from", c.DatabaseFrom),
 		slog.String("settlement_window", c.SettlementWindow.String()),
 		slog.String("record_retention", c.RecordRetention.String()),
+		slog.String("provider_quiet_period", c.ProviderQuietPeriod.String()),
+		slog.String("tombstone_retention", c.TombstoneRetention.String()),
 		slog.Int("max_in_flight", c.MaxInFlight),
 		slog.Int("max_connections", c.MaxConnections),
 		slog.String("http_read_timeout", c.HTTPReadTimeout.String()),
@@ -216,6 +226,17 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	if c.RecordRetention < c.SettlementWindow {
 		problem("PAYMENTS_RECORD_RETENTION must be at least PAYMENTS_SETTLEMENT_WINDOW: a record can't be deleted while it may still be settled")
 	}
+	c.ProviderQuietPeriod = durationVar(getenv, "PAYMENTS_PROVIDER_QUIET_PERIOD", 30*time.Second, problem)
+	if c.ProviderQuietPeriod < c.UpstreamTimeout {
+		// paymentsd's own request may run for the whole upstream timeout:
+		// a shorter presumption would end before the request does.
+		problem("PAYMENTS_PROVIDER_QUIET_PERIOD (%v) is shorter than PAYMENTS_UPSTREAM_TIMEOUT (%v): want it at least as long, and as long as the provider may go on working on a request after paymentsd stops waiting", c.ProviderQuietPeriod, c.UpstreamTimeout)
+	}
+	if c.ProviderQuietPeriod >= c.SettlementWindow {
+		problem("PAYMENTS_PROVIDER_QUIET_PERIOD (%v) must be shorter than PAYMENTS_SETTLEMENT_WINDOW (%v), or a key whose request went unanswered could never be settled", c.ProviderQuietPeriod, c.SettlementWindow)
+	}
+	c.TombstoneRetention = durationVar(getenv, "PAYMENTS_TOMBSTONE_RETENTION", 400*24*time.Hour, problem)
+	c.testHooks = loadTestHooks(getenv, problem)
 	c.loadDatabase(getenv, problem)
 	c.MaxInFlight = intVar(getenv, "PAYMENTS_MAX_IN_FLIGHT", service.DefaultMaxInFlight, 1, 100000, problem)
 	c.MaxConnections = intVar(getenv, "PAYMENTS_MAX_CONNECTIONS", service.DefaultMaxConnections, 1, 100000, problem)

@@ -68,6 +68,9 @@ func testKilledMidCall(t *testing.T, db string) {
 	env := with(sandboxEnv(p),
 		"PAYMENTS_DATABASE_URL", db,
 		"PAYMENTS_UPSTREAM_TIMEOUT", "2s", // the lease: 2s + 5s
+		// The killed call's request is presumed at the provider until its
+		// lease ends plus this.
+		"PAYMENTS_PROVIDER_QUIET_PERIOD", "3s",
 	)
 	first := startProcess(t, env)
 	firstClient := grpcClient(t, first)
@@ -104,7 +107,8 @@ func testKilledMidCall(t *testing.T, db string) {
 }
 
 // TestStoreDownFailsClosed cuts paymentsd off from its PostgreSQL
-// database: calls fail with UNAVAILABLE and PAYMENT_NOT_CREATED, the
+// database: calls fail with UNAVAILABLE and REQUEST_NOT_SENT (paymentsd
+// can't read the key's record, so it can't say no payment exists), the
 // provider sees nothing, readiness goes to 503, and all comes back when
 // the database does.
 func TestStoreDownFailsClosed(t *testing.T) {
@@ -141,9 +145,14 @@ func TestStoreDownFailsClosed(t *testing.T) {
 	if st.Code() != codes.Unavailable {
 		t.Fatalf("CreateMultiCardPayment() with the store down code = %v, want Unavailable", st.Code())
 	}
-	checkReason(t, st, "PAYMENT_NOT_CREATED")
-	if r := in.rest(t, validBody("k-down-rest"), nil); r.status != http.StatusServiceUnavailable || restReason(r) != "PAYMENT_NOT_CREATED" {
-		t.Errorf("REST with the store down = %d %q, want 503 PAYMENT_NOT_CREATED", r.status, restReason(r))
+	checkReason(t, st, "REQUEST_NOT_SENT")
+	if r := in.rest(t, validBody("k-down-rest"), nil); r.status != http.StatusServiceUnavailable || restReason(r) != "REQUEST_NOT_SENT" {
+		t.Errorf("REST with the store down = %d %q, want 503 REQUEST_NOT_SENT", r.status, restReason(r))
+	}
+	// A key whose payment exists is no different: nothing is known.
+	_, err = in.client.CreateMultiCardPayment(t.Context(), validRequest("k-up"))
+	if st := status.Convert(err); st.Code() != codes.Unavailable || reasonOf(st) != "REQUEST_NOT_SENT" {
+		t.Errorf("CreateMultiCardPayment(a paid key) with the store down = %v (%s), want Unavailable REQUEST_NOT_SENT", st.Code(), reasonOf(st))
 	}
 	if got := len(p.Requests()); got != before {
 		t.Errorf("provider received %d requests with the store down, want none", got-before)

@@ -45,12 +45,20 @@ type process struct {
 	cmd                *exec.Cmd
 	grpcAddr, httpAddr string
 	webhookAddr        string // "" unless PAYMENTS_WEBHOOK_ADDR is set
+	// logs holds what it logged (at PAYMENTS_LOG_LEVEL, error unless set).
+	logs *logBuffer
 }
 
 var buildOnce struct {
 	sync.Once
 	dir, bin string
 	err      error
+}
+
+var buildHooksOnce struct {
+	sync.Once
+	bin string
+	err error
 }
 
 // paymentsdBinary builds paymentsd once per test run.
@@ -60,15 +68,7 @@ func paymentsdBinary(t *testing.T) string {
 		return bin
 	}
 	buildOnce.Do(func() {
-		buildOnce.dir, buildOnce.err = os.MkdirTemp("", "paymentsd-flood")
-		if buildOnce.err != nil {
-			return
-		}
-		buildOnce.bin = filepath.Join(buildOnce.dir, "paymentsd")
-		out, err := exec.Command("go", "build", "-o", buildOnce.bin, ".").CombinedOutput()
-		if err != nil {
-			buildOnce.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		buildOnce.bin, buildOnce.err = buildBinary("paymentsd")
 	})
 	if buildOnce.err != nil {
 		t.Fatal(buildOnce.err)
@@ -76,10 +76,54 @@ func paymentsdBinary(t *testing.T) string {
 	return buildOnce.bin
 }
 
+// paymentsdTestBinary builds, once per test run, paymentsd with its test
+// hooks (testhooks_on.go: a clock off by PAYMENTSD_TESTHOOK_CLOCK_OFFSET,
+// retention every PAYMENTSD_TESTHOOK_RETENTION_INTERVAL).
+func paymentsdTestBinary(t *testing.T) string {
+	t.Helper()
+	buildHooksOnce.Do(func() {
+		buildHooksOnce.bin, buildHooksOnce.err = buildBinary("paymentsd-testhooks", "-tags", "paymentsd_testhooks")
+	})
+	if buildHooksOnce.err != nil {
+		t.Fatal(buildHooksOnce.err)
+	}
+	return buildHooksOnce.bin
+}
+
+var buildDir struct {
+	sync.Mutex
+	dir string
+}
+
+func buildBinary(name string, flags ...string) (string, error) {
+	buildDir.Lock()
+	defer buildDir.Unlock()
+	if buildDir.dir == "" {
+		dir, err := os.MkdirTemp("", "paymentsd-build")
+		if err != nil {
+			return "", err
+		}
+		buildDir.dir = dir
+		buildOnce.dir = dir
+	}
+	bin := filepath.Join(buildDir.dir, name)
+	args := append(append([]string{"build", "-o", bin}, flags...), ".")
+	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
 // startProcess starts the binary with env and waits until it serves.
 func startProcess(t *testing.T, env map[string]string) *process {
 	t.Helper()
-	cmd := exec.Command(paymentsdBinary(t))
+	return startBinary(t, paymentsdBinary(t), env)
+}
+
+// startBinary starts bin with env and waits until it serves.
+func startBinary(t *testing.T, bin string, env map[string]string) *process {
+	t.Helper()
+	cmd := exec.Command(bin)
 	cmd.Env = []string{
 		"PAYMENTS_GRPC_ADDR=127.0.0.1:0", "PAYMENTS_HTTP_ADDR=127.0.0.1:0", "PAYMENTS_LOG_LEVEL=error",
 		"PAYMENTS_DATABASE_URL=sqlite:" + filepath.Join(t.TempDir(), "records.db"),
@@ -94,10 +138,11 @@ func startProcess(t *testing.T, env map[string]string) *process {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &process{cmd: cmd}
+	p := &process{cmd: cmd, logs: newLogBuffer()}
 	lines := bufio.NewScanner(stderr)
 	lines.Buffer(nil, 1<<20)
 	for lines.Scan() {
+		p.logs.Write(append(lines.Bytes(), '\n'))
 		var m map[string]any
 		if json.Unmarshal(lines.Bytes(), &m) == nil && m["msg"] == "serving" {
 			p.grpcAddr, p.httpAddr = m["grpc_addr"].(string), m["http_addr"].(string)
@@ -107,7 +152,7 @@ func startProcess(t *testing.T, env map[string]string) *process {
 	}
 	drained := make(chan struct{})
 	go func() {
-		io.Copy(io.Discard, stderr)
+		io.Copy(p.logs, stderr)
 		close(drained)
 	}()
 	t.Cleanup(func() {
@@ -130,7 +175,7 @@ func startProcess(t *testing.T, env map[string]string) *process {
 		<-drained
 	})
 	if p.grpcAddr == "" {
-		t.Fatalf("paymentsd did not start")
+		t.Fatalf("paymentsd did not start; it logged:\n%s", p.logs.String())
 	}
 	return p
 }

@@ -141,7 +141,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if cfg.Simulate {
 		stamp = "simulated"
 	}
-	records, err := store.Open(ctx, string(cfg.DatabaseURL), stamp, store.Options{Retention: cfg.RecordRetention})
+	records, err := store.Open(ctx, string(cfg.DatabaseURL), stamp, store.Options{Retention: cfg.RecordRetention, Now: cfg.testHooks.storeClock(string(cfg.DatabaseURL))})
 	if err != nil {
 		return fmt.Errorf("%s: %w", cfg.databaseVar(), err)
 	}
@@ -154,9 +154,14 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		Registerer:  registerer,
 		// A call holds its key for as long as the provider call can take,
 		// plus a margin for recording the outcome.
-		LeaseTTL:         cfg.UpstreamTimeout + 5*time.Second,
-		SettlementWindow: cfg.SettlementWindow,
-		Retention:        cfg.RecordRetention,
+		LeaseTTL:           cfg.UpstreamTimeout + 5*time.Second,
+		SettlementWindow:   cfg.SettlementWindow,
+		QuietPeriod:        cfg.ProviderQuietPeriod,
+		Retention:          cfg.RecordRetention,
+		TombstoneRetention: cfg.TombstoneRetention,
+		RetentionInterval:  cfg.testHooks.retentionInterval,
+		Now:                cfg.testHooks.clock,
+		MaxSends:           cfg.MaxInFlight,
 	})
 	// The webhook inbox's reader; its events are deleted with the records
 	// after PAYMENTS_RECORD_RETENTION.
@@ -295,6 +300,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if err := <-hooksDone; err != nil {
 		logger.Warn("shutdown timeout expired with webhook deliveries in flight", "error", err.Error())
 	}
+	// Provider requests whose callers gave up are still waited on, and
+	// their outcomes recorded, until the drain deadline; then they are
+	// cut off (and recorded as possibly still at the provider).
+	svc.Shutdown(drainCtx)
 	stopBackground()
 	background.Wait()
 	lifecycle.Info("stopped")

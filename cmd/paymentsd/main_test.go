@@ -309,7 +309,9 @@ func TestValidation(t *testing.T) {
 			if got := violatedFields(st); !contains(got, tt.wantField) {
 				t.Errorf("CreateMultiCardPayment(%v) violations name %q, want %q", tt.req, got, tt.wantField)
 			}
-			checkReason(t, st, "PAYMENT_NOT_CREATED")
+			// Validation reads no record: this call sent nothing, and
+			// that is all it can say.
+			checkReason(t, st, "REQUEST_NOT_SENT")
 		})
 		t.Run(tt.name+"/REST", func(t *testing.T) {
 			r := in.rest(t, tt.body, nil)
@@ -319,8 +321,8 @@ func TestValidation(t *testing.T) {
 			if !bytes.Contains(r.raw, []byte(`"`+lastElement(tt.wantField)+`"`)) {
 				t.Errorf("POST %s reply %s does not name the field %s", tt.body, r.raw, tt.wantField)
 			}
-			if got := restReason(r); got != "PAYMENT_NOT_CREATED" {
-				t.Errorf("POST %s reason = %q, want PAYMENT_NOT_CREATED", tt.body, got)
+			if got := restReason(r); got != "REQUEST_NOT_SENT" {
+				t.Errorf("POST %s reason = %q, want REQUEST_NOT_SENT", tt.body, got)
 			}
 		})
 	}

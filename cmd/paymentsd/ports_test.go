@@ -61,11 +61,17 @@ func TestInFlightCap(t *testing.T) {
 	// every CreateMultiCardPayment error does, what happened to the money.
 	_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("over-grpc"))
 	st := status.Convert(err)
-	if st.Code() != codes.ResourceExhausted || reasonOf(st) != service.ReasonNotCreated || retryDelay(st) <= 0 {
-		t.Errorf("CreateMultiCardPayment() over the cap = %v, reason %q, retry delay %v; want %v, %s, a RetryInfo", st.Code(), reasonOf(st), retryDelay(st), codes.ResourceExhausted, service.ReasonNotCreated)
+	// It reads no record, so it says only that this call sent nothing: a
+	// payment may exist for the key (held-grpc's is at the provider now).
+	if st.Code() != codes.ResourceExhausted || reasonOf(st) != service.ReasonNotSent || retryDelay(st) <= 0 {
+		t.Errorf("CreateMultiCardPayment() over the cap = %v, reason %q, retry delay %v; want %v, %s, a RetryInfo", st.Code(), reasonOf(st), retryDelay(st), codes.ResourceExhausted, service.ReasonNotSent)
 	}
-	if r := in.rest(t, validBody("over-rest"), nil); r.status != http.StatusTooManyRequests || restCode(r) != codes.ResourceExhausted || restReason(r) != service.ReasonNotCreated {
-		t.Errorf("REST over the cap = %d, code %v, reason %q; want 429, %v, %s", r.status, restCode(r), restReason(r), codes.ResourceExhausted, service.ReasonNotCreated)
+	_, err = in.client.CreateMultiCardPayment(t.Context(), validRequest("held-grpc"))
+	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || reasonOf(st) != service.ReasonNotSent {
+		t.Errorf("CreateMultiCardPayment(a key whose payment is at the provider) over the cap = %v, reason %q; want %v, %s", st.Code(), reasonOf(st), codes.ResourceExhausted, service.ReasonNotSent)
+	}
+	if r := in.rest(t, validBody("over-rest"), nil); r.status != http.StatusTooManyRequests || restCode(r) != codes.ResourceExhausted || restReason(r) != service.ReasonNotSent {
+		t.Errorf("REST over the cap = %d, code %v, reason %q; want 429, %v, %s", r.status, restCode(r), restReason(r), codes.ResourceExhausted, service.ReasonNotSent)
 	}
 	// A lookup's refusal says nothing about the payment it looks up.
 	_, err = in.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "held-grpc"})
@@ -215,12 +221,13 @@ func TestStrictREST(t *testing.T) {
 	}
 }
 
-// TestRESTRefusalsSayNotCreated checks that every REST refusal made before
+// TestRESTRefusalsSayNotSent checks that every REST refusal made before
 // anything was sent, by paymentsd's own checks or by the gateway reading
-// the body, carries ErrorInfo PAYMENT_NOT_CREATED in its google.rpc.Status
-// body, as a gRPC error does; a lookup's refusal carries no reason, since it
-// says nothing about the payment looked up.
-func TestRESTRefusalsSayNotCreated(t *testing.T) {
+// the body, carries ErrorInfo REQUEST_NOT_SENT in its google.rpc.Status
+// body, as a gRPC error does: paymentsd did not read the key's record, so
+// it can't say no payment exists. A lookup's refusal carries no reason,
+// since it says nothing about the payment looked up.
+func TestRESTRefusalsSayNotSent(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
 	in := start(t, with(sandboxEnv(p), "PAYMENTS_MAX_REQUEST_BYTES", "2048", "PAYMENTS_HTTP_READ_TIMEOUT", "1s"))
@@ -237,21 +244,21 @@ func TestRESTRefusalsSayNotCreated(t *testing.T) {
 		wantReason string
 	}{
 		{"not sent as JSON", post("Content-Type: text/plain\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n", body),
-			http.StatusUnsupportedMediaType, codes.InvalidArgument, service.ReasonNotCreated},
+			http.StatusUnsupportedMediaType, codes.InvalidArgument, service.ReasonNotSent},
 		{"declared over the size limit", post("Content-Type: application/json\r\nContent-Length: 4096\r\n", body),
-			http.StatusRequestEntityTooLarge, codes.InvalidArgument, service.ReasonNotCreated},
+			http.StatusRequestEntityTooLarge, codes.InvalidArgument, service.ReasonNotSent},
 		{"chunked over the size limit", post("Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n", chunk(strings.Repeat(" ", 4096))+"0\r\n\r\n"),
-			http.StatusRequestEntityTooLarge, codes.InvalidArgument, service.ReasonNotCreated},
+			http.StatusRequestEntityTooLarge, codes.InvalidArgument, service.ReasonNotSent},
 		{"body unreadable", post("Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n", "zz\r\n"),
-			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotCreated},
+			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotSent},
 		{"body too slow", post("Content-Type: application/json\r\nContent-Length: 100\r\n", "{"),
-			http.StatusRequestTimeout, codes.DeadlineExceeded, service.ReasonNotCreated},
+			http.StatusRequestTimeout, codes.DeadlineExceeded, service.ReasonNotSent},
 		{"data after the JSON value", post("Content-Type: application/json\r\nContent-Length: "+strconv.Itoa(2*len(body))+"\r\n", body+body),
-			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotCreated},
+			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotSent},
 		{"not JSON", post("Content-Type: application/json\r\nContent-Length: 15\r\n", "amountMoney=USD"),
-			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotCreated},
+			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotSent},
 		{"unknown field", post("Content-Type: application/json\r\nContent-Length: 12\r\n", `{"amount":1}`),
-			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotCreated},
+			http.StatusBadRequest, codes.InvalidArgument, service.ReasonNotSent},
 		{"lookup not sent as JSON", "GET /v1/multi-card-payments/refused HTTP/1.1\r\nHost: paymentsd\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nhi",
 			http.StatusUnsupportedMediaType, codes.InvalidArgument, ""},
 	}

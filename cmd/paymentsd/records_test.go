@@ -343,7 +343,8 @@ func TestLookup(t *testing.T) {
 func TestSettlementAfterConnectionResets(t *testing.T) {
 	t.Parallel()
 	p := idempotentProvider(t)
-	in := start(t, sandboxEnv(p))
+	// A short quiet period: each lost reply leaves the key quiet for it.
+	in := start(t, with(sandboxEnv(p), "PAYMENTS_UPSTREAM_TIMEOUT", "1s", "PAYMENTS_PROVIDER_QUIET_PERIOD", "1s"))
 	// The provider creates the payment and every reply is lost: the call
 	// can only say the outcome is unknown.
 	reset := upstreamtest.Reply{Fault: upstreamtest.Reset}
@@ -383,22 +384,53 @@ func TestSettlementAfterConnectionResets(t *testing.T) {
 func TestRefusalAfterUnknownStaysUnknown(t *testing.T) {
 	t.Parallel()
 	p := idempotentProvider(t)
-	in := start(t, with(sandboxEnv(p), "PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1", "PAYMENTS_SETTLEMENT_WINDOW", "1h"))
-	p.SetScript(upstreamtest.Sequence(
-		upstreamtest.Reply{Fault: upstreamtest.Reset},
-		upstreamtest.Reply{Status: http.StatusConflict, Body: []byte(`{"error":"in flight"}`)},
-		upstreamtest.Reply{Status: http.StatusBadRequest, Body: []byte(`{"error":"no"}`)},
-		upstreamtest.Reply{Status: http.StatusBadRequest, Body: []byte(`{"error":"no"}`)},
-		upstreamtest.Reply{Status: http.StatusBadRequest, Body: []byte(`{"error":"no"}`)},
-	))
-	for i := range 3 {
+	in := start(t, with(sandboxEnv(p), "PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1", "PAYMENTS_SETTLEMENT_WINDOW", "1h",
+		"PAYMENTS_UPSTREAM_TIMEOUT", "1s", "PAYMENTS_PROVIDER_QUIET_PERIOD", "1s"))
+	// The first request is lost; every later one, the callers' and
+	// settlement's, is refused: 409, then 400.
+	p.SetScript(func(n int, _ upstreamtest.Request) upstreamtest.Reply {
+		switch n {
+		case 1:
+			return upstreamtest.Reply{Fault: upstreamtest.Reset}
+		case 2:
+			return upstreamtest.Reply{Status: http.StatusConflict, Body: []byte(`{"error":"in flight"}`)}
+		}
+		return upstreamtest.Reply{Status: http.StatusBadRequest, Body: []byte(`{"error":"no"}`)}
+	})
+	refused := 0
+	for i := 0; refused < 2; i++ {
+		if i == 20 {
+			t.Fatalf("after %d calls the provider refused %d of them, want 2", i, refused)
+		}
 		_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-409"))
-		checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+		st := status.Convert(err)
+		switch reasonOf(st) {
+		case "PAYMENT_OUTCOME_UNKNOWN":
+			if providerStatus(st) >= 400 {
+				refused++
+			}
+		case "PAYMENT_IN_PROGRESS":
+			// The first request's quiet period, or settlement at the
+			// provider: wait as told.
+		default:
+			t.Fatalf("call %d = %v (%s), want PAYMENT_OUTCOME_UNKNOWN or PAYMENT_IN_PROGRESS: a refusal proves nothing about the first request", i+1, st.Code(), reasonOf(st))
+		}
 		got, gerr := in.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-409"})
 		if gerr != nil || (got.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN && got.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS) {
 			t.Fatalf("after call %d: state %v, %v; want OUTCOME_UNKNOWN", i+1, got.GetState(), gerr)
 		}
+		time.Sleep(retryDelay(st)) // as the RetryInfo says
 	}
+}
+
+// providerStatus is the provider's HTTP status in st's ProviderError, or 0.
+func providerStatus(st *status.Status) int {
+	for _, d := range st.Details() {
+		if pe, ok := d.(*paymentsv1.ProviderError); ok {
+			return int(pe.GetHttpStatus())
+		}
+	}
+	return 0
 }
 
 func TestExactNumbersBeyondDoublePrecision(t *testing.T) {
@@ -524,6 +556,8 @@ func TestSettlementGivesUpAfterTheWindow(t *testing.T) {
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
 		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
+		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
+		"PAYMENTS_PROVIDER_QUIET_PERIOD", "1s",
 	))
 	_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-window"))
 	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")

@@ -1,0 +1,34 @@
+//go:build paymentsd_testhooks
+
+package main
+
+import (
+	"time"
+)
+
+// testHooks are what this test binary (built with -tags
+// paymentsd_testhooks) lets a test change, from PAYMENTSD_TESTHOOK_*
+// variables. A production build has none of them.
+type testHooks struct {
+	hookValues
+}
+
+func loadTestHooks(getenv func(string) string, problem func(string, ...any)) testHooks {
+	var h testHooks
+	if v := getenv("PAYMENTSD_TESTHOOK_CLOCK_OFFSET"); v != "" {
+		// A replica whose clock is this far from the true time.
+		off, err := time.ParseDuration(v)
+		if err != nil {
+			problem("PAYMENTSD_TESTHOOK_CLOCK_OFFSET: want a duration")
+		}
+		h.clock = func() time.Time { return time.Now().Add(off) }
+	}
+	if v := getenv("PAYMENTSD_TESTHOOK_RETENTION_INTERVAL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			problem("PAYMENTSD_TESTHOOK_RETENTION_INTERVAL: want a duration")
+		}
+		h.retentionInterval = d
+	}
+	return h
+}
