@@ -12,7 +12,6 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -21,7 +20,9 @@ import (
 
 // Example shows an internal Go service taking a payment through the
 // generated client: a deadline, an idempotency key chosen once per payment
-// and reused on every retry, and handling by status code and ErrorInfo.
+// and reused on every retry, and handling by the ErrorInfo reason, which
+// says what happened to the money. A new key is safe only after
+// PAYMENT_NOT_CREATED.
 func Example() {
 	addr, stop := startSimulated() // paymentsd --simulate, for the example
 	defer stop()
@@ -37,7 +38,7 @@ func Example() {
 		AmountMoney:    &paymentsv1.Money{Currency: "USD", Amount: 1250},
 		IdempotencyKey: "order-1234", // one key per payment, kept for its retries
 	}
-	for attempt := 1; attempt <= 3; attempt++ {
+	for attempt := 1; attempt <= 5; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		resp, err := payments.CreateMultiCardPayment(ctx, req)
 		cancel()
@@ -46,20 +47,38 @@ func Example() {
 			return
 		}
 		st := status.Convert(err)
-		switch st.Code() {
-		case codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied:
-			fmt.Println("not created; fix the request or the deployment:", st.Code())
-			return
-		case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Unknown, codes.Internal:
-			// PAYMENT_OUTCOME_UNKNOWN means a payment may exist: only a
-			// retry with the same idempotency key may settle it.
-			fmt.Println("retrying with the same key; reason:", reason(st))
-		default:
+		switch reason(st) {
+		case "PAYMENT_NOT_CREATED":
+			// No payment exists for the key: fix the request or the
+			// deployment (st.Code() says which), and only then pay again,
+			// under a new key if the request changed.
 			fmt.Println("not created:", st.Code())
 			return
+		case "IDEMPOTENCY_KEY_REUSED", "IDEMPOTENCY_KEY_EXPIRED", "CALLER_NOT_ALLOWED":
+			// Nothing was sent now, but the key may have paid before:
+			// look it up (GetMultiCardPayment) before doing anything else.
+			fmt.Println("refused:", reason(st))
+			return
+		default:
+			// PAYMENT_OUTCOME_UNKNOWN, PAYMENT_IN_PROGRESS, REQUEST_NOT_SENT,
+			// or no reason at all (the call never reached paymentsd): a
+			// payment may exist, and only a retry with the same key learns
+			// the outcome. Wait as the RetryInfo says.
+			time.Sleep(retryAfter(st))
 		}
 	}
+	fmt.Println("outcome still unknown: look the key up later, and never pay again under a new key")
 	// Output: payment created in ENVIRONMENT_SANDBOX
+}
+
+// retryAfter is the RetryInfo's delay, or a second.
+func retryAfter(st *status.Status) time.Duration {
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration()
+		}
+	}
+	return time.Second
 }
 
 // reason returns the ErrorInfo reason paymentsd attaches to its errors.
