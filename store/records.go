@@ -380,7 +380,12 @@ func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record, now t
 	d := s.d
 	if !r.TombstonedAt.IsZero() {
 		ts, err := s.tombstoneTx(ctx, tx, keySHA256(c.Key))
-		if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			// The tombstone has expired already (a tombstone retention
+			// shorter than the grace period): the record says the same.
+			ts = Tombstone{KeySHA256: keySHA256(c.Key), BodySHA256: r.BodySHA256, State: r.State, GaveUp: r.GaveUp,
+				CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiredAt: r.TombstonedAt}
+		} else if err != nil {
 			return Began{}, fmt.Errorf("tombstone of a tombstoned record: %w", err)
 		}
 		return Began{Outcome: Expired, Tombstone: ts}, nil

@@ -54,9 +54,8 @@ func TestSQLiteBeginSurvivesExit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		now := time.Now()
 		if _, err := s.Begin(context.Background(), Claim{Key: "k", BodySHA256: sha256.Sum256(nil), Owner: "child",
-			Now: now, LeaseUntil: now.Add(time.Minute), SettleBy: now.Add(time.Hour)}); err != nil {
+			LeaseTTL: time.Minute, Window: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		os.Exit(0) // no Close, no checkpoint
@@ -95,7 +94,6 @@ func TestSQLiteTwoStoresOneKey(t *testing.T) {
 		defer s.Close()
 		stores[i] = s
 	}
-	now := time.Now()
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -104,7 +102,7 @@ func TestSQLiteTwoStoresOneKey(t *testing.T) {
 	for i := range 16 {
 		wg.Go(func() {
 			b, err := stores[i%2].Begin(ctx, Claim{Key: "k", BodySHA256: sha256.Sum256(nil), Owner: "o",
-				Now: now, LeaseUntil: now.Add(time.Minute), SettleBy: now.Add(time.Hour)})
+				LeaseTTL: time.Minute, Window: time.Hour})
 			if err != nil {
 				t.Errorf("Begin: %v", err)
 				return

@@ -251,7 +251,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		StateInProgress: 0, StateSucceeded: 0, StateNotCreated: 0, StateOutcomeUnknown: 0,
 	}}
 	err := func() error {
-		rows, err := s.r.QueryContext(ctx, `SELECT state, COUNT(*) FROM records GROUP BY state`)
+		rows, err := s.r.QueryContext(ctx, `SELECT state, COUNT(*) FROM records WHERE tombstoned_at IS NULL GROUP BY state`)
 		if err != nil {
 			return err
 		}
@@ -267,7 +267,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		if err := s.r.QueryRowContext(ctx, s.d.q(`SELECT COUNT(*) FROM records WHERE state = $1 AND gave_up = $2`),
+		if err := s.r.QueryRowContext(ctx, s.d.q(`SELECT COUNT(*) FROM records WHERE state = $1 AND gave_up = $2 AND tombstoned_at IS NULL`),
 			int(StateOutcomeUnknown), true).Scan(&st.Unsettled); err != nil {
 			return err
 		}
