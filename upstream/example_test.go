@@ -74,9 +74,10 @@ func ExampleError() {
 	var failure *upstream.Error
 	var status *upstream.StatusError
 	if errors.As(err, &failure) && errors.As(err, &status) {
-		// A 5xx may come after the payment was made: retry later with the
-		// same idempotency key to find out.
+		// A 5xx may come after the payment was made, or while the
+		// provider still works on it: it is not retried at once, and a
+		// retry later with the same idempotency key finds out.
 		fmt.Println(failure.Attempts, failure.MaybeCreated, status.Status)
 	}
-	// Output: 2 true 503
+	// Output: 1 true 503
 }

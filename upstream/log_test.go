@@ -99,9 +99,9 @@ func TestAttemptLogsCause(t *testing.T) {
 			cfg.APIKey = key + "\nsecond-line"
 		}, "invalid header field value", "unreachable", 0},
 		{"provider status", func(t *testing.T, cfg *upstream.Config) {
-			srv := newServer(t, upstreamtest.Always(reply(http.StatusServiceUnavailable, `{"key":"`+key+`"}`)))
+			srv := newServer(t, upstreamtest.Always(reply(http.StatusTooManyRequests, `{"key":"`+key+`"}`)))
 			cfg.BaseURL = srv.URL
-		}, "503", "", 503},
+		}, "429", "", 429},
 	}
 	causes := map[string]string{}
 	var mu sync.Mutex

@@ -250,8 +250,10 @@ type Error struct {
 	// AtProvider reports that the last request may still be at the
 	// provider: it was written whole and ended without the provider's
 	// answer (a deadline or cancellation cut it off, or the connection was
-	// lost before a status came back), or a gateway answered 504 for it
-	// (its own timeout, not the provider's answer). Cutting off our side
+	// lost before a status came back), or was answered with a status that
+	// proves nothing (anything but a 2xx or a refusal before processing:
+	// a proxy's 408, a load balancer's 502 or 503, a gateway's 504 may
+	// come while the provider works on). Cutting off our side
 	// of a request does not stop the provider working on it, so nothing
 	// more may be sent with its key until the provider can be presumed
 	// done: the client makes no further attempt, and callers must wait a
@@ -277,12 +279,12 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // CreateMultiCardPayment asks the provider to create a payment. Every
 // attempt carries p.IdempotencyKey and the same body. A request that never
-// reached the provider (the connection could not be made) and the statuses
-// 408, 429, 500, 502 and 503 are retried, with backoff, while the next wait
-// fits in the context's deadline. A request that may still be at the
-// provider (see Error.AtProvider) is never followed by another: the two
-// would be at the provider at once with one key. On failure the error is
-// an *Error.
+// reached the provider (the connection could not be made), a 2xx whose
+// reply was cut off, and a 429 are retried, with backoff, while the next
+// wait fits in the context's deadline. A request that may still be at the
+// provider (see Error.AtProvider: any other status, or none) is never
+// followed by another: the two would be at the provider at once with one
+// key. On failure the error is an *Error.
 func (c *Client) CreateMultiCardPayment(ctx context.Context, p Payment) (*Reply, error) {
 	body, err := EncodeRequest(p)
 	if err != nil {
@@ -324,7 +326,7 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		}
 		failure.Err = err
 		failure.MaybeCreated = failure.MaybeCreated || maybeCreated(err, sent)
-		failure.AtProvider = sent && (!answered || isStatus(err, http.StatusGatewayTimeout))
+		failure.AtProvider = sent && (!answered || mayStillBeWorkedOn(err))
 		switch {
 		case failure.AtProvider:
 			c.logAttempt(ctx, failure.Attempts, err, sent, "none: the request may still be at the provider")
@@ -401,9 +403,10 @@ func (e *causeError) Unwrap() error { return e.sentinel }
 // written, so the provider may have acted on it; answered, that a status
 // came back, so the provider is done with it.
 func (c *Client) attempt(ctx context.Context, body []byte) (_ *Reply, sent, answered bool, _ error) {
-	var wrote atomic.Bool
+	var wrote, connected atomic.Bool
 	trace := &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
+			connected.Store(true)
 			if !info.Reused {
 				c.metrics.connOpened()
 			}
@@ -423,25 +426,42 @@ func (c *Client) attempt(ctx context.Context, body []byte) (_ *Reply, sent, answ
 		"Content-Type": {"application/json"},
 		"Accept":       {"application/json"},
 	}
+	// Without GetBody the transport can't re-send the request on its own
+	// (HTTP/2 does, after some stream errors and GOAWAYs): every request
+	// the provider may see is an attempt this client counts and judges.
+	req.GetBody = nil
 
 	start := time.Now()
 	c.metrics.start()
 	defer c.metrics.end()
 	resp, err := c.http.Do(req)
 	if err != nil {
-		err = c.transportError(ctx, err, wrote.Load())
+		// A request cut off by the context once it had a connection may
+		// have been written whole just as the context ended, before the
+		// transport reported it: it may be at the provider.
+		sent := wrote.Load() || (ctx.Err() != nil && connected.Load())
+		err = c.transportError(ctx, err, sent)
 		c.metrics.observe(transportLabel(err), time.Since(start))
-		return nil, wrote.Load(), false, err
+		return nil, sent, false, err
 	}
 	reply, err := c.readReply(ctx, resp)
 	c.metrics.observe(strconv.Itoa(resp.StatusCode), time.Since(start))
 	return reply, true, true, err
 }
 
-// isStatus reports whether err is the provider's answer with status.
-func isStatus(err error, status int) bool {
+// mayStillBeWorkedOn reports whether a request answered with err may
+// still be worked on at the provider. Only a 2xx (here, one whose reply
+// could not be read) and the refusals that prove the request was not
+// acted on say the provider is done with it. Any other status may come
+// from something in front of the provider (a proxy's 408, a load
+// balancer's 502 or 503, a gateway's 504 or 500) while the request goes
+// on behind it.
+func mayStillBeWorkedOn(err error) bool {
 	var se *StatusError
-	return errors.As(err, &se) && se.Status == status
+	if !errors.As(err, &se) {
+		return false // a 2xx whose reply was cut off or unreadable
+	}
+	return !refusedUnprocessed(se.Status)
 }
 
 // readReply turns a response into a Reply or an error, and always closes
@@ -582,17 +602,16 @@ func parseSeconds(v string) (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-// retryable reports whether another attempt may succeed where this failed.
+// retryable reports whether another attempt may succeed where this failed,
+// and may be made at once: the provider is certainly done with the failed
+// request (see mayStillBeWorkedOn). That leaves a request that never reached
+// the provider, a 2xx whose reply was cut off (the request again gets the
+// same answer from an idempotent provider), and a 429, a refusal before
+// any work.
 func retryable(err error) bool {
 	var se *StatusError
 	if errors.As(err, &se) {
-		switch se.Status {
-		case http.StatusRequestTimeout, http.StatusTooManyRequests,
-			http.StatusInternalServerError, http.StatusBadGateway,
-			http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-			return true
-		}
-		return false
+		return se.Status == http.StatusTooManyRequests
 	}
 	return errors.Is(err, ErrUnreachable) || errors.Is(err, ErrConnectionLost)
 }

@@ -354,14 +354,12 @@ func TestSimulatedReply(t *testing.T) {
 	}
 }
 
+// TestRetriesRetryableStatus: a 429 is a refusal before any work, so it
+// is retried at once.
 func TestRetriesRetryableStatus(t *testing.T) {
 	t.Parallel()
 	statuses := []int{
-		http.StatusRequestTimeout,
 		http.StatusTooManyRequests,
-		http.StatusInternalServerError,
-		http.StatusBadGateway,
-		http.StatusServiceUnavailable,
 	}
 	for _, status := range statuses {
 		t.Run(strconv.Itoa(status), func(t *testing.T) {
@@ -387,6 +385,31 @@ func TestRetriesRetryableStatus(t *testing.T) {
 				if string(req.Body) != wireBody(p) {
 					t.Errorf("request %d: body = %s, want %s", i+1, req.Body, wireBody(p))
 				}
+			}
+		})
+	}
+}
+
+// TestNoRetryWhileMaybeAtProvider: a status that may come from something
+// in front of the provider while the provider works on (a proxy's 408, a
+// load balancer's 500, 502 or 503, a gateway's 504) proves the provider
+// done with nothing: the request may still be there, so nothing follows
+// it with its key.
+func TestNoRetryWhileMaybeAtProvider(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{408, 409, 422, 500, 502, 503, 504, 599, 302} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			t.Parallel()
+			srv := newServer(t, upstreamtest.Sequence(reply(status, `{"error":"try again"}`)))
+			c := newClient(t, testConfig(t, srv.URL))
+			_, err := c.CreateMultiCardPayment(t.Context(), payment("idem-maybe"))
+			ue := callError(t, err)
+			se := statusError(t, err)
+			if se.Status != status || ue.Attempts != 1 || !ue.MaybeCreated || !ue.AtProvider {
+				t.Errorf("got %d after %d attempts, MaybeCreated %v, AtProvider %v; want %d after 1, true, true", se.Status, ue.Attempts, ue.MaybeCreated, ue.AtProvider, status)
+			}
+			if n := len(srv.Requests()); n != 1 {
+				t.Errorf("provider got %d requests, want 1", n)
 			}
 		})
 	}
@@ -480,24 +503,24 @@ func TestRetryLimits(t *testing.T) {
 			wantAttempts: 1, wantStatus: 503, wantMaybe: true,
 		},
 		{
-			name:         "5xx on every attempt",
+			name:         "429 on every attempt, 4 allowed",
 			maxAttempts:  4,
-			script:       upstreamtest.Always(reply(500, "")),
-			wantAttempts: 4, wantStatus: 500, wantMaybe: true,
+			script:       upstreamtest.Always(reply(429, "")),
+			wantAttempts: 4, wantStatus: 429, wantMaybe: false,
 		},
 		{
 			name:         "zero MaxAttempts is the default",
 			maxAttempts:  0,
-			script:       upstreamtest.Always(reply(502, "")),
-			wantAttempts: upstream.DefaultMaxAttempts, wantStatus: 502, wantMaybe: true,
+			script:       upstreamtest.Always(reply(429, "")),
+			wantAttempts: upstream.DefaultMaxAttempts, wantStatus: 429, wantMaybe: false,
 		},
 		{
-			// A 5xx may have created the payment; a later refusal does not
-			// undo that.
-			name:         "refusal after 5xx",
+			// A 2xx whose reply was lost may have created the payment; a
+			// later refusal does not undo that.
+			name:         "refusal after a 2xx cut off",
 			maxAttempts:  3,
-			script:       upstreamtest.Sequence(reply(503, ""), reply(409, "")),
-			wantAttempts: 2, wantStatus: 409, wantMaybe: true,
+			script:       upstreamtest.Sequence(upstreamtest.Reply{Status: 200, Body: []byte(`{"id":"p"}`), Fault: upstreamtest.CutBody}, reply(400, "")),
+			wantAttempts: 2, wantStatus: 400, wantMaybe: true,
 		},
 		{
 			// 429 is a refusal before any work: retried, but no payment.
@@ -885,11 +908,10 @@ func TestRetryAfterHonoured(t *testing.T) {
 		// The wait is at least min.
 		min time.Duration
 	}{
-		{"seconds on 503", 503, func() string { return "1" }, time.Second},
 		{"seconds on 429", 429, func() string { return "1" }, time.Second},
 		// An HTTP date has whole seconds: two seconds from now is more
 		// than one second from the start of the call.
-		{"HTTP date", 503, func() string { return time.Now().Add(2 * time.Second).UTC().Format(http.TimeFormat) }, time.Second},
+		{"HTTP date", 429, func() string { return time.Now().Add(2 * time.Second).UTC().Format(http.TimeFormat) }, time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -954,7 +976,7 @@ func TestRetryAfterCapped(t *testing.T) {
 	t.Run("wait", func(t *testing.T) {
 		t.Parallel()
 		srv := newServer(t, upstreamtest.Sequence(upstreamtest.Reply{
-			Status: http.StatusServiceUnavailable,
+			Status: http.StatusTooManyRequests,
 			Header: http.Header{"Retry-After": {"3600"}},
 		}))
 		cfg := testConfig(t, srv.URL)
@@ -1060,20 +1082,16 @@ func TestCircuitBreaker(t *testing.T) {
 
 	t.Run("opens during retries", func(t *testing.T) {
 		t.Parallel()
-		srv := newServer(t, upstreamtest.Always(reply(http.StatusBadGateway, "")))
-		cfg := breakerConfig(t, srv.URL, time.Hour)
+		cfg := breakerConfig(t, closedURL(t), time.Hour)
 		cfg.MaxAttempts = 5
 		cfg.BreakerFailures = 2
 		c := newClient(t, cfg)
 		_, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
 		ue := callError(t, err)
-		// The caller learns what the provider said, not that the client
-		// stopped asking.
-		if se := statusError(t, err); se.Status != http.StatusBadGateway || ue.Attempts != 2 || !ue.MaybeCreated {
-			t.Errorf("got %v after %d attempts, MaybeCreated %v; want 502 after 2, true", err, ue.Attempts, ue.MaybeCreated)
-		}
-		if n := len(srv.Requests()); n != 2 {
-			t.Errorf("provider got %d requests, want 2", n)
+		// The caller learns what went wrong, not that the client stopped
+		// asking.
+		if !errors.Is(err, upstream.ErrUnreachable) || ue.Attempts != 2 || ue.MaybeCreated {
+			t.Errorf("got %v after %d attempts, MaybeCreated %v; want ErrUnreachable after 2, false", err, ue.Attempts, ue.MaybeCreated)
 		}
 	})
 
@@ -1417,7 +1435,7 @@ func TestMetrics(t *testing.T) {
 	m := upstream.NewMetrics(reg)
 	arrived := make(chan struct{}, 1)
 	srv := newServer(t, upstreamtest.Sequence(
-		reply(503, ""), // call 1: 503, then 200
+		reply(429, ""), // call 1: 429, then 200
 		upstreamtest.Reply{},
 		reply(409, ""), // call 2: 409
 		upstreamtest.Reply{Fault: upstreamtest.Reset}, // call 3: lost, and not retried
@@ -1466,7 +1484,7 @@ func TestMetrics(t *testing.T) {
 		want   float64
 	}{
 		{"paymentsd_provider_requests_total", []string{"outcome", "200"}, 1},
-		{"paymentsd_provider_requests_total", []string{"outcome", "503"}, 1},
+		{"paymentsd_provider_requests_total", []string{"outcome", "429"}, 1},
 		{"paymentsd_provider_requests_total", []string{"outcome", "409"}, 1},
 		{"paymentsd_provider_requests_total", []string{"outcome", "connection_lost"}, 1},
 		{"paymentsd_provider_requests_total", []string{"outcome", "canceled"}, 1},
@@ -1490,7 +1508,7 @@ func TestMetrics(t *testing.T) {
 // A nil *Metrics records nothing and is safe.
 func TestNilMetrics(t *testing.T) {
 	t.Parallel()
-	srv := newServer(t, upstreamtest.Sequence(reply(503, "")))
+	srv := newServer(t, upstreamtest.Sequence(reply(429, "")))
 	c := newClient(t, testConfig(t, srv.URL))
 	if _, err := c.CreateMultiCardPayment(t.Context(), payment("k")); err != nil {
 		t.Fatal(err)
@@ -1700,13 +1718,14 @@ func TestOutcomeByStatus(t *testing.T) {
 // outcome unknown, whatever later attempts answer.
 func TestOutcomeUnknownSticks(t *testing.T) {
 	t.Parallel()
-	srv := newServer(t, upstreamtest.Sequence(reply(http.StatusServiceUnavailable, ""), reply(http.StatusTooManyRequests, "")))
+	cut := upstreamtest.Reply{Status: http.StatusOK, Body: []byte(`{"id":"p"}`), Fault: upstreamtest.CutBody}
+	srv := newServer(t, upstreamtest.Sequence(cut, reply(http.StatusTooManyRequests, "")))
 	cfg := testConfig(t, srv.URL)
 	cfg.MaxAttempts = 2
 	c := newClient(t, cfg)
 	_, err := c.CreateMultiCardPayment(t.Context(), payment("k-sticky"))
 	if ue := callError(t, err); !ue.MaybeCreated || ue.Attempts != 2 {
-		t.Errorf("503 then 429: MaybeCreated, Attempts = %v, %d; want true, 2", ue.MaybeCreated, ue.Attempts)
+		t.Errorf("2xx cut off then 429: MaybeCreated, Attempts = %v, %d; want true, 2", ue.MaybeCreated, ue.Attempts)
 	}
 }
 
