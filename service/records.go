@@ -608,41 +608,29 @@ func (s *Service) notSentError(ctx context.Context, err error) error {
 	return s.retryable(st, ReasonNotSent)
 }
 
-// notCreatedError is the answer when the claim failed and the key's
-// record, read afterwards, shows that no payment exists for the key.
-func (s *Service) notCreatedError(ctx context.Context, err error) error {
-	code := codes.Unavailable
-	switch {
-	case errors.Is(ctx.Err(), context.Canceled):
-		code = codes.Canceled
-	case ctx.Err() != nil:
-		code = codes.DeadlineExceeded
-	default:
-		s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
-	}
-	st := status.New(code, "paymentsd could not write its payment record, so this call sent nothing, and its record shows no payment for this idempotency key: retry with the same key")
-	return s.retryable(st, ReasonNotCreated)
-}
-
 // beginError is the answer when claiming the key's record failed. This
 // call sent nothing, but an earlier one with the key may have created the
-// payment, and the claim itself may have committed (the store could not
-// tell: store.ErrCommitUnknown), leaving a record that settlement would
-// send. So paymentsd reads the record, briefly, before answering:
+// payment; another call's claim for it, on this replica or another, may
+// be about to commit (a read sees only committed records); and this call's
+// own claim may have committed after all (the store could not tell:
+// store.ErrCommitUnknown), leaving a record that settlement would send.
+// So paymentsd reads the record, briefly, before answering:
 //
-//   - no record and no tombstone, or a record that certainly created
-//     nothing: PAYMENT_NOT_CREATED, unless the claim may have committed;
-//   - a tombstone: IDEMPOTENCY_KEY_EXPIRED;
 //   - this call's own claim, committed after all: it is marked NotCreated
 //     if the claim started the key afresh, so settlement never sends it,
-//     and OutcomeUnknown otherwise (it took over a record whose earlier
-//     attempt may have created the payment);
+//     and the caller is told PAYMENT_NOT_CREATED (the call held the key's
+//     lease until then, so no other call could have sent it); if it took
+//     over a record whose earlier attempt may have created the payment, it
+//     stays unknown, for settlement;
 //   - a record another call holds: PAYMENT_IN_PROGRESS;
-//   - anything else (unknown, succeeded): PAYMENT_OUTCOME_UNKNOWN.
+//   - an unknown or succeeded record: PAYMENT_OUTCOME_UNKNOWN;
+//   - a tombstone: IDEMPOTENCY_KEY_EXPIRED;
+//   - no record, a record that certainly created nothing, or no answer at
+//     all: REQUEST_NOT_SENT. No record is not proof that no payment
+//     exists: a claim that has not committed yet is invisible.
 //
-// When the record can't be read, nothing is known: REQUEST_NOT_SENT if
-// the claim wrote nothing, PAYMENT_OUTCOME_UNKNOWN if it may have
-// committed (settlement may send it).
+// If the claim may have committed and the record can't be read, the answer
+// is PAYMENT_OUTCOME_UNKNOWN (settlement may send it).
 func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) error {
 	if errors.Is(err, store.ErrKeyNotStorable) {
 		return s.notStorableError("idempotency_key")
@@ -652,19 +640,6 @@ func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) 
 	defer cancel()
 	rec, gerr := s.store.Get(rctx, claim.Key)
 	switch {
-	case errors.Is(gerr, store.ErrNotFound) && !mayHaveCommitted:
-		ts, terr := s.store.Tombstone(rctx, claim.Key)
-		switch {
-		case terr == nil:
-			return s.expiredError(codes.FailedPrecondition, claim.Key, ts)
-		case errors.Is(terr, store.ErrNotFound):
-			return s.notCreatedError(ctx, err)
-		}
-		return s.notSentError(ctx, err)
-	case gerr != nil && !mayHaveCommitted:
-		return s.notSentError(ctx, err)
-	case gerr == nil && rec.State == store.StateNotCreated && !mayHaveCommitted:
-		return s.notCreatedError(ctx, err)
 	case gerr == nil && rec.State == store.StateInProgress && rec.LeaseOwner == claim.Owner:
 		fin := store.Finish{Key: claim.Key, Owner: claim.Owner, State: store.StateNotCreated,
 			Code: int32(codes.Unavailable), LastError: "paymentsd's record store failed as the record was written; nothing was sent"}
@@ -680,12 +655,40 @@ func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) 
 		}
 	case gerr == nil && rec.State == store.StateInProgress:
 		return s.inProgressError(claim.Key)
+	case gerr == nil && (rec.State == store.StateOutcomeUnknown || rec.State == store.StateSucceeded):
+		// Below: an earlier call may have created the payment.
+	case mayHaveCommitted:
+		// The claim may be written, and can't be seen: settlement may
+		// send it.
+	case errors.Is(gerr, store.ErrNotFound):
+		if ts, terr := s.store.Tombstone(rctx, claim.Key); terr == nil {
+			return s.expiredError(codes.FailedPrecondition, claim.Key, ts)
+		}
+		return s.notSentError(ctx, err)
+	default:
+		return s.notSentError(ctx, err)
 	}
 	if ctx.Err() == nil {
 		s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
 	}
 	st := status.New(codes.Unavailable, "paymentsd could not be sure its record for this call was written, or an earlier call with the key may have created the payment; this call sent nothing: retry with the same idempotency key, never a new one")
 	return s.retryable(st, ReasonOutcomeUnknown)
+}
+
+// notCreatedError is the answer when this call's own claim committed
+// although the store reported an error, and has been marked NotCreated.
+func (s *Service) notCreatedError(ctx context.Context, err error) error {
+	code := codes.Unavailable
+	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		code = codes.Canceled
+	case ctx.Err() != nil:
+		code = codes.DeadlineExceeded
+	default:
+		s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
+	}
+	st := status.New(code, "paymentsd's record store failed as it wrote this call's record; nothing was sent, and the record now says no payment exists for this idempotency key: retry with the same key")
+	return s.retryable(st, ReasonNotCreated)
 }
 
 // lookupError is the answer when a lookup can't read the record: of the

@@ -63,17 +63,18 @@ type PaymentsServiceClient interface {
 	//     still be at the provider, so nothing more is sent with its key
 	//     until its start plus the deployment's provider quiet period: a
 	//     call meanwhile gets ABORTED (409), PAYMENT_IN_PROGRESS, with a
-	//     RetryInfo for the time left. So the provider never has two
-	//     requests with one key at once.
+	//     RetryInfo for the time left. So, as long as the provider is done
+	//     with a request within the quiet period, it never has two requests
+	//     with one key at once.
 	//   - Expiry: once retention deletes a key's record, a tombstone keeps
 	//     the key (as a hash) for the tombstone retention period, and a call
 	//     with it is refused before the provider: FAILED_PRECONDITION (422),
 	//     IDEMPOTENCY_KEY_EXPIRED.
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
-	//     REQUEST_NOT_SENT when the record can't be read either,
-	//     PAYMENT_NOT_CREATED when it shows no payment for the key, or
-	//     PAYMENT_OUTCOME_UNKNOWN when an earlier call with the key may have
-	//     created the payment.
+	//     REQUEST_NOT_SENT (a missing record proves nothing: another call's
+	//     claim may be about to commit), or PAYMENT_OUTCOME_UNKNOWN when the
+	//     record shows an earlier call with the key may have created the
+	//     payment, or PAYMENT_IN_PROGRESS while another call holds it.
 	//
 	// Retrying a call with the same idempotency_key is always safe and is the
 	// way to learn an uncertain outcome. A new key is safe only after
@@ -167,8 +168,8 @@ type PaymentsServiceClient interface {
 	//     (PAYMENT_IN_PROGRESS); or the provider answered 409, which does not
 	//     prove the payment absent (PAYMENT_OUTCOME_UNKNOWN).
 	//   - UNAVAILABLE (503): also when paymentsd could not write its record;
-	//     nothing was sent by this call (REQUEST_NOT_SENT, PAYMENT_NOT_CREATED
-	//     or PAYMENT_OUTCOME_UNKNOWN, as above).
+	//     nothing was sent by this call (REQUEST_NOT_SENT, or
+	//     PAYMENT_OUTCOME_UNKNOWN or PAYMENT_IN_PROGRESS, as above).
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
 	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
 	//   - RESOURCE_EXHAUSTED (429) with REQUEST_NOT_SENT and a RetryInfo:
@@ -266,17 +267,18 @@ type PaymentsServiceServer interface {
 	//     still be at the provider, so nothing more is sent with its key
 	//     until its start plus the deployment's provider quiet period: a
 	//     call meanwhile gets ABORTED (409), PAYMENT_IN_PROGRESS, with a
-	//     RetryInfo for the time left. So the provider never has two
-	//     requests with one key at once.
+	//     RetryInfo for the time left. So, as long as the provider is done
+	//     with a request within the quiet period, it never has two requests
+	//     with one key at once.
 	//   - Expiry: once retention deletes a key's record, a tombstone keeps
 	//     the key (as a hash) for the tombstone retention period, and a call
 	//     with it is refused before the provider: FAILED_PRECONDITION (422),
 	//     IDEMPOTENCY_KEY_EXPIRED.
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
-	//     REQUEST_NOT_SENT when the record can't be read either,
-	//     PAYMENT_NOT_CREATED when it shows no payment for the key, or
-	//     PAYMENT_OUTCOME_UNKNOWN when an earlier call with the key may have
-	//     created the payment.
+	//     REQUEST_NOT_SENT (a missing record proves nothing: another call's
+	//     claim may be about to commit), or PAYMENT_OUTCOME_UNKNOWN when the
+	//     record shows an earlier call with the key may have created the
+	//     payment, or PAYMENT_IN_PROGRESS while another call holds it.
 	//
 	// Retrying a call with the same idempotency_key is always safe and is the
 	// way to learn an uncertain outcome. A new key is safe only after
@@ -370,8 +372,8 @@ type PaymentsServiceServer interface {
 	//     (PAYMENT_IN_PROGRESS); or the provider answered 409, which does not
 	//     prove the payment absent (PAYMENT_OUTCOME_UNKNOWN).
 	//   - UNAVAILABLE (503): also when paymentsd could not write its record;
-	//     nothing was sent by this call (REQUEST_NOT_SENT, PAYMENT_NOT_CREATED
-	//     or PAYMENT_OUTCOME_UNKNOWN, as above).
+	//     nothing was sent by this call (REQUEST_NOT_SENT, or
+	//     PAYMENT_OUTCOME_UNKNOWN or PAYMENT_IN_PROGRESS, as above).
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
 	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
 	//   - RESOURCE_EXHAUSTED (429) with REQUEST_NOT_SENT and a RetryInfo:
