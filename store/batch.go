@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -43,6 +44,32 @@ type batchOp struct {
 	// done gets the operation's result, after the batch has committed or
 	// failed.
 	done func(error)
+	// state is opQueued until the batcher takes the operation (opTaken)
+	// or its caller gives up waiting for it first (opAbandoned).
+	state atomic.Int32
+}
+
+const (
+	opQueued int32 = iota
+	opTaken
+	opAbandoned
+)
+
+// take reports whether the batcher may run op: its caller has not given
+// up on it. Once taken, the caller waits for its result.
+func (op *batchOp) take() bool {
+	if op.ctx != nil && op.ctx.Err() != nil {
+		op.state.CompareAndSwap(opQueued, opAbandoned)
+	}
+	return op.state.CompareAndSwap(opQueued, opTaken)
+}
+
+// abandoned is the error of an operation its caller gave up on.
+func (op *batchOp) abandoned() error {
+	if op.ctx != nil && op.ctx.Err() != nil {
+		return op.ctx.Err()
+	}
+	return context.Canceled
 }
 
 // clean reports whether an operation's error leaves the transaction as it
@@ -85,12 +112,24 @@ func (b *batcher) submit(op *batchOp) {
 	}
 }
 
-// run submits fn and waits for its result. It waits even if ctx ends: an
-// operation that has run must learn whether it committed.
+// run submits fn and waits for its result. If ctx ends while fn is still
+// queued (a busy writer: another process holding SQLite's lock, a slow
+// commit), it gives up at once and fn never runs; once fn has been taken
+// into a batch, it waits even if ctx ends: an operation that has run must
+// learn whether it committed.
 func (b *batcher) run(ctx context.Context, fn func(context.Context, *sql.Tx, time.Time) error) error {
 	errc := make(chan error, 1)
-	b.submit(&batchOp{ctx: ctx, fn: fn, done: func(err error) { errc <- err }})
-	return <-errc
+	op := &batchOp{ctx: ctx, fn: fn, done: func(err error) { errc <- err }}
+	b.submit(op)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		if op.state.CompareAndSwap(opQueued, opAbandoned) {
+			return ctx.Err()
+		}
+		return <-errc
+	}
 }
 
 // close runs what is queued, then stops the batcher.
@@ -142,8 +181,8 @@ func (s *Store) runBatch(ops []*batchOp) {
 			return err
 		}
 		for i, op := range ops {
-			if op.ctx != nil && op.ctx.Err() != nil {
-				errs[i] = op.ctx.Err()
+			if !op.take() {
+				errs[i] = op.abandoned()
 				continue
 			}
 			if err := op.fn(ctx, tx, now); err != nil {
@@ -157,8 +196,8 @@ func (s *Store) runBatch(ops []*batchOp) {
 	})
 	if errors.Is(err, errBatchFailed) {
 		for _, op := range ops {
-			if op.ctx != nil && op.ctx.Err() != nil {
-				op.done(op.ctx.Err())
+			if op.state.Load() != opTaken && !op.take() {
+				op.done(op.abandoned())
 				continue
 			}
 			op.done(s.transact(ctx, func(tx *sql.Tx) error {
