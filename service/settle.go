@@ -159,7 +159,9 @@ func (s *Service) deleteExpired(ctx context.Context) {
 		n, err := s.store.DeleteExpired(ctx, keep, retentionBatch)
 		s.metrics.storeOp("delete", start, err)
 		if err != nil {
-			s.logger.Warn("retention could not delete expired records", slog.String("error", err.Error()))
+			if ctx.Err() == nil {
+				s.logger.Warn("retention could not delete expired records", slog.String("error", err.Error()))
+			}
 			return
 		}
 		if n == 0 {

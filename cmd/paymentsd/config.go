@@ -236,6 +236,11 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		problem("PAYMENTS_PROVIDER_QUIET_PERIOD (%v) must be shorter than PAYMENTS_SETTLEMENT_WINDOW (%v), or a key whose request went unanswered could never be settled", c.ProviderQuietPeriod, c.SettlementWindow)
 	}
 	c.TombstoneRetention = durationVar(getenv, "PAYMENTS_TOMBSTONE_RETENTION", 400*24*time.Hour, problem)
+	if c.TombstoneRetention < time.Hour {
+		// A tombstone must outlive its record, which retention deletes
+		// minutes after writing the tombstone.
+		problem("PAYMENTS_TOMBSTONE_RETENTION must be at least 1h: a tombstone refuses its key only while it is kept")
+	}
 	c.testHooks = loadTestHooks(getenv, problem)
 	c.loadDatabase(getenv, problem)
 	c.MaxInFlight = intVar(getenv, "PAYMENTS_MAX_IN_FLIGHT", service.DefaultMaxInFlight, 1, 100000, problem)

@@ -331,14 +331,17 @@ func TestOneRequestPerKeyAtTheProvider(t *testing.T) {
 
 // TestReplicasWithClocksApart runs two replicas on one PostgreSQL database,
 // one with its clock 5s ahead and one 5s behind, calling the same keys
-// through both at once. Leases go by the database's clock, so the two never
-// both hold a key; each replica sees how far off it is, and says so.
+// through both at once; the database server's clock is an hour ahead of
+// both, so a decision that read any clock but the server's would be far
+// off. Leases go by the database's clock, so the two never both hold a
+// key; each replica sees how far off it is, and says so.
 func TestReplicasWithClocksApart(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs the binary twice against a PostgreSQL server")
 	}
-	db := storetest.PostgresURL(t)
+	db, serverClock := storetest.PostgresURLWithClock(t)
+	serverClock.Set(time.Hour)
 	p := honestProvider(t, randomDelay(1500*time.Millisecond))
 	env := with(sandboxEnv(p),
 		"PAYMENTS_DATABASE_URL", db,
@@ -376,7 +379,7 @@ func TestReplicasWithClocksApart(t *testing.T) {
 		name string
 		proc *process
 		want float64
-	}{{"ahead", ahead, 5}, {"behind", behind, -5}} {
+	}{{"ahead", ahead, 5 - 3600}, {"behind", behind, -5 - 3600}} {
 		off := metricOf(t, tt.proc, "paymentsd_clock_offset_seconds")
 		if off < tt.want-1 || off > tt.want+1 {
 			t.Errorf("%s: paymentsd_clock_offset_seconds = %v, want about %v", tt.name, off, tt.want)

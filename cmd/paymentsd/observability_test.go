@@ -74,7 +74,7 @@ next:
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
-	p.SetScript(perKey(upstreamtest.Reply{Status: 503}, upstreamtest.Reply{}))
+	p.SetScript(perKey(upstreamtest.Reply{Status: 429}, upstreamtest.Reply{}))
 	in := start(t, sandboxEnv(p))
 	if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-metrics")); err != nil {
 		t.Fatalf("CreateMultiCardPayment() = %v", err)
@@ -91,7 +91,7 @@ func TestMetrics(t *testing.T) {
 		{"grpc_server_handled_total", with(method, "grpc_code", "OK"), 1},
 		{"grpc_server_handled_total", with(method, "grpc_code", "InvalidArgument"), 1},
 		{"grpc_server_handling_seconds", method, 2},
-		{"paymentsd_provider_requests_total", map[string]string{"outcome": "503", "environment": "sandbox"}, 1},
+		{"paymentsd_provider_requests_total", map[string]string{"outcome": "429", "environment": "sandbox"}, 1},
 		{"paymentsd_provider_requests_total", map[string]string{"outcome": "200", "environment": "sandbox"}, 1},
 		{"paymentsd_provider_request_duration_seconds", map[string]string{"environment": "sandbox"}, 2},
 		{"paymentsd_provider_retries_total", map[string]string{"environment": "sandbox"}, 1},
@@ -187,7 +187,7 @@ func TestReadyzWhileDraining(t *testing.T) {
 func TestAccessLog(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
-	p.SetScript(perKey(upstreamtest.Reply{Status: 502}, upstreamtest.Reply{Status: 201, Body: okBody}))
+	p.SetScript(perKey(upstreamtest.Reply{Status: 429}, upstreamtest.Reply{Status: 201, Body: okBody}))
 	in := start(t, sandboxEnv(p))
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-request-id", "rid-log-1")
 	if _, err := in.client.CreateMultiCardPayment(ctx, validRequest("k-log-line")); err != nil {
@@ -238,7 +238,7 @@ func TestTracing(t *testing.T) {
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 
 	p := fakeProvider(t, "sandbox")
-	p.SetScript(perKey(upstreamtest.Reply{Status: 503}, upstreamtest.Reply{}))
+	p.SetScript(perKey(upstreamtest.Reply{Status: 429}, upstreamtest.Reply{}))
 	in := startWith(t, sandboxEnv(p), tp)
 
 	if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-trace")); err != nil {
@@ -271,7 +271,7 @@ func TestTracing(t *testing.T) {
 	}
 	for id, server := range servers {
 		if clients[id] != 2 {
-			t.Errorf("server span %q has %d provider client spans, want 2 (503, then success)", server.Name, clients[id])
+			t.Errorf("server span %q has %d provider client spans, want 2 (429, then success)", server.Name, clients[id])
 		}
 	}
 	if s := servers[firstKey(servers)]; s.Name == "" {
