@@ -456,7 +456,7 @@ func TestEnvironmentStamp(t *testing.T) {
 			live := fakeProvider(t, "live")
 			env := with(liveEnv(t, live), "PAYMENTS_DATABASE_URL", db, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0")
 			var stderr strings.Builder
-			err := run(t.Context(), []string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+			err := run(t.Context(), []string{"paymentsd"}, envList(env), io.Discard, &stderr)
 			if !errors.Is(err, store.ErrWrongEnvironment) {
 				t.Fatalf("run(live on a sandbox database) = %v, want ErrWrongEnvironment", err)
 			}
@@ -473,7 +473,7 @@ func TestEnvironmentStamp(t *testing.T) {
 			env = with(env, "PAYMENTS_ENVIRONMENT", "sandbox")
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
-			err = run(ctx, []string{"paymentsd", "--simulate"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+			err = run(ctx, []string{"paymentsd", "--simulate"}, envList(env), io.Discard, &stderr)
 			if !errors.Is(err, store.ErrWrongEnvironment) {
 				t.Fatalf("run(--simulate on a sandbox database) = %v, want ErrWrongEnvironment", err)
 			}
@@ -498,7 +498,7 @@ func TestSimulatedDatabaseRefusedBySandbox(t *testing.T) {
 	// fails the test.
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	err := run(ctx, []string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard, io.Discard)
+	err := run(ctx, []string{"paymentsd"}, envList(env), io.Discard, io.Discard)
 	if !errors.Is(err, store.ErrWrongEnvironment) {
 		t.Fatalf("run(sandbox on a simulated database) = %v, want ErrWrongEnvironment", err)
 	}
@@ -605,7 +605,7 @@ func TestDatabaseURLShownWithoutPassword(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		var stderr strings.Builder
-		err := run(ctx, []string{"paymentsd", "--simulate"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+		err := run(ctx, []string{"paymentsd", "--simulate"}, envList(env), io.Discard, &stderr)
 		if err == nil {
 			t.Fatalf("run() with an ended context = nil, want an error")
 		}
@@ -656,7 +656,7 @@ func TestDatabasePasswordNeverShown(t *testing.T) {
 	} {
 		env := with(sandboxEnv(p), "PAYMENTS_DATABASE_URL", bad, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0")
 		var stderr strings.Builder
-		err := run(t.Context(), []string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+		err := run(t.Context(), []string{"paymentsd"}, envList(env), io.Discard, &stderr)
 		if err == nil {
 			t.Fatalf("run() with an unusable database URL = nil, want a refusal")
 		}

@@ -253,7 +253,7 @@ func TestWebhookConfigRefused(t *testing.T) {
 				env[k] = v
 			}
 			var stderr bytes.Buffer
-			err := run(t.Context(), []string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+			err := run(t.Context(), []string{"paymentsd"}, envList(env), io.Discard, &stderr)
 			if err == nil {
 				t.Fatalf("run() = nil, want a refusal naming %s", tt.want)
 			}
