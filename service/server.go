@@ -231,7 +231,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, trackGatewayCall(rest))))
+	mux.Handle("/v1/", limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, trackGatewayCall(dropEmptyQuery(rest)))))
 	// The lookup route takes keys with slashes ({idempotency_key=**}),
 	// which would also match the bare collection with an empty key; there
 	// is no list, so only POST is allowed there.

@@ -533,6 +533,12 @@ func TestSettlementGivesUpAfterTheWindow(t *testing.T) {
 	if line["level"] != "ERROR" {
 		t.Errorf("give-up line level = %v, want ERROR", line["level"])
 	}
+	// The key as the call line has it, so one grep finds both.
+	calls := in.logs.lines("call")
+	if len(calls) == 0 || line["idempotency_key"] != "k-window" || calls[0]["idempotency_key"] != line["idempotency_key"] ||
+		calls[0]["idempotency_key_sha256"] != line["idempotency_key_sha256"] {
+		t.Errorf("give-up line names the key %q (%v), want k-window as the call line has it", line["idempotency_key"], line["idempotency_key_sha256"])
+	}
 	families, _ := scrape(t, in)
 	if v, _ := sample(families, "paymentsd_settlement_gave_up_total", nil); v != 1 {
 		t.Errorf("paymentsd_settlement_gave_up_total = %v, want 1", v)
