@@ -10,6 +10,7 @@ FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/paymentsd /paymentsd
 # nonroot:nonroot, written numerically so the kubelet can verify runAsNonRoot.
 USER 65532:65532
-# 9090 gRPC, 8080 HTTP (REST, /healthz, /readyz, /metrics, /openapi.json)
-EXPOSE 9090 8080
+# 9090 gRPC, 8080 HTTP (REST, /healthz, /readyz, /metrics, /openapi.json),
+# 8081 the webhook intake (with PAYMENTS_WEBHOOK_ADDR=:8081, as deploy/ sets)
+EXPOSE 9090 8080 8081
 ENTRYPOINT ["/paymentsd"]

@@ -1,8 +1,11 @@
 // Package deploy_test renders the kustomize overlays with the pinned
-// kustomize (tools.go.mod) and checks the rendered manifests: probes,
-// security context, shutdown timing, autoscaling, disruption budget, network
-// policy, and that each overlay carries only its own provider environment and
-// takes the API key from a mounted Secret, never a literal.
+// kustomize (tools.go.mod), decodes every rendered object strictly into the
+// Kubernetes API's own types (an unknown or misspelt field fails), and
+// checks the manifests: probes, security context, shutdown timing,
+// autoscaling, disruption budget, network policies in and out, the pinned
+// image, the namespace, the caller allowlist, and that each overlay carries
+// only its own provider environment and takes every secret from a mounted
+// Secret that deploy/README.md says how to create.
 package deploy_test
 
 import (
@@ -14,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -22,6 +26,13 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	k8syaml "sigs.k8s.io/yaml"
 )
 
 const (
@@ -30,7 +41,6 @@ const (
 	httpPort      = 8080
 	webhookPort   = 8081
 	nonrootUID    = 65532 // distroless "nonroot"
-	callerLabel   = "payments.example.com/caller"
 	envLabel      = "payments.example.com/environment"
 )
 
@@ -159,6 +169,56 @@ func named[T any](t *testing.T, r *rendered, kind, apiVersion, name string) T {
 	return zero
 }
 
+// apiTypes are the Kubernetes API types of every kind the manifests may
+// hold, by apiVersion and kind.
+var apiTypes = map[string]func() any{
+	"v1/Namespace":                           func() any { return &corev1.Namespace{} },
+	"v1/ServiceAccount":                      func() any { return &corev1.ServiceAccount{} },
+	"v1/ConfigMap":                           func() any { return &corev1.ConfigMap{} },
+	"v1/Service":                             func() any { return &corev1.Service{} },
+	"apps/v1/Deployment":                     func() any { return &appsv1.Deployment{} },
+	"autoscaling/v2/HorizontalPodAutoscaler": func() any { return &autoscalingv2.HorizontalPodAutoscaler{} },
+	"policy/v1/PodDisruptionBudget":          func() any { return &policyv1.PodDisruptionBudget{} },
+	"networking.k8s.io/v1/NetworkPolicy":     func() any { return &networkingv1.NetworkPolicy{} },
+	"networking.k8s.io/v1/Ingress":           func() any { return &networkingv1.Ingress{} },
+}
+
+// strict decodes o into its Kubernetes API type, failing on any field the
+// type doesn't have (as kubectl apply's strict field validation would) and
+// on duplicate fields.
+func strict(t *testing.T, o object) any {
+	t.Helper()
+	newType, ok := apiTypes[o.APIVersion+"/"+o.Kind]
+	if !ok {
+		t.Fatalf("%s %s/%s: no Kubernetes API type known for it here; add it to apiTypes", o.APIVersion, o.Kind, o.Name)
+	}
+	b, err := yaml.Marshal(&o.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := newType()
+	if err := k8syaml.UnmarshalStrict(b, v); err != nil {
+		t.Fatalf("%s/%s does not decode strictly into %T: %v", o.Kind, o.Name, v, err)
+	}
+	return v
+}
+
+// typed returns every object of T's kind, decoded strictly.
+func typed[T any](t *testing.T, r *rendered, kind string) []*T {
+	t.Helper()
+	var out []*T
+	for _, o := range r.objs {
+		if o.Kind == kind {
+			v, ok := strict(t, o).(*T)
+			if !ok {
+				t.Fatalf("%s/%s decodes into %T, not %T", o.Kind, o.Name, strict(t, o), new(T))
+			}
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
 // ---- the parts of the Kubernetes API the checks read ----
 
 type meta struct {
@@ -228,6 +288,7 @@ type container struct {
 		SubPath   string `yaml:"subPath"`
 		ReadOnly  bool   `yaml:"readOnly"`
 	} `yaml:"volumeMounts"`
+	StartupProbe   *probe `yaml:"startupProbe"`
 	ReadinessProbe *probe `yaml:"readinessProbe"`
 	LivenessProbe  *probe `yaml:"livenessProbe"`
 	Resources      struct {
@@ -242,9 +303,11 @@ type probe struct {
 		Port    int     `yaml:"port"`
 		Service *string `yaml:"service"`
 	} `yaml:"grpc"`
-	HTTPGet   any `yaml:"httpGet"`
-	TCPSocket any `yaml:"tcpSocket"`
-	Exec      any `yaml:"exec"`
+	PeriodSeconds    int `yaml:"periodSeconds"`
+	FailureThreshold int `yaml:"failureThreshold"`
+	HTTPGet          any `yaml:"httpGet"`
+	TCPSocket        any `yaml:"tcpSocket"`
+	Exec             any `yaml:"exec"`
 }
 
 type volume struct {
@@ -292,25 +355,6 @@ type pdb struct {
 		MaxUnavailable any           `yaml:"maxUnavailable"`
 		Selector       labelSelector `yaml:"selector"`
 	} `yaml:"spec"`
-}
-
-type networkPolicy struct {
-	Spec struct {
-		PodSelector labelSelector `yaml:"podSelector"`
-		PolicyTypes []string      `yaml:"policyTypes"`
-		Ingress     []struct {
-			From  []peer `yaml:"from"`
-			Ports []struct {
-				Port any `yaml:"port"`
-			} `yaml:"ports"`
-		} `yaml:"ingress"`
-	} `yaml:"spec"`
-}
-
-type peer struct {
-	NamespaceSelector *labelSelector `yaml:"namespaceSelector"`
-	PodSelector       *labelSelector `yaml:"podSelector"`
-	IPBlock           any            `yaml:"ipBlock"`
 }
 
 // ---- helpers ----
@@ -383,6 +427,13 @@ type check struct {
 }
 
 var checks = []check{
+	{"StrictKubernetesTypes", checkStrictTypes},
+	{"Namespace", checkNamespace},
+	{"ImagePinned", checkImagePinned},
+	{"ServiceLinksOff", checkServiceLinksOff},
+	{"AllowlistFromConfigMap", checkAllowlistConfigMap},
+	{"SecretsDocumented", checkSecretsDocumented},
+	{"Egress", checkEgress},
 	{"DeploymentReplicas", checkReplicas},
 	{"Probes", checkProbes},
 	{"Resources", checkResources},
@@ -426,6 +477,7 @@ func TestOverlays(t *testing.T) {
 func TestBaseIsEnvironmentNeutral(t *testing.T) {
 	t.Parallel()
 	r := render(t, "base")
+	checkStrictTypes(t, r, "")
 	forbidden := []string{"PAYMENTS_ENVIRONMENT", "payments-provider", "api-key", envLabel}
 	for _, env := range environments {
 		forbidden = append(forbidden, envSpecific(env)...)
@@ -437,14 +489,201 @@ func TestBaseIsEnvironmentNeutral(t *testing.T) {
 	}
 }
 
+// checkReplicas: the HorizontalPodAutoscaler owns the replica count (its
+// floor, at least 2, is checked in checkHPA); a replicas field on the
+// Deployment would reset it on every apply.
 func checkReplicas(t *testing.T, r *rendered, _ string) {
 	d := one[deployment](t, r, "Deployment", "apps/v1")
-	replicas := 1 // the API default
 	if d.Spec.Replicas != nil {
-		replicas = *d.Spec.Replicas
+		t.Errorf("Deployment replicas = %d; an HPA scales it, so every apply would reset the count: leave replicas out", *d.Spec.Replicas)
 	}
-	if replicas < 2 {
-		t.Errorf("Deployment replicas = %d, want >= 2", replicas)
+}
+
+func checkStrictTypes(t *testing.T, r *rendered, _ string) {
+	for _, o := range r.objs {
+		strict(t, o)
+	}
+}
+
+// checkNamespace: the overlay renders its Namespace, enforcing the
+// restricted Pod Security Standard, which the pods meet.
+func checkNamespace(t *testing.T, r *rendered, env string) {
+	nss := typed[corev1.Namespace](t, r, "Namespace")
+	if len(nss) != 1 || nss[0].Name != namespace(env) {
+		t.Fatalf("rendered Namespaces %v, want one, %s", nss, namespace(env))
+	}
+	if got := nss[0].Labels["pod-security.kubernetes.io/enforce"]; got != "restricted" {
+		t.Errorf("Namespace %s pod-security.kubernetes.io/enforce = %q, want restricted", env, got)
+	}
+}
+
+// digestRef is an image pinned by digest.
+var digestRef = regexp.MustCompile(`^[a-z0-9]+([._/:-][a-z0-9]+)*@sha256:[0-9a-f]{64}$`)
+
+// checkImagePinned: every container runs an image pinned by digest from a
+// registry, never a bare name or :latest.
+func checkImagePinned(t *testing.T, r *rendered, _ string) {
+	for _, d := range typed[appsv1.Deployment](t, r, "Deployment") {
+		for _, c := range slices.Concat(d.Spec.Template.Spec.InitContainers, d.Spec.Template.Spec.Containers) {
+			if !digestRef.MatchString(c.Image) || !strings.Contains(strings.Split(c.Image, "@")[0], "/") {
+				t.Errorf("container %s image = %q, want REGISTRY/NAME@sha256:DIGEST (set it with kustomize edit set image; see deploy/README.md)", c.Name, c.Image)
+			}
+		}
+	}
+}
+
+func checkServiceLinksOff(t *testing.T, r *rendered, _ string) {
+	for _, d := range typed[appsv1.Deployment](t, r, "Deployment") {
+		if e := d.Spec.Template.Spec.EnableServiceLinks; e == nil || *e {
+			t.Errorf("Deployment %s enableServiceLinks = %v, want false: a Service named payments… would put PAYMENTS_* variables in the pod", d.Name, deref(e))
+		}
+	}
+}
+
+// checkAllowlistConfigMap: PAYMENTS_ALLOWED_CALLERS comes from a key of a
+// ConfigMap that the overlay renders, so the list lives in one place and
+// a change rolls the pods.
+func checkAllowlistConfigMap(t *testing.T, r *rendered, _ string) {
+	d := typed[appsv1.Deployment](t, r, "Deployment")[0]
+	c := d.Spec.Template.Spec.Containers[slices.IndexFunc(d.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return c.Name == containerName })]
+	i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "PAYMENTS_ALLOWED_CALLERS" })
+	if i < 0 || c.Env[i].ValueFrom == nil || c.Env[i].ValueFrom.ConfigMapKeyRef == nil {
+		t.Fatal("PAYMENTS_ALLOWED_CALLERS is not read from a ConfigMap (valueFrom.configMapKeyRef)")
+	}
+	ref := c.Env[i].ValueFrom.ConfigMapKeyRef
+	if ref.Optional != nil && *ref.Optional {
+		t.Errorf("PAYMENTS_ALLOWED_CALLERS's configMapKeyRef is optional: a missing ConfigMap would turn the allowlist off silently")
+	}
+	for _, cm := range typed[corev1.ConfigMap](t, r, "ConfigMap") {
+		if cm.Name == ref.Name {
+			if _, ok := cm.Data[ref.Key]; !ok {
+				t.Errorf("ConfigMap %s has no key %q", cm.Name, ref.Key)
+			}
+			if !strings.HasPrefix(cm.Name, "paymentsd-callers-") {
+				t.Errorf("ConfigMap %s has no content hash in its name: a change would not roll the pods", cm.Name)
+			}
+			return
+		}
+	}
+	t.Errorf("PAYMENTS_ALLOWED_CALLERS names ConfigMap %s, which is not rendered", ref.Name)
+}
+
+// checkSecretsDocumented: every Secret the pods mount is listed in
+// deploy/README.md with the command that creates it, in the overlay's
+// namespace, with the key the volume reads.
+func checkSecretsDocumented(t *testing.T, r *rendered, env string) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := typed[appsv1.Deployment](t, r, "Deployment")[0]
+	n := 0
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Secret == nil {
+			continue
+		}
+		n++
+		for _, item := range v.Secret.Items {
+			cmd := fmt.Sprintf("kubectl -n %s create secret generic %s --from-file=%s=", namespace(env), v.Secret.SecretName, item.Key)
+			if !bytes.Contains(readme, []byte(cmd)) {
+				t.Errorf("deploy/README.md has no %q… for the Secret the pods mount", cmd)
+			}
+		}
+	}
+	if n != 3 {
+		t.Errorf("the pods mount %d Secrets, want 3 (API key, database URL, webhook token)", n)
+	}
+}
+
+// checkEgress: some policy restricts the pods' egress, and it allows only
+// DNS to the cluster's resolver, HTTPS (the provider) and PostgreSQL (the
+// database), each to named destinations, never to anywhere.
+func checkEgress(t *testing.T, r *rendered, _ string) {
+	d := one[deployment](t, r, "Deployment", "apps/v1")
+	restricted := false
+	ports := map[int32]bool{}
+	for _, np := range typed[networkingv1.NetworkPolicy](t, r, "NetworkPolicy") {
+		if !selects(labelSelector{MatchLabels: np.Spec.PodSelector.MatchLabels}, d.Spec.Template.Metadata.Labels) {
+			continue
+		}
+		restricted = restricted || slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
+		for i, rule := range np.Spec.Egress {
+			if len(rule.To) == 0 || len(rule.Ports) == 0 {
+				t.Errorf("NetworkPolicy %s egress[%d] allows every destination or every port", np.Name, i)
+				continue
+			}
+			for _, p := range rule.Ports {
+				if p.Port == nil || p.Port.Type != intstr.Int {
+					t.Errorf("NetworkPolicy %s egress[%d] port %v, want a number", np.Name, i, p.Port)
+					continue
+				}
+				port := p.Port.IntVal
+				ports[port] = true
+				if port != 53 && port != 443 && port != 5432 {
+					t.Errorf("NetworkPolicy %s egress[%d] allows port %d, want only 53 (DNS), 443 (the provider) and 5432 (the database)", np.Name, i, port)
+				}
+			}
+			for j, peer := range rule.To {
+				switch {
+				case peer.IPBlock != nil:
+					if strings.HasSuffix(peer.IPBlock.CIDR, "/0") {
+						t.Errorf("NetworkPolicy %s egress[%d].to[%d] is %s: anywhere", np.Name, i, j, peer.IPBlock.CIDR)
+					}
+				case peer.NamespaceSelector == nil || len(peer.NamespaceSelector.MatchLabels) == 0 || peer.PodSelector == nil || len(peer.PodSelector.MatchLabels) == 0:
+					t.Errorf("NetworkPolicy %s egress[%d].to[%d] = %+v, want an ipBlock or a named namespace and pods", np.Name, i, j, peer)
+				}
+			}
+		}
+	}
+	if !restricted {
+		t.Fatal("no NetworkPolicy restricts paymentsd's egress")
+	}
+	for _, p := range []int32{53, 443, 5432} {
+		if !ports[p] {
+			t.Errorf("no egress rule allows port %d; paymentsd needs DNS, the provider (443) and the database (5432)", p)
+		}
+	}
+}
+
+// TestImageCanBeSetAsDocumented runs deploy/README.md's command for pinning
+// the image, with the pinned kustomize, from an overlay's directory (a
+// copy), and renders the result.
+func TestImageCanBeSetAsDocumented(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const documented = "go tool -modfile=../../../tools.go.mod kustomize edit set image paymentsd="
+	if !bytes.Contains(readme, []byte(documented)) {
+		t.Fatalf("deploy/README.md no longer documents %q", documented)
+	}
+	// A copy inside the module, so that go finds its go.mod; a name
+	// starting with '.' keeps it out of ./... patterns.
+	dir, err := os.MkdirTemp(".", ".edit-image-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.CopyFS(filepath.Join(dir, "base"), os.DirFS("base")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(filepath.Join(dir, "overlays", "live"), os.DirFS("overlays/live")); err != nil {
+		t.Fatal(err)
+	}
+	const image = "registry.example.com/payments/paymentsd@sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	modfile, err := filepath.Abs("../tools.go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), "go", "tool", "-modfile="+modfile, "kustomize", "edit", "set", "image", "paymentsd="+image)
+	cmd.Dir = filepath.Join(dir, "overlays", "live")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("kustomize edit set image: %v\n%s", err, out)
+	}
+	r := render(t, filepath.Join(dir, "overlays", "live"))
+	if c := paymentsd(t, one[deployment](t, r, "Deployment", "apps/v1")); c.Image != image {
+		t.Errorf("after kustomize edit set image, the image is %q, want %q", c.Image, image)
 	}
 }
 
@@ -469,6 +708,35 @@ func checkProbes(t *testing.T, r *rendered, _ string) {
 		if p.GRPC.Service == nil || *p.GRPC.Service != "liveness" {
 			t.Errorf("livenessProbe grpc service = %q, want \"liveness\" (stays SERVING while draining)", deref(p.GRPC.Service))
 		}
+	}
+	// The ports open once the store is connected and migrated, within
+	// PAYMENTS_DATABASE_CONNECT_TIMEOUT and _MIGRATE_TIMEOUT (defaults 15s
+	// and 1m): the startup probe must wait longer, so that a database
+	// that never answers ends in paymentsd's own refusal, not a kill.
+	p := c.StartupProbe
+	if p == nil || p.GRPC == nil || p.GRPC.Port != grpcPort {
+		t.Fatalf("startupProbe = %+v, want a grpc probe on port %d", p, grpcPort)
+	}
+	wait := 10 * time.Second // margin for the process's own start
+	for name, def := range map[string]time.Duration{"PAYMENTS_DATABASE_CONNECT_TIMEOUT": 15 * time.Second, "PAYMENTS_DATABASE_MIGRATE_TIMEOUT": time.Minute} {
+		d := def
+		if v, ok := envValue(c, name); ok {
+			var err error
+			if d, err = time.ParseDuration(v); err != nil {
+				t.Fatalf("%s = %q: %v", name, v, err)
+			}
+		}
+		wait += d
+	}
+	period, failures := max(p.PeriodSeconds, 1), max(p.FailureThreshold, 1) // 0: the API defaults, 10 and 3
+	if p.PeriodSeconds == 0 {
+		period = 10
+	}
+	if p.FailureThreshold == 0 {
+		failures = 3
+	}
+	if window := time.Duration(period*failures) * time.Second; window <= wait {
+		t.Errorf("startupProbe allows %v (%d × %ds), want more than the database timeouts plus 10s, %v", window, failures, period, wait)
 	}
 }
 
@@ -676,78 +944,74 @@ func checkPDB(t *testing.T, r *rendered, _ string) {
 		if n, ok := p.Spec.MinAvailable.(int); ok && n < 1 {
 			t.Errorf("PodDisruptionBudget minAvailable = %d, want >= 1", n)
 		}
-		if n, ok := p.Spec.MinAvailable.(int); ok && d.Spec.Replicas != nil && n >= *d.Spec.Replicas {
-			t.Errorf("PodDisruptionBudget minAvailable = %d, want < replicas (%d) so nodes can drain", n, *d.Spec.Replicas)
+		h := one[hpa](t, r, "HorizontalPodAutoscaler", "autoscaling/v2")
+		if n, ok := p.Spec.MinAvailable.(int); ok && h.Spec.MinReplicas != nil && n >= *h.Spec.MinReplicas {
+			t.Errorf("PodDisruptionBudget minAvailable = %d, want < the HPA's minReplicas (%d) so nodes can drain", n, *h.Spec.MinReplicas)
 		}
 	}
 }
 
+// checkNetworkPolicy: the policies selecting paymentsd's pods admit, each
+// peer by a named namespace AND its pods (both selectors in one peer),
+// callers to the API ports only, Prometheus to the http port only, and the
+// ingress controller to the webhook port only; nothing by address, and no
+// namespace left open.
 func checkNetworkPolicy(t *testing.T, r *rendered, _ string) {
 	d := one[deployment](t, r, "Deployment", "apps/v1")
-	np := one[networkPolicy](t, r, "NetworkPolicy", "networking.k8s.io/v1")
-	if !selects(np.Spec.PodSelector, d.Spec.Template.Metadata.Labels) {
-		t.Errorf("NetworkPolicy podSelector %v does not select the pod labels %v", np.Spec.PodSelector, d.Spec.Template.Metadata.Labels)
-	}
-	if !slices.Equal(np.Spec.PolicyTypes, []string{"Ingress"}) {
-		t.Errorf("NetworkPolicy policyTypes = %v, want [Ingress]", np.Spec.PolicyTypes)
-	}
-	if len(np.Spec.Ingress) == 0 {
-		t.Fatal("NetworkPolicy has no ingress rules; internal callers could not reach paymentsd")
-	}
-	callers, webhooks := false, 0
-	for i, rule := range np.Spec.Ingress {
-		if len(rule.From) == 0 {
-			t.Errorf("NetworkPolicy ingress[%d] has no from: it admits every source", i)
+	callers, webhooks := 0, 0
+	for _, np := range typed[networkingv1.NetworkPolicy](t, r, "NetworkPolicy") {
+		if !selects(labelSelector{MatchLabels: np.Spec.PodSelector.MatchLabels}, d.Spec.Template.Metadata.Labels) {
+			t.Errorf("NetworkPolicy %s podSelector %v does not select the pod labels %v", np.Name, np.Spec.PodSelector.MatchLabels, d.Spec.Template.Metadata.Labels)
 			continue
 		}
-		isCallerRule := false
-		for j, p := range rule.From {
-			if p.IPBlock != nil {
-				t.Errorf("NetworkPolicy ingress[%d].from[%d] has an ipBlock; only labelled pods may be admitted", i, j)
-			}
-			if p.PodSelector == nil || len(p.PodSelector.MatchLabels) == 0 {
-				t.Errorf("NetworkPolicy ingress[%d].from[%d] has no podSelector.matchLabels: it admits every pod of its namespaces", i, j)
+		if len(np.Spec.Ingress) > 0 && !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+			t.Errorf("NetworkPolicy %s has ingress rules but no Ingress policyType", np.Name)
+		}
+		for i, rule := range np.Spec.Ingress {
+			at := fmt.Sprintf("NetworkPolicy %s ingress[%d]", np.Name, i)
+			if len(rule.From) == 0 {
+				t.Errorf("%s has no from: it admits every source", at)
 				continue
 			}
-			// Any namespace ({}), AND pods labelled as callers: one peer.
-			if p.NamespaceSelector != nil && len(p.NamespaceSelector.MatchLabels) == 0 && len(p.NamespaceSelector.MatchExpressions) == 0 &&
-				len(p.PodSelector.MatchLabels) == 1 && p.PodSelector.MatchLabels[callerLabel] == "true" {
-				isCallerRule = true
-			}
-		}
-		if isCallerRule {
-			callers = true
-			// Internal callers need the internal ports only.
-			if len(rule.Ports) == 0 {
-				t.Errorf("NetworkPolicy ingress[%d] (the callers' rule) admits all ports, the webhook port too", i)
-			}
-			for _, p := range rule.Ports {
-				if portIs(p.Port, webhookPort, "webhooks") {
-					t.Errorf("NetworkPolicy ingress[%d] (the callers' rule) admits the webhook port %d", i, webhookPort)
+			for j, p := range rule.From {
+				switch {
+				case p.IPBlock != nil:
+					t.Errorf("%s.from[%d] has an ipBlock; only named pods may be admitted", at, j)
+				case p.NamespaceSelector == nil || p.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] == "":
+					t.Errorf("%s.from[%d] names no namespace (namespaceSelector.matchLabels kubernetes.io/metadata.name): it admits pods of any namespace that so label themselves", at, j)
+				case p.PodSelector == nil || len(p.PodSelector.MatchLabels) == 0:
+					t.Errorf("%s.from[%d] has no podSelector.matchLabels: it admits every pod of namespace %s", at, j, p.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"])
 				}
 			}
-			continue
+			if len(rule.Ports) == 0 {
+				t.Errorf("%s admits every port", at)
+				continue
+			}
+			var admitted []int
+			for _, p := range rule.Ports {
+				if p.Port == nil {
+					t.Errorf("%s admits every port", at)
+					continue
+				}
+				admitted = append(admitted, p.Port.IntValue())
+			}
+			slices.Sort(admitted)
+			switch {
+			case slices.Equal(admitted, []int{httpPort, grpcPort}), slices.Equal(admitted, []int{grpcPort}):
+				callers++ // the API: callers
+			case slices.Equal(admitted, []int{httpPort}): // Prometheus
+			case slices.Equal(admitted, []int{webhookPort}):
+				webhooks++ // the ingress controller
+			default:
+				t.Errorf("%s admits ports %v, want the API (%d, %d), only %d, or only %d", at, admitted, grpcPort, httpPort, httpPort, webhookPort)
+			}
 		}
-		// Any other rule reaches one port: the http port (the Prometheus
-		// scraper) or the webhook port (the ingress controller), never the
-		// gRPC port and never both.
-		if len(rule.Ports) != 1 {
-			t.Errorf("NetworkPolicy ingress[%d] (not the callers' rule) admits %d ports (0 is all), want only %d or only %d", i, len(rule.Ports), httpPort, webhookPort)
-			continue
-		}
-		switch p := rule.Ports[0].Port; {
-		case portIs(p, httpPort, "http"):
-		case portIs(p, webhookPort, "webhooks"):
-			webhooks++
-		default:
-			t.Errorf("NetworkPolicy ingress[%d] (not the callers' rule) admits port %v, want only %d or only %d", i, p, httpPort, webhookPort)
-		}
+	}
+	if callers == 0 {
+		t.Error("no NetworkPolicy admits callers to the gRPC port")
 	}
 	if webhooks != 1 {
-		t.Errorf("NetworkPolicy has %d rules for the webhook port %d, want 1 (the ingress controller)", webhooks, webhookPort)
-	}
-	if !callers {
-		t.Errorf("NetworkPolicy has no ingress peer {namespaceSelector: {}, podSelector: {matchLabels: {%s: \"true\"}}}", callerLabel)
+		t.Errorf("NetworkPolicies have %d rules for the webhook port %d, want 1 (the ingress controller)", webhooks, webhookPort)
 	}
 }
 
@@ -870,7 +1134,7 @@ func checkOnlyOwnEnvironment(t *testing.T, r *rendered, env string) {
 
 func checkNamespaceAndLabels(t *testing.T, r *rendered, env string) {
 	for _, o := range r.objs {
-		if o.Namespace != namespace(env) {
+		if o.Kind != "Namespace" && o.Namespace != namespace(env) {
 			t.Errorf("%s/%s namespace = %q, want %q", o.Kind, o.Name, o.Namespace, namespace(env))
 		}
 		var h struct {

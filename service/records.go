@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -830,13 +829,13 @@ func quoteKey(key string) string {
 	return strconv.Quote(key)
 }
 
-// keyAttrs are log attributes naming a key: a bounded prefix and a short
-// hash of the whole key.
+// keyAttrs are log attributes naming a key as the call line names it (see
+// appendKey): a bounded prefix, unquoted, so that one grep by key finds
+// both, and a short hash of the whole key.
 func keyAttrs(key string, more ...slog.Attr) []any {
-	sum := sha256.Sum256([]byte(key))
-	attrs := []any{
-		slog.String("idempotency_key", quoteKey(key)),
-		slog.String("idempotency_key_sha256", hex.EncodeToString(sum[:6])),
+	var attrs []any
+	for _, a := range appendKey(nil, key) {
+		attrs = append(attrs, a)
 	}
 	for _, a := range more {
 		attrs = append(attrs, a)

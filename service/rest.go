@@ -204,6 +204,30 @@ func limitBody(max int64, readTimeout time.Duration, next http.Handler) http.Han
 	})
 }
 
+// dropEmptyQuery removes, from a REST request's query, every parameter
+// with no value (afterSequence= or a bare afterSequence), so that a URL
+// template left unfilled, `?afterSequence=&pageSize=`, means the defaults,
+// as an absent parameter does, rather than a 400 for "" not being a
+// number. Every other parameter is kept as written.
+func dropEmptyQuery(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.RawQuery != "" {
+			kept := make([]string, 0, strings.Count(r.URL.RawQuery, "&")+1)
+			for _, p := range strings.Split(r.URL.RawQuery, "&") {
+				if _, v, _ := strings.Cut(p, "="); v != "" {
+					kept = append(kept, p)
+				}
+			}
+			if q := strings.Join(kept, "&"); q != r.URL.RawQuery {
+				r2 := r.Clone(r.Context())
+				r2.URL.RawQuery = q
+				r = r2
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // createPath is CreateMultiCardPayment's REST path, the port's one POST
 // route (proto/payments/v1/payments_http.yaml).
 const createPath = "/v1/multi-card-payments"

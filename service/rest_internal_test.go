@@ -43,3 +43,23 @@ func TestOversizedBodyKeepsHTTP2Connection(t *testing.T) {
 		t.Errorf("next call = %d on a reused connection %v, want 200 on the same connection", status, reused)
 	}
 }
+
+// TestDropEmptyQuery: parameters with no value are dropped, as if absent;
+// every other is kept as written.
+func TestDropEmptyQuery(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ query, want string }{
+		{"afterSequence=&pageSize=", ""},
+		{"afterSequence=5&pageSize=", "afterSequence=5"},
+		{"afterSequence&pageSize=10", "pageSize=10"},
+		{"a=%20&b=x%26y&c=", "a=%20&b=x%26y"},
+		{"", ""},
+	} {
+		var got string
+		h := dropEmptyQuery(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { got = r.URL.RawQuery }))
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/v1/provider-events?"+tc.query, nil))
+		if got != tc.want {
+			t.Errorf("dropEmptyQuery(%q) passed on %q, want %q", tc.query, got, tc.want)
+		}
+	}
+}

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	paymentsgw "example.com/paymentsd/gen/gateway/payments/v1"
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
 
@@ -214,11 +215,11 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	)
 	// The gateway calls the service in-process, through the same chain as
 	// gRPC calls, rather than over a loopback connection.
-	if err := paymentsv1.RegisterPaymentsServiceHandlerServer(context.Background(), gateway, &chained{svc: svc, chain: chain}); err != nil {
+	if err := paymentsgw.RegisterPaymentsServiceHandlerServer(context.Background(), gateway, &chained{svc: svc, chain: chain}); err != nil {
 		return nil, fmt.Errorf("register gateway: %w", err)
 	}
 	if opts.Events != nil {
-		if err := paymentsv1.RegisterProviderEventsServiceHandlerServer(context.Background(), gateway, &chainedEvents{svc: opts.Events, chain: chain}); err != nil {
+		if err := paymentsgw.RegisterProviderEventsServiceHandlerServer(context.Background(), gateway, &chainedEvents{svc: opts.Events, chain: chain}); err != nil {
 			return nil, fmt.Errorf("register events gateway: %w", err)
 		}
 	}
@@ -231,7 +232,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, trackGatewayCall(rest))))
+	mux.Handle("/v1/", limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, trackGatewayCall(dropEmptyQuery(rest)))))
 	// The lookup route takes keys with slashes ({idempotency_key=**}),
 	// which would also match the bare collection with an empty key; there
 	// is no list, so only POST is allowed there.

@@ -179,6 +179,12 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, error) {
 	// retention's two-step delete relies on it (see tombstoneGrace), and a
 	// payment must not hang on a stuck lock.
 	cfg.RuntimeParams["statement_timeout"] = strconv.Itoa(int(statementTimeout / time.Millisecond))
+	if cfg.ConnectTimeout == 0 {
+		// The URL sets no connect_timeout: without one, a connection the
+		// pool opens later to a database that never answers would wait
+		// for as long as its caller's context allows, or forever.
+		cfg.ConnectTimeout = opts.connectTimeout()
+	}
 	db := stdlib.OpenDB(*cfg)
 	db.SetMaxOpenConns(opts.postgresConns())
 	db.SetMaxIdleConns(opts.postgresConns())
@@ -213,84 +219,189 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 	return fn(tx)
 }
 
+// CheckURL reports what is wrong with a database URL, or nil: "sqlite:PATH",
+// or a PostgreSQL URL whose parts (user, password, hosts, database, query)
+// read the same to pgx, which splits a URL as libpq does, as they do to a
+// person and to net/url. Its errors never quote the URL.
+//
+// libpq ends the user name and password at the first '@' before any '/',
+// so an unescaped '@' in a password makes the rest of it the host that is
+// dialled (and quoted by "no such host"), and an unescaped '/' makes part
+// of it the port and the rest the database name. Such URLs are refused, as
+// are a '#' (a fragment to net/url, part of the password to libpq) and a
+// '?' before that '@', with advice to percent-encode.
+func CheckURL(rawURL string) error {
+	if path, ok := strings.CutPrefix(rawURL, "sqlite:"); ok {
+		switch {
+		case path == "":
+			return errors.New("sqlite: needs a file path, such as sqlite:/var/lib/paymentsd/records.db, or sqlite::memory:")
+		case strings.ContainsAny(path, "?#"):
+			return errors.New("the SQLite path holds a '?' or '#': want a file path alone")
+		}
+		return nil
+	}
+	u, ok := splitPostgresURL(rawURL)
+	if !ok {
+		return errors.New(`want sqlite:PATH or a postgres:// (or postgresql://) URL`)
+	}
+	return u.check()
+}
+
+// errAmbiguousURL refuses a PostgreSQL URL whose password (or user name)
+// may run into its host, database or query.
+var errAmbiguousURL = errors.New("the URL's user name or password holds an unescaped '@', '/', '?' or '#', so where the password ends can't be told for sure: " +
+	"percent-encode those characters in the user name and password (@ as %40, / as %2F, ? as %3F, # as %23, and % itself as %25)")
+
+// pgURL is a PostgreSQL URL split as pgx and libpq split it; every part is
+// as written (not percent-decoded).
+type pgURL struct {
+	scheme   string
+	userinfo string // before the first '@' that precedes any '/'
+	hasUser  bool
+	hosts    string // host[:port][,host[:port]…]
+	path     string // after the '/' that ends the hosts, up to any '?'
+	query    string // after the '?'
+}
+
+func splitPostgresURL(rawURL string) (pgURL, bool) {
+	scheme, rest, ok := strings.Cut(rawURL, "://")
+	if !ok || (scheme != "postgres" && scheme != "postgresql") {
+		return pgURL{}, false
+	}
+	u := pgURL{scheme: scheme}
+	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
+		u.userinfo, u.hasUser, rest = rest[:i], true, rest[i+1:]
+	}
+	end := strings.IndexAny(rest, "/?")
+	if end < 0 {
+		end = len(rest)
+	}
+	u.hosts, rest = rest[:end], rest[end:]
+	if r, ok := strings.CutPrefix(rest, "/"); ok {
+		u.path, rest, _ = strings.Cut(r, "?")
+		rest = "?" + rest
+	}
+	u.query = strings.TrimPrefix(rest, "?")
+	return u, true
+}
+
+// params are the query's name=value pairs, as written.
+func (u pgURL) params() [][2]string {
+	var out [][2]string
+	for _, p := range strings.Split(u.query, "&") {
+		if p == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(p, "=")
+		out = append(out, [2]string{k, v})
+	}
+	return out
+}
+
+func (u pgURL) check() error {
+	switch {
+	case strings.Contains(u.userinfo+u.hosts+u.path+u.query, "#"),
+		strings.ContainsAny(u.userinfo, "?"),
+		strings.Contains(u.hosts, "@"),
+		strings.Contains(u.path, "@"):
+		return errAmbiguousURL
+	}
+	hostParam := false
+	for i, p := range strings.Split(u.query, "&") {
+		if p == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(p, "=")
+		switch {
+		case strings.Contains(k, "@"):
+			return errAmbiguousURL
+		case !ok || strings.Contains(v, "="):
+			return fmt.Errorf("query parameter %d is not one name=value pair (percent-encode '=' and '&' in values as %%3D and %%26)", i+1)
+		}
+		if dk, _ := url.QueryUnescape(k); dk == "host" || dk == "hostaddr" || dk == "service" {
+			hostParam = hostParam || v != ""
+		}
+	}
+	if !validEscapes(u.userinfo) || !validEscapes(u.hosts) || !validEscapes(u.path) || !validEscapes(u.query) {
+		return errors.New("the URL holds a '%' not followed by two hex digits: percent-encode a '%' in the password as %25")
+	}
+	if u.hosts == "" && !hostParam {
+		return errors.New("the URL names no host, in the URL or as host= in its query")
+	}
+	return nil
+}
+
+// validEscapes reports whether every '%' in s starts a %XX escape.
+func validEscapes(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			continue
+		}
+		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+			return false
+		}
+		i += 2
+	}
+	return true
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// shownParams are the query parameters that say where pgx connects, and
+// as whom: shown so that the host shown is the host dialled. No other
+// parameter is shown: password and sslpassword are secrets, and others
+// may hold one pasted by mistake.
+var shownParams = map[string]bool{"host": true, "hostaddr": true, "port": true, "user": true, "dbname": true, "database": true, "service": true}
+
 // RedactedURL is rawURL as it may be shown, in a log line or anywhere
-// else. For PostgreSQL that is the scheme, user, host, port and database
-// name only: never the password, nor the query, where pgx also reads
-// password and sslpassword. For SQLite it is the path. ok is false, and
-// shown the scheme alone, if rawURL's parts can't be told apart for sure
-// (see ambiguousURL), or it can't be parsed; Open refuses such a URL.
+// else. For PostgreSQL that is the scheme, user, hosts, ports and database
+// name, as pgx reads them, and the query parameters that change where it
+// connects (host=, hostaddr=, port=, user=, dbname=, service=): never the
+// password, nor any other parameter (pgx reads password and sslpassword
+// there too). For SQLite it is the path. ok is false, and shown the scheme
+// alone, if CheckURL refuses rawURL; Open refuses such a URL too.
 func RedactedURL(rawURL string) (shown string, ok bool) {
 	const redacted = "[REDACTED]"
 	if path, isSQLite := strings.CutPrefix(rawURL, "sqlite:"); isSQLite {
 		if i := strings.IndexAny(path, "?#"); i >= 0 {
 			return "sqlite:" + path[:i] + redacted, false
 		}
-		return rawURL, true
+		return rawURL, CheckURL(rawURL) == nil
 	}
-	scheme, _, found := strings.Cut(rawURL, "://")
-	if !found || (scheme != "postgres" && scheme != "postgresql") {
+	u, isPG := splitPostgresURL(rawURL)
+	if !isPG {
 		return redacted, false
 	}
-	u, err := url.Parse(rawURL)
-	socket := u != nil && u.Host == "" && u.Query().Get("host") != ""
-	if err != nil || (u.Host == "" && !socket) || ambiguousURL(rawURL) {
-		return scheme + "://" + redacted, false
+	if u.check() != nil {
+		return u.scheme + "://" + redacted, false
 	}
-	v := url.URL{Scheme: scheme, Host: u.Host, Path: u.Path}
-	if socket {
-		// A Unix socket directory (or a host) given as host= in the query.
-		v.RawQuery = "host=" + url.QueryEscape(u.Query().Get("host"))
+	var b strings.Builder
+	b.WriteString(u.scheme + "://")
+	if user, _, _ := strings.Cut(u.userinfo, ":"); user != "" {
+		b.WriteString(user + "@")
 	}
-	if u.User != nil {
-		v.User = url.User(u.User.Username())
+	b.WriteString(u.hosts)
+	if u.path != "" {
+		b.WriteString("/" + u.path)
 	}
-	shown = v.String()
-	// A last guard, should net/url and the hand parse in secrets ever
+	sep := "?"
+	for _, p := range u.params() {
+		if k, _ := url.QueryUnescape(p[0]); shownParams[k] {
+			b.WriteString(sep + p[0] + "=" + p[1])
+			sep = "&"
+		}
+	}
+	shown = b.String()
+	// A last guard, should the split above and the forms in secrets ever
 	// disagree about where the password is.
 	for _, s := range secrets(rawURL) {
 		if strings.Contains(shown, s) {
-			return scheme + "://" + redacted, true
+			return u.scheme + "://" + redacted, true
 		}
 	}
 	return shown, true
-}
-
-// ambiguousURL reports whether a PostgreSQL URL's password may have been
-// taken for part of its host, path or query, as pgx would take it: the URL
-// holds a '#' (after which pgx reads nothing, so it can only be part of a
-// password, unescaped), or an '@' in the path or in a query parameter's
-// name, or a query parameter with no value (where a password's unescaped
-// '/' or '?' ended the authority early). Such a URL names another host or
-// database than the one meant, and errors that quote those would quote
-// part of the password.
-//
-// errAmbiguousURL is Open's refusal of one; like every error of Open's it
-// does not quote the URL.
-var errAmbiguousURL = errors.New("PostgreSQL URL holds a '#', or an '@' in its path or a query parameter's name: percent-encode any of # / ? @ in the user name and password (%23 %2F %3F %40)")
-
-func ambiguousURL(rawURL string) bool {
-	_, rest, _ := strings.Cut(rawURL, "://")
-	end := strings.IndexAny(rest, "/?#")
-	if end < 0 {
-		return false
-	}
-	rest = rest[end:]
-	if strings.Contains(rest, "#") {
-		return true
-	}
-	path, query, _ := strings.Cut(rest, "?")
-	if strings.Contains(path, "@") {
-		return true
-	}
-	// In the query an '@' may be part of a value (user=alice@server), but
-	// never of a parameter's name: a password's '?' ended the host early.
-	for _, param := range strings.Split(query, "&") {
-		name, _, hasValue := strings.Cut(param, "=")
-		if param != "" && (!hasValue || strings.Contains(name, "@")) {
-			return true
-		}
-	}
-	return false
 }
 
 // secrets lists the forms in which rawURL's password could appear in an
@@ -339,7 +450,21 @@ func secrets(rawURL string) []string {
 		if at := strings.LastIndexByte(authority, '@'); at >= 0 {
 			if _, pw, ok := strings.Cut(authority[:at], ":"); ok {
 				add(pw)
+				// Should a parser end the password at an unescaped
+				// '@', '/', '?' or '#' in it, each piece could be shown
+				// as another part of the URL.
+				for _, piece := range strings.FieldsFunc(pw, func(r rune) bool { return strings.ContainsRune("@/?#", r) }) {
+					if len(piece) >= 4 && piece != pw {
+						add(piece)
+					}
+				}
 			}
+		}
+	}
+	// As pgx (and libpq) read it: up to the first '@' before any '/'.
+	if u, ok := splitPostgresURL(rawURL); ok && u.hasUser {
+		if _, pw, ok := strings.Cut(u.userinfo, ":"); ok {
+			add(pw)
 		}
 	}
 	for _, m := range regexp.MustCompile(`(?i)password=([^&\s]+)`).FindAllStringSubmatch(rawURL, -1) {
@@ -360,7 +485,8 @@ func (e *redactedError) Error() string { return e.msg }
 
 func (e *redactedError) Is(target error) bool {
 	switch target {
-	case context.Canceled, context.DeadlineExceeded, ErrNotFound, ErrLeaseLost, ErrWrongEnvironment, ErrKeyNotStorable, ErrCommitUnknown:
+	case context.Canceled, context.DeadlineExceeded, ErrNotFound, ErrLeaseLost, ErrWrongEnvironment, ErrKeyNotStorable, ErrCommitUnknown,
+		ErrConnectTimeout, ErrMigrateTimeout:
 		return errors.Is(e.cause, target)
 	}
 	return false

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The schema is a numbered list of plain SQL files per backend, embedded in
@@ -62,13 +64,21 @@ func migrations(backend string) ([]migration, error) {
 }
 
 // migrate applies the pending migrations and checks (or sets) the
-// environment stamp, in one transaction.
-func (s *Store) migrate(ctx context.Context, env string) error {
+// environment stamp, in one transaction, reporting to logger (if not nil)
+// each migration applied and the schema version.
+func (s *Store) migrate(ctx context.Context, env string, logger *slog.Logger) error {
 	ms, err := migrations(s.d.name)
 	if err != nil {
 		return err
 	}
-	return s.transact(ctx, func(tx *sql.Tx) error {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	var applied []string
+	var current int
+	start := time.Now()
+	err = s.transact(ctx, func(tx *sql.Tx) error {
+		applied = applied[:0]
 		if s.d.name == "postgres" {
 			// A migration may rewrite a large table: it is bounded by ctx,
 			// not by the statement timeout of everyday queries.
@@ -82,7 +92,6 @@ func (s *Store) migrate(ctx context.Context, env string) error {
 		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL)`); err != nil {
 			return fmt.Errorf("create schema_migrations: %w", err)
 		}
-		var current int
 		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
 			return fmt.Errorf("read schema version: %w", err)
 		}
@@ -96,6 +105,7 @@ func (s *Store) migrate(ctx context.Context, env string) error {
 			if _, err := tx.ExecContext(ctx, s.d.q(`INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`), m.version, m.name); err != nil {
 				return fmt.Errorf("record migration %s: %w", m.name, err)
 			}
+			applied = append(applied, m.name)
 		}
 		if len(ms) > 0 && current > ms[len(ms)-1].version {
 			return fmt.Errorf("database schema version %d is newer than this binary's %d; deploy the newer binary", current, ms[len(ms)-1].version)
@@ -116,4 +126,18 @@ func (s *Store) migrate(ctx context.Context, env string) error {
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	version := current
+	if len(ms) > 0 {
+		version = max(current, ms[len(ms)-1].version)
+	}
+	if len(applied) > 0 {
+		logger.Info("applied migrations", "backend", s.d.name, "from_version", current, "to_version", version,
+			"migrations", applied, "took", time.Since(start).Round(time.Millisecond).String())
+	} else {
+		logger.Info("database schema is up to date", "backend", s.d.name, "version", version)
+	}
+	return nil
 }

@@ -1,8 +1,12 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +30,17 @@ func TestOpenErrorsHideThePassword(t *testing.T) {
 		{"unescaped #", "postgres://app:12#" + sentinel + "@127.0.0.1:1/payments?sslmode=disable"},
 		{"unescaped /", "postgres://app:12/" + sentinel + "@127.0.0.1:1/payments?sslmode=disable"},
 		{"unescaped ?", "postgres://app:12?" + sentinel + "@127.0.0.1:1/payments&sslmode=disable"},
+		// libpq, and so pgx, ends the password at its first '@': the rest
+		// would be dialled as the host, and quoted by "no such host".
+		{"unescaped @", "postgres://app:" + sentinel + "@" + sentinel + "@127.0.0.1:1/payments?sslmode=disable"},
+		{"unescaped @, two", "postgres://app:" + sentinel + "@" + sentinel + "@" + sentinel + "@127.0.0.1:1/payments"},
+		{"unescaped @ in the user", "postgres://" + sentinel + "@corp:" + sentinel + "@127.0.0.1:1/payments"},
+		{"unescaped / and @", "postgres://app:" + sentinel + "/" + sentinel + "@" + sentinel + "@127.0.0.1:1/payments"},
+		{"@ in a query without a path", "postgres://127.0.0.1:1?user=" + sentinel + "@x&password=" + sentinel},
+		{"no host", "postgres://app:" + sentinel + "@/payments"},
+		{"parameter without =", "postgres://app:" + sentinel + "@127.0.0.1:1/payments?" + sentinel},
+		{"parameter with two =", "postgres://app@127.0.0.1:1/payments?password=" + sentinel + "=" + sentinel},
+		{"bad escape in the query", "postgres://app@127.0.0.1:1/payments?password=" + sentinel + "%g0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -69,10 +84,19 @@ func TestRedactedURL(t *testing.T) {
 		{"postgres://app:" + sentinel + "%zz@db.internal/payments", "postgres://[REDACTED]", false},
 		{"mysql://app:" + sentinel + "@db.internal/payments", "[REDACTED]", false},
 		// '@' inside a query value is a value, not a password's end.
-		{"postgres://db.internal/payments?user=alice@myserver&password=" + sentinel, "postgres://db.internal/payments", true},
+		{"postgres://db.internal/payments?user=alice@myserver&password=" + sentinel, "postgres://db.internal/payments?user=alice@myserver", true},
 		{"postgres://app:" + sentinel + "@db.internal/payments?application_name=paymentsd@eu-1", "postgres://app@db.internal/payments", true},
 		// A Unix socket directory in the query.
-		{"postgres:///payments?host=/var/run/postgresql&password=" + sentinel, "postgres:///payments?host=%2Fvar%2Frun%2Fpostgresql", true},
+		{"postgres:///payments?host=/var/run/postgresql&password=" + sentinel, "postgres:///payments?host=/var/run/postgresql", true},
+		// The host dialled is shown: a host= in the query overrides the
+		// URL's, as do port= and hostaddr=.
+		{"postgres://app:" + sentinel + "@db.internal/payments?sslmode=require&host=db2.internal&port=5433", "postgres://app@db.internal/payments?host=db2.internal&port=5433", true},
+		{"postgres://app:" + sentinel + "@db1,db2:5433/payments", "postgres://app@db1,db2:5433/payments", true},
+		// An unescaped '@' in the password: pgx would dial 3xkcd@db.internal.
+		{"postgres://paymentsd:Tr0ub4dor@3xkcd@db.internal/payments", "postgres://[REDACTED]", false},
+		{"postgres://db.internal?user=alice@server", "postgres://[REDACTED]", false},
+		{"postgres://app:" + sentinel + "@/payments", "postgres://[REDACTED]", false},
+		{"postgres://app@db.internal/payments?" + sentinel, "postgres://[REDACTED]", false},
 	} {
 		shown, ok := store.RedactedURL(tc.url)
 		if shown != tc.want || ok != tc.ok {
@@ -132,5 +156,117 @@ func TestPostgresWrongEnvironmentHidesPassword(t *testing.T) {
 	_, err = store.Open(ctx, url, "sandbox", store.Options{})
 	if !errors.Is(err, store.ErrWrongEnvironment) || strings.Contains(err.Error(), sentinel) {
 		t.Errorf("Open(sandbox) on a live database error = %v, want ErrWrongEnvironment without the password", err)
+	}
+}
+
+// TestCheckURL: each URL whose password could be read as another part is
+// refused with advice to percent-encode; well-formed ones pass.
+func TestCheckURL(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		url  string
+		want bool // accepted
+	}{
+		{"sqlite:records.db", true},
+		{"sqlite::memory:", true},
+		{"sqlite:", false},
+		{"sqlite:x.db?mode=ro", false},
+		{"postgres://app:pw@db.internal:5432/payments?sslmode=verify-full", true},
+		{"postgres://app:Tr0ub4dor%403xkcd@db.internal/payments", true},
+		{"postgres://app:12%23pw@db.internal/payments", true},
+		{"postgres:///payments?host=/run/postgresql", true},
+		{"postgres://paymentsd:Tr0ub4dor@3xkcd@db.internal/payments", false},
+		{"postgres://app:12#pw@db.internal/payments", false},
+		{"postgres://app:12/pw@db.internal/payments", false},
+		{"postgres://app:12?pw@db.internal/payments", false},
+		{"postgres://app:100%@db.internal/payments", false},
+		{"postgres://app:pw@/payments", false},
+		{"mysql://db.internal/payments", false},
+	} {
+		err := store.CheckURL(tc.url)
+		if (err == nil) != tc.want {
+			t.Errorf("CheckURL(%q) = %v, want accepted %v", tc.url, err, tc.want)
+		}
+		if shown, ok := store.RedactedURL(tc.url); ok != tc.want {
+			t.Errorf("RedactedURL(%q) = %q, %v; want ok %v, as CheckURL", tc.url, shown, ok, tc.want)
+		}
+	}
+}
+
+// TestOpenHungDatabase: a database that accepts connections and never
+// answers makes Open fail within the connect timeout, with
+// ErrConnectTimeout, rather than wait forever.
+func TestOpenHungDatabase(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c // held open, never answered
+		}
+	}()
+	defer func() {
+		ln.Close()
+		for c := range accepted {
+			c.Close()
+		}
+	}()
+	const timeout = 500 * time.Millisecond
+	url := "postgres://app:" + sentinel + "@" + ln.Addr().String() + "/payments?sslmode=disable"
+	start := time.Now()
+	s, err := store.Open(context.Background(), url, "sandbox", store.Options{ConnectTimeout: timeout})
+	took := time.Since(start)
+	if err == nil {
+		s.Close()
+		t.Fatal("Open() on a database that never answers = nil error")
+	}
+	if !errors.Is(err, store.ErrConnectTimeout) {
+		t.Errorf("Open() error = %v, want ErrConnectTimeout", err)
+	}
+	if took > 10*timeout {
+		t.Errorf("Open() took %v with a connect timeout of %v", took, timeout)
+	}
+	if strings.Contains(err.Error(), sentinel) {
+		t.Errorf("Open() error %q contains the password", err)
+	}
+	t.Log(err)
+}
+
+// TestOpenLogsMigrations: Open reports the migrations it applies, and
+// that the schema is up to date when there are none.
+func TestOpenLogsMigrations(t *testing.T) {
+	t.Parallel()
+	url := storetest.SQLiteURL(t)
+	for i, want := range []string{"applied migrations", "database schema is up to date"} {
+		var buf bytes.Buffer
+		s, err := store.Open(context.Background(), url, "sandbox", store.Options{Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		var line struct{ Msg string }
+		if err := json.Unmarshal(buf.Bytes(), &line); err != nil || line.Msg != want {
+			t.Errorf("Open() #%d logged %q, want one line %q", i+1, buf.String(), want)
+		}
+	}
+}
+
+// TestOpenNamesSQLiteFile: a SQLite file that can't be opened is named in
+// the error (a path holds no password).
+func TestOpenNamesSQLiteFile(t *testing.T) {
+	t.Parallel()
+	path := t.TempDir() + "/no/such/dir/records.db"
+	_, err := store.Open(context.Background(), "sqlite:"+path, "sandbox", store.Options{})
+	if err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("Open(sqlite:%s) error = %v, want it to name the file", path, err)
 	}
 }

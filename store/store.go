@@ -15,6 +15,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,13 @@ var (
 	// may not have been written. Any other error of a write means nothing
 	// was written.
 	ErrCommitUnknown = errors.New("the commit's outcome is unknown")
+	// ErrConnectTimeout: Open got no connection to the database within
+	// Options.ConnectTimeout.
+	ErrConnectTimeout = errors.New("the database did not answer within the connect timeout")
+	// ErrMigrateTimeout: Open's migrations (or the wait for another
+	// replica's) did not finish within Options.MigrateTimeout. Nothing of
+	// them was applied.
+	ErrMigrateTimeout = errors.New("the migrations did not finish within the migrate timeout")
 )
 
 // Stats are gauges for metrics.
@@ -67,11 +75,35 @@ type Options struct {
 	// duplicate only of one received within it, never of one about to be
 	// deleted.
 	Retention time.Duration
+	// ConnectTimeout bounds Open's first connection (default 15s), and
+	// every later PostgreSQL connection whose URL sets no connect_timeout:
+	// a database that accepts connections and never answers would
+	// otherwise hold them forever.
+	ConnectTimeout time.Duration
+	// MigrateTimeout bounds Open's migrations, including the wait for
+	// another replica's (default 1m).
+	MigrateTimeout time.Duration
+	// Logger, if set, reports the migrations Open applies.
+	Logger *slog.Logger
 	// Now is the clock the store decides by. Leave it nil: SQLite then
 	// uses time.Now, and PostgreSQL its server's clock (see ClockOffset),
 	// so that replicas whose clocks disagree never both hold a key. Tests
 	// set it to move time.
 	Now func() time.Time
+}
+
+func (o Options) connectTimeout() time.Duration {
+	if o.ConnectTimeout > 0 {
+		return o.ConnectTimeout
+	}
+	return 15 * time.Second
+}
+
+func (o Options) migrateTimeout() time.Duration {
+	if o.MigrateTimeout > 0 {
+		return o.MigrateTimeout
+	}
+	return time.Minute
 }
 
 func (o Options) busyTimeout() time.Duration {
@@ -174,10 +206,13 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 	if env == "" {
 		return nil, errors.New("empty provider environment")
 	}
+	if err := CheckURL(url); err != nil {
+		return nil, err
+	}
 	s := &Store{secrets: sec, retention: opts.Retention, clock: opts.Now}
-	switch {
-	case strings.HasPrefix(url, "sqlite:"):
-		w, r, err := openSQLite(strings.TrimPrefix(url, "sqlite:"), opts)
+	where := "postgres"
+	if path, ok := strings.CutPrefix(url, "sqlite:"); ok {
+		w, r, err := openSQLite(path, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -185,33 +220,47 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 		if s.clock == nil {
 			s.clock = time.Now
 		}
-		s.batch = newBatcher(s)
-	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
-		if ambiguousURL(url) {
-			return nil, errAmbiguousURL
-		}
+		// A SQLite path holds no password; an error that names it says
+		// which file could not be opened.
+		where = "sqlite file " + path
+	} else {
 		db, err := openPostgres(url, opts)
 		if err != nil {
 			return nil, fmt.Errorf("PostgreSQL URL: %w", err)
 		}
 		s.d, s.w, s.r = postgresDialect, db, db
-		s.batch = newBatcher(s)
-	default:
-		return nil, errors.New(`unknown database URL scheme; want "sqlite:PATH", "postgres://…" or "postgresql://…"`)
 	}
-	if err := s.w.PingContext(ctx); err != nil {
+	s.batch = newBatcher(s)
+
+	cctx, cancel := context.WithTimeout(ctx, opts.connectTimeout())
+	err := s.w.PingContext(cctx)
+	timedOut := cctx.Err() != nil && ctx.Err() == nil
+	cancel()
+	if err != nil {
 		s.Close()
-		return nil, fmt.Errorf("connect to %s: %w", s.d.name, err)
-	}
-	if err := s.migrate(ctx, env); err != nil {
-		s.Close()
-		return nil, err
-	}
-	for _, q := range s.writerQueries() {
-		if _, err := s.prepared(ctx, s.w, q); err != nil {
-			s.Close()
-			return nil, fmt.Errorf("prepare: %w", err)
+		if timedOut {
+			return nil, fmt.Errorf("connect to %s: %w (%v): %w", where, ErrConnectTimeout, opts.connectTimeout(), err)
 		}
+		return nil, fmt.Errorf("connect to %s: %w", where, err)
+	}
+
+	mctx, cancel := context.WithTimeout(ctx, opts.migrateTimeout())
+	defer cancel()
+	err = s.migrate(mctx, env, opts.Logger)
+	for _, q := range s.writerQueries() {
+		if err != nil {
+			break
+		}
+		if _, err = s.prepared(mctx, s.w, q); err != nil {
+			err = fmt.Errorf("prepare: %w", err)
+		}
+	}
+	if err != nil {
+		s.Close()
+		if mctx.Err() != nil && ctx.Err() == nil {
+			return nil, fmt.Errorf("%w (%v): %w", ErrMigrateTimeout, opts.migrateTimeout(), err)
+		}
+		return nil, err
 	}
 	return s, nil
 }

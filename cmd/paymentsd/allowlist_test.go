@@ -183,7 +183,7 @@ func TestAllowlistNeedsClientCA(t *testing.T) {
 	t.Parallel()
 	env := with(map[string]string{"PAYMENTS_SANDBOX_BASE_URL": "http://127.0.0.1:1/v1", "PAYMENTS_SANDBOX_API_KEY": sandboxKey},
 		"PAYMENTS_ALLOWED_CALLERS", checkout)
-	_, err := loadConfig([]string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard)
+	_, err := loadConfig([]string{"paymentsd"}, envList(env))
 	if err == nil || !strings.Contains(err.Error(), "PAYMENTS_ALLOWED_CALLERS") || !strings.Contains(err.Error(), "PAYMENTS_TLS_CLIENT_CA_FILE") {
 		t.Errorf("loadConfig(PAYMENTS_ALLOWED_CALLERS without PAYMENTS_TLS_CLIENT_CA_FILE) = %v, want an error naming both", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -65,9 +66,12 @@ type config struct {
 	// may hold a password, so it is a secret; DatabaseFrom says where it
 	// came from, and DatabaseShown is what of it may be shown (see
 	// store.RedactedURL).
-	DatabaseURL      secret
-	DatabaseFrom     string
-	DatabaseShown    string
+	DatabaseURL    secret
+	DatabaseFrom   string
+	DatabaseShown  string
+	ConnectTimeout time.Duration
+	MigrateTimeout time.Duration
+
 	SettlementWindow time.Duration
 	RecordRetention  time.Duration
 	// ProviderQuietPeriod is how long a request that ended without the
@@ -104,6 +108,302 @@ type config struct {
 	testHooks testHooks
 }
 
+// A variable is one PAYMENTS_* setting. The table of them (variables) is
+// the one list paymentsd knows: loadConfig reads the environment through
+// it, --help prints it, the start-up line logs it, and a PAYMENTS_* name
+// that is not in it is refused. Adding a setting is adding an entry (and
+// its field in config).
+type variable struct {
+	// name is the variable's name; "<ENV>" in it stands for SANDBOX or
+	// LIVE, and only PAYMENTS_ENVIRONMENT's is read.
+	name string
+	// def is the default, as it would be written in the environment; an
+	// unset or empty variable takes it. For a variable read by one of
+	// loadConfig's own steps (parse is nil) it only describes the default.
+	def string
+	// meaning is what --help says the variable does.
+	meaning string
+	setting
+}
+
+// A setting reads a variable's value into the configuration and shows it.
+type setting struct {
+	// parse reads v, the value or else the default, into c; its error
+	// says what is wanted and never quotes v. nil: loadConfig reads the
+	// variable in a step of its own, with the variables it goes with.
+	parse func(c *config, v string) error
+	// show is the effective value as the start-up line logs it; nil: it
+	// is logged with its step's other settings, or not at all.
+	show func(c *config) slog.Value
+}
+
+// variables is paymentsd's configuration, in the order it is read and
+// listed.
+func variables() []variable {
+	return []variable{
+		{"PAYMENTS_ENVIRONMENT", "sandbox",
+			"Which environment of the provider to call: sandbox or live. Only that environment's PAYMENTS_<ENV>_* variables are read.",
+			setting{parse: func(c *config, v string) error {
+				c.Environment = strings.TrimSpace(v)
+				if c.Environment == "" {
+					c.Environment = "sandbox"
+				}
+				if c.Environment != "sandbox" && c.Environment != "live" {
+					return errors.New("want sandbox or live")
+				}
+				return nil
+			}}},
+		{"PAYMENTS_<ENV>_BASE_URL", "",
+			"The provider's base URL for the environment, ending in /v1; https in live. Required unless --simulate.",
+			setting{}},
+		{"PAYMENTS_<ENV>_API_KEY_FILE", "",
+			"A file holding the environment's provider API key (a byte-order mark and surrounding whitespace are trimmed). Set this or PAYMENTS_<ENV>_API_KEY unless --simulate.",
+			setting{}},
+		{"PAYMENTS_<ENV>_API_KEY", "",
+			"The environment's provider API key itself; prefer PAYMENTS_<ENV>_API_KEY_FILE.",
+			setting{}},
+		{"PAYMENTS_GRPC_ADDR", ":9090",
+			"The gRPC listen address, host:port or :port.",
+			addrSetting(func(c *config) *string { return &c.GRPCAddr })},
+		{"PAYMENTS_HTTP_ADDR", ":8080",
+			"The HTTP listen address: REST, /healthz, /readyz, /metrics and /openapi.json.",
+			addrSetting(func(c *config) *string { return &c.HTTPAddr })},
+		{"PAYMENTS_DATABASE_URL", "sqlite:paymentsd-sandbox.db in sandbox; none in live",
+			"The record store: sqlite:PATH, or a postgres:// URL for replicas sharing one database (percent-encode @ / ? # % in its user name and password). Required in live; --simulate keeps records in memory unless it is set.",
+			setting{}},
+		{"PAYMENTS_DATABASE_URL_FILE", "",
+			"A file holding PAYMENTS_DATABASE_URL instead (its password stays out of the environment).",
+			setting{}},
+		{"PAYMENTS_DATABASE_CONNECT_TIMEOUT", "15s",
+			"How long start-up waits for the record store's first connection before giving up; also bounds each later PostgreSQL connection whose URL sets no connect_timeout.",
+			durationSetting(func(c *config) *time.Duration { return &c.ConnectTimeout })},
+		{"PAYMENTS_DATABASE_MIGRATE_TIMEOUT", "1m",
+			"How long start-up waits for the record store's migrations, including another replica's running at the same time, before giving up.",
+			durationSetting(func(c *config) *time.Duration { return &c.MigrateTimeout })},
+		{"PAYMENTS_SETTLEMENT_WINDOW", "10m",
+			"How long after a payment's first attempt paymentsd keeps re-sending one whose outcome is unknown.",
+			durationSetting(func(c *config) *time.Duration { return &c.SettlementWindow })},
+		{"PAYMENTS_RECORD_RETENTION", "720h",
+			"How long payment records and webhook events are kept after their last change (720h is 30 days); at least PAYMENTS_SETTLEMENT_WINDOW.",
+			durationSetting(func(c *config) *time.Duration { return &c.RecordRetention })},
+		{"PAYMENTS_TOMBSTONE_RETENTION", "9600h",
+			"How long a deleted record's tombstone (the SHA-256 of its key and body, its final state and dates) refuses its key (9600h is 400 days); at least 1h.",
+			durationSetting(func(c *config) *time.Duration { return &c.TombstoneRetention })},
+		{"PAYMENTS_PROVIDER_QUIET_PERIOD", "30s",
+			"How long after its start a request that ended without the provider's answer is presumed still at the provider: nothing is sent with its key until then. At least PAYMENTS_UPSTREAM_TIMEOUT, and shorter than PAYMENTS_SETTLEMENT_WINDOW.",
+			durationSetting(func(c *config) *time.Duration { return &c.ProviderQuietPeriod })},
+		{"PAYMENTS_UPSTREAM_TIMEOUT", "15s",
+			"Bounds each payment's provider calls, retries included (a caller's deadline bounds only its own wait); at most PAYMENTS_SHUTDOWN_TIMEOUT and PAYMENTS_PROVIDER_QUIET_PERIOD.",
+			durationSetting(func(c *config) *time.Duration { return &c.UpstreamTimeout })},
+		{"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", strconv.Itoa(upstream.DefaultMaxAttempts),
+			"Attempts per provider call, the first included, for failures that may be retried.",
+			intSetting(1, 10, func(c *config) *int { return &c.UpstreamMaxAttempts })},
+		{"PAYMENTS_UPSTREAM_MAX_RESPONSE_BYTES", strconv.Itoa(upstream.DefaultMaxResponseBytes),
+			"The largest provider reply read.",
+			int64Setting(1024, 64<<20, func(c *config) *int64 { return &c.UpstreamMaxResponseBytes })},
+		{"PAYMENTS_UPSTREAM_BREAKER_FAILURES", strconv.Itoa(upstream.DefaultBreakerFailures),
+			"Consecutive failed provider attempts that open the circuit breaker.",
+			intSetting(1, 1000, func(c *config) *int { return &c.BreakerFailures })},
+		{"PAYMENTS_UPSTREAM_BREAKER_COOLDOWN", upstream.DefaultBreakerCooldown.String(),
+			"How long an open circuit breaker fails calls fast before letting one through.",
+			durationSetting(func(c *config) *time.Duration { return &c.BreakerCooldown })},
+		{"PAYMENTS_UPSTREAM_CA_FILE", "",
+			"A PEM file of extra roots to trust for the provider's certificate (a private CA, or a TLS-inspecting egress proxy).",
+			fileSetting(func(c *config) *string { return &c.UpstreamCAFile })},
+		{"PAYMENTS_MAX_REQUEST_BYTES", strconv.Itoa(64 << 10),
+			"The largest REST body or gRPC message accepted.",
+			intSetting(1024, 4<<20, func(c *config) *int { return &c.MaxRequestBytes })},
+		{"PAYMENTS_MAX_IN_FLIGHT", strconv.Itoa(service.DefaultMaxInFlight),
+			"Calls in progress at once, over both ports together; more are refused with RESOURCE_EXHAUSTED (REST 429).",
+			intSetting(1, 100000, func(c *config) *int { return &c.MaxInFlight })},
+		{"PAYMENTS_MAX_CONNECTIONS", strconv.Itoa(service.DefaultMaxConnections),
+			"Open connections on each port; more are closed as they are accepted.",
+			intSetting(1, 100000, func(c *config) *int { return &c.MaxConnections })},
+		{"PAYMENTS_HTTP_READ_TIMEOUT", service.DefaultReadTimeout.String(),
+			"How long a REST request's header, and then its body, may take to arrive.",
+			durationSetting(func(c *config) *time.Duration { return &c.HTTPReadTimeout })},
+		{"PAYMENTS_SHUTDOWN_DELAY", "0",
+			"How long to keep serving after SIGTERM, with readiness already failing, while load balancers stop sending.",
+			setting{
+				parse: func(c *config, v string) error {
+					if v == "0" {
+						c.ShutdownDelay = 0
+						return nil
+					}
+					return parseDuration(v, &c.ShutdownDelay)
+				},
+				show: func(c *config) slog.Value { return slog.StringValue(c.ShutdownDelay.String()) },
+			}},
+		{"PAYMENTS_SHUTDOWN_TIMEOUT", "20s",
+			"How long calls in flight at SIGTERM may take to finish before they are cut off.",
+			durationSetting(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
+		{"PAYMENTS_TLS_CERT_FILE", "",
+			"The server's PEM certificate; with PAYMENTS_TLS_KEY_FILE, both ports serve TLS. Unset: plaintext.",
+			fileSetting(func(c *config) *string { return &c.TLSCertFile })},
+		{"PAYMENTS_TLS_KEY_FILE", "",
+			"The server certificate's PEM private key.",
+			fileSetting(func(c *config) *string { return &c.TLSKeyFile })},
+		{"PAYMENTS_TLS_CLIENT_CA_FILE", "",
+			"PEM roots that callers' client certificates must chain to (mTLS); needs the server certificate.",
+			fileSetting(func(c *config) *string { return &c.TLSClientCAFile })},
+		{"PAYMENTS_ALLOWED_CALLERS", "",
+			"Comma-separated mTLS identities (URI or DNS SANs) that may call the payments and provider-events services; needs PAYMENTS_TLS_CLIENT_CA_FILE. Unset: every caller with a trusted certificate.",
+			setting{parse: parseCallers, show: func(c *config) slog.Value { return slog.AnyValue(c.AllowedCallers) }}},
+		{"PAYMENTS_LOG_LEVEL", "info",
+			"The lowest level logged: debug, info, warn or error. The start-up and shutdown lines are always logged.",
+			setting{
+				parse: func(c *config, v string) error {
+					if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
+						return errors.New("want debug, info, warn or error")
+					}
+					return nil
+				},
+				show: func(c *config) slog.Value { return slog.StringValue(c.LogLevel.String()) },
+			}},
+		{"PAYMENTS_WEBHOOK_ADDR", "",
+			"The webhook intake's own listen address. Unset: no intake. Needs PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE or PAYMENTS_<ENV>_WEBHOOK_TOKEN.",
+			addrSetting(func(c *config) *string { return &c.WebhookAddr })},
+		{"PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE", "",
+			"A file holding the environment's webhook URL token: at least 32 of A-Z a-z 0-9 - . _ ~ (openssl rand -hex 32); two, one a line, while rotating.",
+			setting{}},
+		{"PAYMENTS_<ENV>_WEBHOOK_TOKEN", "",
+			"The webhook URL token itself (two, comma-separated, while rotating); prefer PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE.",
+			setting{}},
+		{"PAYMENTS_WEBHOOK_MAX_BYTES", strconv.Itoa(inbox.DefaultMaxBytes),
+			"The largest webhook delivery body accepted.",
+			int64Setting(1024, 16<<20, func(c *config) *int64 { return &c.WebhookMaxBytes })},
+	}
+}
+
+// ignoredVariables are PAYMENTS_* variables that other programs read,
+// which paymentsd accepts and ignores.
+var ignoredVariables = map[string]string{
+	"PAYMENTS_TEST_POSTGRES_URL": "the tests' PostgreSQL server (bash .ci/postgres sets it)",
+	"PAYMENTS_BENCH_CPUPROFILE":  "paymentsbench's CPU profile, read only by a binary built with -tags=benchprofile",
+}
+
+// environments are the provider environments, as <ENV> is written.
+var environments = []string{"SANDBOX", "LIVE"}
+
+// names is the variable's name with <ENV> as env.
+func (v variable) named(env string) string {
+	return strings.ReplaceAll(v.name, "<ENV>", env)
+}
+
+func durationSetting(field func(*config) *time.Duration) setting {
+	return setting{
+		parse: func(c *config, v string) error { return parseDuration(v, field(c)) },
+		show:  func(c *config) slog.Value { return slog.StringValue(field(c).String()) },
+	}
+}
+
+func parseDuration(v string, d *time.Duration) error {
+	p, err := time.ParseDuration(v)
+	if err != nil || p <= 0 {
+		return errors.New("want a positive Go duration such as 15s")
+	}
+	*d = p
+	return nil
+}
+
+func intSetting(lo, hi int, field func(*config) *int) setting {
+	return setting{
+		parse: func(c *config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < lo || n > hi {
+				return fmt.Errorf("want a whole number from %d to %d", lo, hi)
+			}
+			*field(c) = n
+			return nil
+		},
+		show: func(c *config) slog.Value { return slog.IntValue(*field(c)) },
+	}
+}
+
+func int64Setting(lo, hi int64, field func(*config) *int64) setting {
+	return setting{
+		parse: func(c *config, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < lo || n > hi {
+				return fmt.Errorf("want a whole number from %d to %d", lo, hi)
+			}
+			*field(c) = n
+			return nil
+		},
+		show: func(c *config) slog.Value { return slog.Int64Value(*field(c)) },
+	}
+}
+
+// addrSetting reads a listen address, host:port or :port; "" (no default)
+// means none.
+func addrSetting(field func(*config) *string) setting {
+	return setting{
+		parse: func(c *config, v string) error {
+			*field(c) = v
+			if v == "" {
+				return nil
+			}
+			host, port, err := net.SplitHostPort(v)
+			if err != nil {
+				return errors.New("want host:port or :port, such as :9090")
+			}
+			var problems []error
+			if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+				problems = append(problems, errors.New("the port must be a number from 0 to 65535"))
+			}
+			if host != "" && net.ParseIP(host) == nil && !validHostname(host) {
+				problems = append(problems, errors.New("the host must be an IP address or a host name"))
+			}
+			return errors.Join(problems...)
+		},
+		show: func(c *config) slog.Value { return slog.StringValue(*field(c)) },
+	}
+}
+
+// fileSetting reads a variable that names a file, refusing one that names
+// no readable file.
+func fileSetting(field func(*config) *string) setting {
+	return setting{
+		parse: func(c *config, path string) error {
+			*field(c) = path
+			if path == "" {
+				return nil
+			}
+			f, err := os.Open(path)
+			if err != nil {
+				return fmt.Errorf("cannot read the file it names: %v", fileError(err))
+			}
+			defer f.Close()
+			if st, err := f.Stat(); err == nil && st.IsDir() {
+				// It exists, so it is a path, not a key pasted by mistake.
+				return fmt.Errorf("names a directory, %s: want a file", path)
+			}
+			return nil
+		},
+		show: func(c *config) slog.Value { return slog.StringValue(*field(c)) },
+	}
+}
+
+func parseCallers(c *config, callers string) error {
+	var problems []error
+	for i, caller := range strings.Split(callers, ",") {
+		caller = strings.TrimSpace(caller)
+		switch {
+		case caller == "":
+		case strings.ContainsFunc(caller, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+			problems = append(problems, fmt.Errorf("identity %d in the list has spaces or control characters; an identity has none", i+1))
+		default:
+			c.AllowedCallers = append(c.AllowedCallers, caller)
+		}
+	}
+	if callers != "" && len(c.AllowedCallers) == 0 && len(problems) == 0 {
+		// Set, yet empty, it would turn the allowlist off: every caller
+		// with a trusted certificate could call.
+		return errors.New("set but holds no identity: want a comma-separated list of URI or DNS SANs, or leave it unset for no allowlist")
+	}
+	return errors.Join(problems...)
+}
+
 func (c *config) env() paymentsv1.Environment {
 	if c.Environment == "live" {
 		return paymentsv1.Environment_ENVIRONMENT_LIVE
@@ -111,122 +411,88 @@ func (c *config) env() paymentsv1.Environment {
 	return paymentsv1.Environment_ENVIRONMENT_SANDBOX
 }
 
-// LogValue is the effective configuration as logged at start, key redacted.
+// LogValue is the effective configuration as logged at start: every
+// variable's value, secrets redacted, named as the variable is, in lower
+// case without PAYMENTS_.
 func (c *config) LogValue() slog.Value {
-	return slog.GroupValue(
+	attrs := []slog.Attr{
+		slog.String("version", version()),
 		slog.String("environment", c.Environment),
 		slog.String("base_url", c.BaseURL),
 		slog.Any("api_key", c.APIKey),
 		slog.String("api_key_from", c.APIKeyFrom),
 		slog.Bool("simulate", c.Simulate),
-		slog.String("grpc_addr", c.GRPCAddr),
-		slog.String("http_addr", c.HTTPAddr),
-		slog.String("upstream_ca_file", c.UpstreamCAFile),
-		slog.Int("upstream_max_attempts", c.UpstreamMaxAttempts),
-		slog.String("upstream_timeout", c.UpstreamTimeout.String()),
-		slog.Int64("upstream_max_response_bytes", c.UpstreamMaxResponseBytes),
-		slog.Int("upstream_breaker_failures", c.BreakerFailures),
-		slog.String("upstream_breaker_cooldown", c.BreakerCooldown.String()),
-		slog.Int("max_request_bytes", c.MaxRequestBytes),
-		slog.String("shutdown_timeout", c.ShutdownTimeout.String()),
-		slog.String("shutdown_delay", c.ShutdownDelay.String()),
 		slog.String("database", c.DatabaseShown),
 		slog.String("database_from", c.DatabaseFrom),
-		slog.String("settlement_window", c.SettlementWindow.String()),
-		slog.String("record_retention", c.RecordRetention.String()),
-		slog.String("provider_quiet_period", c.ProviderQuietPeriod.String()),
-		slog.String("tombstone_retention", c.TombstoneRetention.String()),
-		slog.Int("max_in_flight", c.MaxInFlight),
-		slog.Int("max_connections", c.MaxConnections),
-		slog.String("http_read_timeout", c.HTTPReadTimeout.String()),
-		slog.Any("allowed_callers", c.AllowedCallers),
-		slog.Bool("tls", c.TLSCertFile != ""),
-		slog.Bool("mtls", c.TLSClientCAFile != ""),
-		slog.String("log_level", c.LogLevel.String()),
-		slog.String("webhook_addr", c.WebhookAddr),
 		slog.Int("webhook_tokens", len(c.WebhookTokens)),
 		slog.String("webhook_tokens_from", c.WebhookTokensFrom),
-		slog.Int64("webhook_max_bytes", c.WebhookMaxBytes),
-	)
-}
-
-// loadConfig reads the configuration from args and getenv and validates it,
-// reporting every problem at once, each naming its setting and saying what
-// is wanted. A refusal never repeats a value: a key pasted into the wrong
-// variable must not reach the terminal or the logs. Only the selected
-// environment's variables are read.
-func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
-	// The flag package's errors, and what it prints with them, quote the
-	// argument, which may be a key: it prints nothing, and its errors are
-	// replaced with ones that name the flag alone.
-	fs := flag.NewFlagSet("paymentsd", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var simulate, badSimulate bool
-	fs.BoolFunc("simulate", "serve against a built-in simulated provider (sandbox only)", func(v string) error {
-		b, err := strconv.ParseBool(v)
-		badSimulate = err != nil
-		simulate = b
-		return err
-	})
-	if err := fs.Parse(args[1:]); err != nil {
-		switch {
-		case errors.Is(err, flag.ErrHelp):
-			fs.SetOutput(stderr)
-			fs.Usage()
-			return nil, err
-		case badSimulate:
-			return nil, errors.New("--simulate: want no value, or true or false")
-		default:
-			return nil, errors.New("unknown or malformed flag: paymentsd's only flag is --simulate (and -h for help)")
+	}
+	for _, v := range variables() {
+		if v.show != nil {
+			attrs = append(attrs, slog.Attr{Key: strings.ToLower(strings.TrimPrefix(v.name, "PAYMENTS_")), Value: v.show(c)})
 		}
 	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("%d unexpected argument(s): paymentsd takes only flags, such as --simulate", fs.NArg())
+	return slog.GroupValue(attrs...)
+}
+
+// errHelp and errVersion are loadConfig's answers to --help and --version:
+// run prints the help or the version and exits 0.
+var (
+	errHelp    = errors.New("help requested")
+	errVersion = errors.New("version requested")
+)
+
+// loadConfig reads the configuration from args and environ (as
+// os.Environ gives it) and validates it, reporting every problem at once,
+// each naming its setting and saying what is wanted. A refusal never
+// repeats a value: a key pasted into the wrong variable must not reach the
+// terminal or the logs. Only the selected environment's variables are
+// read, and a PAYMENTS_* variable paymentsd does not know is refused.
+func loadConfig(args, environ []string) (*config, error) {
+	simulate, err := parseFlags(args)
+	if err != nil {
+		return nil, err
 	}
+	getenv := lookup(environ)
 
 	var problems []error
 	problem := func(format string, a ...any) { problems = append(problems, fmt.Errorf(format, a...)) }
 
-	c := &config{
-		Environment: strings.TrimSpace(getenv("PAYMENTS_ENVIRONMENT")),
-		Simulate:    simulate,
-		GRPCAddr:    addrVar(getenv, "PAYMENTS_GRPC_ADDR", ":9090", problem),
-		HTTPAddr:    addrVar(getenv, "PAYMENTS_HTTP_ADDR", ":8080", problem),
+	c := &config{Simulate: simulate}
+	vars := variables()
+	// PAYMENTS_ENVIRONMENT comes first: it says which PAYMENTS_<ENV>_*
+	// names are read. Should it be wrong, sandbox's are checked.
+	env := "SANDBOX"
+	for _, v := range vars {
+		if v.parse == nil {
+			continue
+		}
+		name := v.named(env)
+		value := getenv(name)
+		if value == "" {
+			value = v.def
+		}
+		if err := v.parse(c, value); err != nil {
+			problem("%s: %w", name, err)
+		}
+		if name == "PAYMENTS_ENVIRONMENT" && (c.Environment == "live" || c.Environment == "sandbox") {
+			env = strings.ToUpper(c.Environment)
+		}
+	}
+	// An environment that is neither is reported above; the checks of
+	// its own variables are left out.
+	envValid := c.Environment == "sandbox" || c.Environment == "live"
 
-		UpstreamCAFile:  fileVar(getenv, "PAYMENTS_UPSTREAM_CA_FILE", problem),
-		TLSCertFile:     fileVar(getenv, "PAYMENTS_TLS_CERT_FILE", problem),
-		TLSKeyFile:      fileVar(getenv, "PAYMENTS_TLS_KEY_FILE", problem),
-		TLSClientCAFile: fileVar(getenv, "PAYMENTS_TLS_CLIENT_CA_FILE", problem),
-	}
-	if c.Environment == "" {
-		c.Environment = "sandbox"
-	}
-	if c.Environment != "sandbox" && c.Environment != "live" {
-		problem("PAYMENTS_ENVIRONMENT: want sandbox or live")
-	}
+	problems = append(problems, unknownVariables(environ, vars, env)...)
 
-	c.UpstreamMaxAttempts = intVar(getenv, "PAYMENTS_UPSTREAM_MAX_ATTEMPTS", upstream.DefaultMaxAttempts, 1, 10, problem)
-	c.UpstreamTimeout = durationVar(getenv, "PAYMENTS_UPSTREAM_TIMEOUT", 15*time.Second, problem)
-	c.UpstreamMaxResponseBytes = int64(intVar(getenv, "PAYMENTS_UPSTREAM_MAX_RESPONSE_BYTES", upstream.DefaultMaxResponseBytes, 1024, 64<<20, problem))
-	c.BreakerFailures = intVar(getenv, "PAYMENTS_UPSTREAM_BREAKER_FAILURES", upstream.DefaultBreakerFailures, 1, 1000, problem)
-	c.BreakerCooldown = durationVar(getenv, "PAYMENTS_UPSTREAM_BREAKER_COOLDOWN", upstream.DefaultBreakerCooldown, problem)
-	c.MaxRequestBytes = intVar(getenv, "PAYMENTS_MAX_REQUEST_BYTES", 64<<10, 1024, 4<<20, problem)
-	c.ShutdownTimeout = durationVar(getenv, "PAYMENTS_SHUTDOWN_TIMEOUT", 20*time.Second, problem)
-	if v := getenv("PAYMENTS_SHUTDOWN_DELAY"); v != "" && v != "0" {
-		c.ShutdownDelay = durationVar(getenv, "PAYMENTS_SHUTDOWN_DELAY", 0, problem)
-	}
 	if c.UpstreamTimeout > c.ShutdownTimeout {
 		// A call still waiting on the provider when the drain ends is cut
 		// off, and its caller is left not knowing whether it paid.
 		problem("PAYMENTS_UPSTREAM_TIMEOUT (%v) is longer than PAYMENTS_SHUTDOWN_TIMEOUT (%v): want it no longer, or a provider call in flight at shutdown is cut off with its outcome unknown", c.UpstreamTimeout, c.ShutdownTimeout)
 	}
-
-	c.SettlementWindow = durationVar(getenv, "PAYMENTS_SETTLEMENT_WINDOW", 10*time.Minute, problem)
-	c.RecordRetention = durationVar(getenv, "PAYMENTS_RECORD_RETENTION", 30*24*time.Hour, problem)
 	if c.RecordRetention < c.SettlementWindow {
 		problem("PAYMENTS_RECORD_RETENTION must be at least PAYMENTS_SETTLEMENT_WINDOW: a record can't be deleted while it may still be settled")
 	}
-	c.ProviderQuietPeriod = durationVar(getenv, "PAYMENTS_PROVIDER_QUIET_PERIOD", 30*time.Second, problem)
 	if c.ProviderQuietPeriod < c.UpstreamTimeout {
 		// paymentsd's own request may run for the whole upstream timeout:
 		// a shorter presumption would end before the request does.
@@ -235,40 +501,12 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	if c.ProviderQuietPeriod >= c.SettlementWindow {
 		problem("PAYMENTS_PROVIDER_QUIET_PERIOD (%v) must be shorter than PAYMENTS_SETTLEMENT_WINDOW (%v), or a key whose request went unanswered could never be settled", c.ProviderQuietPeriod, c.SettlementWindow)
 	}
-	c.TombstoneRetention = durationVar(getenv, "PAYMENTS_TOMBSTONE_RETENTION", 400*24*time.Hour, problem)
 	if c.TombstoneRetention < time.Hour {
 		// A tombstone must outlive its record, which retention deletes
 		// minutes after writing the tombstone.
 		problem("PAYMENTS_TOMBSTONE_RETENTION must be at least 1h: a tombstone refuses its key only while it is kept")
 	}
 	c.testHooks = loadTestHooks(getenv, problem)
-	c.loadDatabase(getenv, problem)
-	c.MaxInFlight = intVar(getenv, "PAYMENTS_MAX_IN_FLIGHT", service.DefaultMaxInFlight, 1, 100000, problem)
-	c.MaxConnections = intVar(getenv, "PAYMENTS_MAX_CONNECTIONS", service.DefaultMaxConnections, 1, 100000, problem)
-	c.HTTPReadTimeout = durationVar(getenv, "PAYMENTS_HTTP_READ_TIMEOUT", service.DefaultReadTimeout, problem)
-	callers := getenv("PAYMENTS_ALLOWED_CALLERS")
-	badCallers := false
-	for i, caller := range strings.Split(callers, ",") {
-		caller = strings.TrimSpace(caller)
-		switch {
-		case caller == "":
-		case strings.ContainsFunc(caller, func(r rune) bool { return r <= ' ' || r == 0x7f }):
-			problem("PAYMENTS_ALLOWED_CALLERS: identity %d in the list has spaces or control characters; an identity has none", i+1)
-			badCallers = true
-		default:
-			c.AllowedCallers = append(c.AllowedCallers, caller)
-		}
-	}
-	if callers != "" && len(c.AllowedCallers) == 0 && !badCallers {
-		// Set, yet empty, it would turn the allowlist off: every caller
-		// with a trusted certificate could call.
-		problem("PAYMENTS_ALLOWED_CALLERS is set but holds no identity: want a comma-separated list of URI or DNS SANs, or leave it unset for no allowlist")
-	}
-
-	if err := c.LogLevel.UnmarshalText([]byte(orDefault(getenv("PAYMENTS_LOG_LEVEL"), "info"))); err != nil {
-		problem("PAYMENTS_LOG_LEVEL: want debug, info, warn or error")
-	}
-
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		problem("PAYMENTS_TLS_CERT_FILE and PAYMENTS_TLS_KEY_FILE must be set together")
 	}
@@ -281,19 +519,17 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		problem("PAYMENTS_ALLOWED_CALLERS needs PAYMENTS_TLS_CLIENT_CA_FILE: callers are identified by their client certificates")
 	}
 
+	c.loadDatabase(getenv, problem)
 	switch {
 	case c.Simulate && c.Environment == "live":
 		problem("--simulate is refused in live: PAYMENTS_ENVIRONMENT is live")
 	case c.Simulate:
 		// The simulator provides its own URL and key; the sandbox
 		// settings, if any, are not used.
-	case c.Environment == "sandbox" || c.Environment == "live":
+	case envValid:
 		c.loadProvider(getenv, problem)
 	}
-
-	c.WebhookAddr = addrVar(getenv, "PAYMENTS_WEBHOOK_ADDR", "", problem)
-	c.WebhookMaxBytes = int64(intVar(getenv, "PAYMENTS_WEBHOOK_MAX_BYTES", inbox.DefaultMaxBytes, 1024, 16<<20, problem))
-	if c.Environment == "sandbox" || c.Environment == "live" {
+	if envValid {
 		c.loadWebhookTokens(getenv, problem)
 	}
 
@@ -301,6 +537,52 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	return c, nil
+}
+
+// lookup is getenv over environ: the last of a name's entries wins, as in
+// os.Getenv.
+func lookup(environ []string) func(string) string {
+	m := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return func(k string) string { return m[k] }
+}
+
+// parseFlags reads --simulate, --help and --version. The flag package's
+// errors, and what it prints with them, quote the argument, which may be a
+// key: it prints nothing, and its errors are replaced with ones that name
+// the flag alone.
+func parseFlags(args []string) (simulate bool, err error) {
+	fs := flag.NewFlagSet("paymentsd", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var badSimulate bool
+	fs.BoolFunc("simulate", "", func(v string) error {
+		b, err := strconv.ParseBool(v)
+		badSimulate = err != nil
+		simulate = b
+		return err
+	})
+	showVersion := fs.Bool("version", false, "")
+	if err := fs.Parse(args[1:]); err != nil {
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			return false, errHelp
+		case badSimulate:
+			return false, errors.New("--simulate: want no value, or true or false")
+		default:
+			return false, errors.New("unknown or malformed flag: paymentsd's flags are --simulate, --version and --help")
+		}
+	}
+	if *showVersion {
+		return false, errVersion
+	}
+	if fs.NArg() > 0 {
+		return false, fmt.Errorf("%d unexpected argument(s): paymentsd takes only flags, such as --simulate", fs.NArg())
+	}
+	return simulate, nil
 }
 
 // loadProvider reads the selected environment's base URL and key, and no
@@ -340,9 +622,7 @@ func (c *config) loadProvider(getenv func(string) string, problem func(string, .
 	default:
 		b, err := os.ReadFile(file)
 		if err != nil {
-			// Neither the path (which may be a key pasted into the wrong
-			// variable) nor the contents: only why it can't be read.
-			problem("%s: cannot read the file it names: %v", fileVar, pathless(err))
+			problem("%s: cannot read the file it names: %v", fileVar, fileError(err))
 			return
 		}
 		// Editors on some systems start a file with a byte-order mark.
@@ -378,8 +658,7 @@ func (c *config) loadWebhookTokens(getenv func(string) string, problem func(stri
 	default:
 		b, err := os.ReadFile(file)
 		if err != nil {
-			// Neither the path nor the contents: only why it can't be read.
-			problem("%s: cannot read the token file: %v", fileVar, pathless(err))
+			problem("%s: cannot read the token file: %v", fileVar, fileError(err))
 			return
 		}
 		raw, from = string(b), fileVar+"="+file
@@ -422,7 +701,7 @@ func (c *config) loadDatabase(getenv func(string) string, problem func(string, .
 	case file != "":
 		b, err := os.ReadFile(file)
 		if err != nil {
-			problem("%s: cannot read the file it names: %v", fileVar, pathless(err))
+			problem("%s: cannot read the file it names: %v", fileVar, fileError(err))
 			return
 		}
 		v, c.DatabaseFrom = strings.TrimSpace(strings.TrimPrefix(string(b), "\uFEFF")), fileVar+"="+file
@@ -434,30 +713,23 @@ func (c *config) loadDatabase(getenv func(string) string, problem func(string, .
 		c.DatabaseFrom = urlVar
 	case c.Simulate:
 		v, c.DatabaseFrom = "sqlite::memory:", "--simulate default"
+	case c.Environment == "live":
+		// Live's records must outlive the pod: a default file in the
+		// working directory would not (and a read-only root filesystem
+		// can't hold it).
+		problem("%s or %s must be set in live: want the PostgreSQL database the replicas share, or a sqlite:PATH on a persistent volume", urlVar, fileVar)
+		return
 	default:
-		v, c.DatabaseFrom = "sqlite:paymentsd-"+c.Environment+".db", "default"
+		v, c.DatabaseFrom = "sqlite:paymentsd-"+c.Environment+".db", "default (PAYMENTS_DATABASE_URL is not set)"
 	}
 	c.DatabaseURL = secret(v)
 	// Only what can't hold a password is shown: the query can (pgx reads
 	// password and sslpassword there), and so can what looks like the
-	// host or the path when a password's '#', '/' or '?' is not escaped.
-	shown, ok := store.RedactedURL(v)
-	c.DatabaseShown = shown
-	switch {
-	case strings.HasPrefix(v, "sqlite:"):
-		if strings.TrimPrefix(v, "sqlite:") == "" {
-			problem("%s: sqlite: needs a file path, e.g. sqlite:/var/lib/paymentsd/records.db", c.databaseVar())
-		}
-	case strings.HasPrefix(v, "postgres://"), strings.HasPrefix(v, "postgresql://"):
-		u, err := url.Parse(v)
-		switch {
-		case err != nil || (u.Host == "" && u.Query().Get("host") == ""):
-			problem("%s is not a valid postgres:// URL (it names no host, in the URL or as host= in its query)", c.databaseVar())
-		case !ok:
-			problem("%s holds a '#', or an '@' in its path or a query parameter's name, as a password with an unescaped # / ? or @ gives: percent-encode those in the user name and password (%%23 %%2F %%3F %%40)", c.databaseVar())
-		}
-	default:
-		problem("%s must be sqlite:PATH or a postgres:// URL", c.databaseVar())
+	// host or the path when a password's '@', '#', '/' or '?' is not
+	// escaped.
+	c.DatabaseShown, _ = store.RedactedURL(v)
+	if err := store.CheckURL(v); err != nil {
+		problem("%s: %v", c.databaseVar(), err)
 	}
 }
 
@@ -488,27 +760,6 @@ func keyProblem(key string) string {
 	return ""
 }
 
-// addrVar reads a listen address, host:port or :port, refusing one that
-// can't be, without repeating it.
-func addrVar(getenv func(string) string, name, def string, problem func(string, ...any)) string {
-	v := orDefault(getenv(name), def)
-	if v == "" {
-		return v
-	}
-	host, port, err := net.SplitHostPort(v)
-	if err != nil {
-		problem("%s: want host:port or :port, such as :9090", name)
-		return v
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		problem("%s: the port must be a number from 0 to 65535", name)
-	}
-	if host != "" && net.ParseIP(host) == nil && !validHostname(host) {
-		problem("%s: the host must be an IP address or a host name", name)
-	}
-	return v
-}
-
 // validHostname reports whether h has the shape of a DNS name: labels of
 // letters, digits and hyphens, separated by dots.
 func validHostname(h string) bool {
@@ -528,61 +779,35 @@ func validHostname(h string) bool {
 	return true
 }
 
-// fileVar reads a variable that names a file, refusing one that names no
-// readable file, without repeating the path: a key pasted into the wrong
-// variable must not be printed.
-func fileVar(getenv func(string) string, name string, problem func(string, ...any)) string {
-	path := getenv(name)
-	if path == "" {
-		return ""
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		problem("%s: cannot read the file it names: %v", name, pathless(err))
-		return path
-	}
-	f.Close()
-	return path
-}
-
-// pathless is err without the path a *fs.PathError carries.
-func pathless(err error) error {
+// fileError is err, from opening or reading a file, saying where its path
+// leads without repeating it unless it exists: a variable meant to name a
+// file may hold a key pasted by mistake, which must not be printed, but a
+// path that exists on this machine is no secret. For a path that doesn't
+// exist it names the nearest directory above it that does, which tells a
+// mount in the wrong place from a file name mistyped.
+func fileError(err error) error {
 	var pe *fs.PathError
-	if errors.As(err, &pe) {
+	if !errors.As(err, &pe) {
+		return err
+	}
+	path := pe.Path
+	if _, statErr := os.Stat(path); statErr == nil {
+		return fmt.Errorf("%s %s: %w", pe.Op, path, pe.Err)
+	}
+	abs, absErr := filepath.Abs(path)
+	if absErr != nil {
 		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
 	}
-	return err
-}
-
-func orDefault(v, def string) string {
-	if v == "" {
-		return def
+	dir := filepath.Dir(abs)
+	for {
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
 	}
-	return v
-}
-
-func intVar(getenv func(string) string, name string, def, lo, hi int, problem func(string, ...any)) int {
-	v := getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < lo || n > hi {
-		problem("%s: want a whole number from %d to %d", name, lo, hi)
-		return def
-	}
-	return n
-}
-
-func durationVar(getenv func(string) string, name string, def time.Duration, problem func(string, ...any)) time.Duration {
-	v := getenv(name)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		problem("%s: want a positive Go duration such as 15s", name)
-		return def
-	}
-	return d
+	return fmt.Errorf("%s: %w (the nearest directory on its path that exists is %s)", pe.Op, pe.Err, dir)
 }

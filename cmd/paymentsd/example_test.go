@@ -99,7 +99,7 @@ func startSimulated() (string, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"paymentsd", "--simulate"}, func(k string) string { return env[k] }, io.Discard, w)
+		done <- run(ctx, []string{"paymentsd", "--simulate"}, envList(env), io.Discard, w)
 		w.Close()
 	}()
 	dec := json.NewDecoder(logs)

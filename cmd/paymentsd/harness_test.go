@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -134,16 +135,15 @@ func startConfigured(t *testing.T, env map[string]string, tp trace.TracerProvide
 	for k, v := range env {
 		full[k] = v
 	}
-	getenv := func(k string) string { return full[k] }
 	logs := newLogBuffer()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	argv := append([]string{"paymentsd"}, args...)
 	if tp == nil && change == nil {
-		go func() { done <- run(ctx, argv, getenv, io.Discard, logs) }()
+		go func() { done <- run(ctx, argv, envList(full), io.Discard, logs) }()
 	} else {
 		go func() {
-			cfg, err := loadConfig(argv, getenv, io.Discard)
+			cfg, err := loadConfig(argv, envList(full))
 			if err != nil {
 				done <- err
 				return
@@ -206,7 +206,7 @@ func runRefused(t *testing.T, env map[string]string, args ...string) (stdout, st
 	logs := newLogBuffer()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, append([]string{"paymentsd"}, args...), func(k string) string { return env[k] }, &out, logs)
+		done <- run(ctx, append([]string{"paymentsd"}, args...), envList(env), &out, logs)
 	}()
 	for {
 		logs.mu.Lock()
@@ -335,4 +335,14 @@ func validRequest(key string) *paymentsv1.CreateMultiCardPaymentRequest {
 
 func validBody(key string) string {
 	return `{"amountMoney":{"currency":"USD","amount":1250},"idempotencyKey":"` + key + `"}`
+}
+
+// envList is m as os.Environ gives an environment, sorted.
+func envList(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out
 }

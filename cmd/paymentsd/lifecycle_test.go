@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -170,7 +172,7 @@ func TestSIGTERM(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("paymentsd after SIGTERM: %v, want exit status 0", err)
 	}
-	if want := []string{"starting", "serving", "draining", "stopped"}; !equal(msgs, want) {
+	if want := []string{"starting", "opening the record store", "applied migrations", "serving", "draining", "stopped"}; !equal(msgs, want) {
 		t.Errorf("log messages = %q, want %q", msgs, want)
 	}
 }
@@ -185,4 +187,47 @@ func equal(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// TestBinaryFirstContact runs the built binary as a newcomer would first:
+// --help and --version exit 0 on stdout, and a misspelt variable stops it
+// with exit status 1 and a suggestion on stderr.
+func TestBinaryFirstContact(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	t.Parallel()
+	bin := paymentsdBinary(t)
+	for _, tc := range []struct {
+		args     []string
+		env      []string
+		wantExit int
+		want     string // in stdout for exit 0, stderr otherwise
+	}{
+		{[]string{"--help"}, nil, 0, "PAYMENTS_DATABASE_CONNECT_TIMEOUT"},
+		{[]string{"-h"}, nil, 0, "PAYMENTS_ENVIRONMENT"},
+		{[]string{"--version"}, nil, 0, "paymentsd "},
+		{[]string{"--simulate"}, []string{"PAYMENTS_GRPC_ADR=:0"}, 1, "did you mean PAYMENTS_GRPC_ADDR?"},
+		{nil, []string{"PAYMENTS_ENVIRONMENT=live", "PAYMENTS_LIVE_BASE_URL=https://x.test/v1", "PAYMENTS_LIVE_API_KEY=k"}, 1, "PAYMENTS_DATABASE_URL"},
+	} {
+		cmd := exec.Command(bin, tc.args...)
+		cmd.Env = tc.env
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		exit := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			exit = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		out := stdout.String()
+		if tc.wantExit != 0 {
+			out = stderr.String()
+		}
+		if exit != tc.wantExit || !strings.Contains(out, tc.want) {
+			t.Errorf("paymentsd %q with %q: exit %d, stdout %q, stderr %q; want exit %d and %q", tc.args, tc.env, exit, stdout.String(), stderr.String(), tc.wantExit, tc.want)
+		}
+	}
 }

@@ -1,8 +1,9 @@
 // Command paymentsd serves payments.v1.PaymentsService over gRPC and REST,
 // forwarding payments to one environment of the payment provider.
 //
-// Configuration comes from PAYMENTS_* environment variables (see README.md);
-// --simulate serves against a built-in simulated provider instead.
+// Configuration comes from PAYMENTS_* environment variables, which
+// paymentsd --help lists; --simulate serves against a built-in simulated
+// provider instead.
 package main
 
 import (
@@ -53,25 +54,34 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(defaultGCPercent)
 	}
-	if err := run(context.Background(), os.Args, os.Getenv, os.Stdout, os.Stderr); err != nil {
+	if err := run(context.Background(), os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "paymentsd: %v\n", err)
 		os.Exit(1)
 	}
 }
 
 // run is the whole program: it returns when ctx ends or a signal arrives
-// and the service has drained, or when it cannot start.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// and the service has drained, or when it cannot start. environ is the
+// environment as os.Environ gives it: the whole list, so that a PAYMENTS_*
+// variable paymentsd doesn't know can be refused.
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	cfg, err := loadConfig(args, getenv, stderr)
-	if err != nil {
+	cfg, err := loadConfig(args, environ)
+	switch {
+	case errors.Is(err, errHelp):
+		_, err := io.WriteString(stdout, usage())
+		return err
+	case errors.Is(err, errVersion):
+		_, err := fmt.Fprintln(stdout, "paymentsd", version())
+		return err
+	case err != nil:
 		return err
 	}
 
 	quietOpenTelemetry(newLogger(cfg, stderr, slog.LevelWarn))
-	tracerProvider, shutdownTracing, err := setupTracing(ctx, getenv, stdout)
+	tracerProvider, shutdownTracing, err := setupTracing(ctx, lookup(environ), stdout)
 	if err != nil {
 		return err
 	}
@@ -141,9 +151,9 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if cfg.Simulate {
 		stamp = "simulated"
 	}
-	records, err := store.Open(ctx, string(cfg.DatabaseURL), stamp, store.Options{Retention: cfg.RecordRetention, Now: cfg.testHooks.storeClock(string(cfg.DatabaseURL))})
+	records, err := openStore(ctx, cfg, stamp, lifecycle)
 	if err != nil {
-		return fmt.Errorf("%s: %w", cfg.databaseVar(), err)
+		return err
 	}
 	defer records.Close()
 	svc := service.New(service.Config{
@@ -313,6 +323,40 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	return nil
 }
 
+// openStore opens the record store, bounded by
+// PAYMENTS_DATABASE_CONNECT_TIMEOUT and PAYMENTS_DATABASE_MIGRATE_TIMEOUT,
+// saying first what it waits for and which variables bound the wait, so a
+// database that never answers is told from a slow one. Its refusal names
+// the variable to look at.
+func openStore(ctx context.Context, cfg *config, stamp string, logger *slog.Logger) (*store.Store, error) {
+	logger.Info("opening the record store",
+		"waiting_for", "a connection to the database, then its migrations; the ports open after",
+		"database", cfg.DatabaseShown, "database_from", cfg.DatabaseFrom,
+		"connect_timeout", cfg.ConnectTimeout.String(), "connect_timeout_from", "PAYMENTS_DATABASE_CONNECT_TIMEOUT",
+		"migrate_timeout", cfg.MigrateTimeout.String(), "migrate_timeout_from", "PAYMENTS_DATABASE_MIGRATE_TIMEOUT")
+	records, err := store.Open(ctx, string(cfg.DatabaseURL), stamp, store.Options{
+		Retention:      cfg.RecordRetention,
+		ConnectTimeout: cfg.ConnectTimeout,
+		MigrateTimeout: cfg.MigrateTimeout,
+		Logger:         logger,
+		Now:            cfg.testHooks.storeClock(string(cfg.DatabaseURL)),
+	})
+	switch {
+	case errors.Is(err, store.ErrConnectTimeout):
+		return nil, fmt.Errorf("%s: the database at %s did not answer within PAYMENTS_DATABASE_CONNECT_TIMEOUT (%v): check that it is up and reachable from here (host, port, firewall, NetworkPolicy egress), or raise the timeout: %w",
+			cfg.databaseVar(), cfg.DatabaseShown, cfg.ConnectTimeout, err)
+	case errors.Is(err, store.ErrMigrateTimeout):
+		return nil, fmt.Errorf("%s: the database at %s answered, but its migrations did not finish within PAYMENTS_DATABASE_MIGRATE_TIMEOUT (%v); another replica may hold the migration lock: %w",
+			cfg.databaseVar(), cfg.DatabaseShown, cfg.MigrateTimeout, err)
+	case err != nil && cfg.DatabaseFrom != cfg.databaseVar():
+		// The default, or a file: say which database it was.
+		return nil, fmt.Errorf("%s (%s, from %s): %w", cfg.databaseVar(), cfg.DatabaseShown, cfg.DatabaseFrom, err)
+	case err != nil:
+		return nil, fmt.Errorf("%s (%s): %w", cfg.databaseVar(), cfg.DatabaseShown, err)
+	}
+	return records, nil
+}
+
 // hardStopGrace is how long calls cut off at the drain deadline have to
 // send their status before connections are closed. deploy/'s
 // terminationGracePeriodSeconds leaves room for it.
@@ -330,7 +374,7 @@ func newHTTPClient(cfg *config, tp trace.TracerProvider, prop propagation.TextMa
 		}
 		pem, err := os.ReadFile(cfg.UpstreamCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("PAYMENTS_UPSTREAM_CA_FILE: %w", pathless(err))
+			return nil, fmt.Errorf("PAYMENTS_UPSTREAM_CA_FILE: %w", fileError(err))
 		}
 		if !roots.AppendCertsFromPEM(pem) {
 			return nil, errors.New("PAYMENTS_UPSTREAM_CA_FILE: the file it names holds no PEM certificates")
@@ -377,7 +421,7 @@ func loadTLS(cfg *config) (*tls.Config, error) {
 	}
 	cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("PAYMENTS_TLS_CERT_FILE, PAYMENTS_TLS_KEY_FILE: %w", pathless(err))
+		return nil, fmt.Errorf("PAYMENTS_TLS_CERT_FILE, PAYMENTS_TLS_KEY_FILE: %w", fileError(err))
 	}
 	tc := &tls.Config{
 		Certificates: []tls.Certificate{cert},
@@ -387,7 +431,7 @@ func loadTLS(cfg *config) (*tls.Config, error) {
 	if cfg.TLSClientCAFile != "" {
 		pem, err := os.ReadFile(cfg.TLSClientCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE: %w", pathless(err))
+			return nil, fmt.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE: %w", fileError(err))
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -667,21 +665,6 @@ func TestConfigRefusals(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestHelpPrintsUsage: -h and --help still print the flags, although flag
-// errors are no longer the flag package's own.
-func TestHelpPrintsUsage(t *testing.T) {
-	t.Parallel()
-	for _, arg := range []string{"-h", "--help", "-help"} {
-		_, stderr, err := runRefused(t, nil, arg)
-		if !errors.Is(err, flag.ErrHelp) {
-			t.Errorf("run(%s) = %v, want flag.ErrHelp", arg, err)
-		}
-		if !strings.Contains(stderr, "-simulate") {
-			t.Errorf("run(%s) printed %q, want the usage with -simulate", arg, stderr)
-		}
 	}
 }
 

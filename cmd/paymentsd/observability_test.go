@@ -390,7 +390,7 @@ func TestTracingFromEnvironment(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"paymentsd", "--simulate"}, func(k string) string { return env[k] }, stdout, logs)
+		done <- run(ctx, []string{"paymentsd", "--simulate"}, envList(env), stdout, logs)
 	}()
 	serving := logs.waitFor(t, "serving", done)
 	transport := &http.Transport{}
@@ -407,9 +407,7 @@ func TestTracingFromEnvironment(t *testing.T) {
 		t.Errorf("console exporter wrote no server and client spans:\n%.500s", out)
 	}
 
-	err := run(t.Context(), []string{"paymentsd", "--simulate"}, func(k string) string {
-		return map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}[k]
-	}, io.Discard, io.Discard)
+	err := run(t.Context(), []string{"paymentsd", "--simulate"}, []string{"OTEL_TRACES_EXPORTER=zipkin"}, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "OTEL_TRACES_EXPORTER") {
 		t.Errorf("run() with OTEL_TRACES_EXPORTER=zipkin = %v, want a refusal naming it", err)
 	}

@@ -59,15 +59,9 @@ func otelChild(t *testing.T) {
 		"PAYMENTS_GRPC_ADDR", "127.0.0.1:0",
 		"PAYMENTS_HTTP_ADDR", "127.0.0.1:0",
 		"PAYMENTS_DATABASE_URL", "sqlite:"+filepath.Join(os.Getenv("PAYMENTSD_TEST_OTEL_DIR"), "records.db"))
-	getenv := func(k string) string {
-		if v, ok := env[k]; ok {
-			return v
-		}
-		return os.Getenv(k)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	if err := run(ctx, []string{"paymentsd"}, getenv, os.Stdout, os.Stderr); err != nil {
+	if err := run(ctx, []string{"paymentsd"}, append(os.Environ(), envList(env)...), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "paymentsd: %v\n", err)
 	}
 	fmt.Println("child ran")

@@ -488,7 +488,7 @@ func TestEnvironmentStamp(t *testing.T) {
 			live := fakeProvider(t, "live")
 			env := with(liveEnv(t, live), "PAYMENTS_DATABASE_URL", db, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0")
 			var stderr strings.Builder
-			err := run(t.Context(), []string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+			err := run(t.Context(), []string{"paymentsd"}, envList(env), io.Discard, &stderr)
 			if !errors.Is(err, store.ErrWrongEnvironment) {
 				t.Fatalf("run(live on a sandbox database) = %v, want ErrWrongEnvironment", err)
 			}
@@ -505,7 +505,7 @@ func TestEnvironmentStamp(t *testing.T) {
 			env = with(env, "PAYMENTS_ENVIRONMENT", "sandbox")
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
-			err = run(ctx, []string{"paymentsd", "--simulate"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+			err = run(ctx, []string{"paymentsd", "--simulate"}, envList(env), io.Discard, &stderr)
 			if !errors.Is(err, store.ErrWrongEnvironment) {
 				t.Fatalf("run(--simulate on a sandbox database) = %v, want ErrWrongEnvironment", err)
 			}
@@ -530,7 +530,7 @@ func TestSimulatedDatabaseRefusedBySandbox(t *testing.T) {
 	// fails the test.
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	err := run(ctx, []string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard, io.Discard)
+	err := run(ctx, []string{"paymentsd"}, envList(env), io.Discard, io.Discard)
 	if !errors.Is(err, store.ErrWrongEnvironment) {
 		t.Fatalf("run(sandbox on a simulated database) = %v, want ErrWrongEnvironment", err)
 	}
@@ -566,6 +566,12 @@ func TestSettlementGivesUpAfterTheWindow(t *testing.T) {
 	line := in.logs.waitFor(t, gaveUp, nil)
 	if line["level"] != "ERROR" {
 		t.Errorf("give-up line level = %v, want ERROR", line["level"])
+	}
+	// The key as the call line has it, so one grep finds both.
+	calls := in.logs.lines("call")
+	if len(calls) == 0 || line["idempotency_key"] != "k-window" || calls[0]["idempotency_key"] != line["idempotency_key"] ||
+		calls[0]["idempotency_key_sha256"] != line["idempotency_key_sha256"] {
+		t.Errorf("give-up line names the key %q (%v), want k-window as the call line has it", line["idempotency_key"], line["idempotency_key_sha256"])
 	}
 	families, _ := scrape(t, in)
 	if v, _ := sample(families, "paymentsd_settlement_gave_up_total", nil); v != 1 {
@@ -639,7 +645,7 @@ func TestDatabaseURLShownWithoutPassword(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		var stderr strings.Builder
-		err := run(ctx, []string{"paymentsd", "--simulate"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+		err := run(ctx, []string{"paymentsd", "--simulate"}, envList(env), io.Discard, &stderr)
 		if err == nil {
 			t.Fatalf("run() with an ended context = nil, want an error")
 		}
@@ -690,7 +696,7 @@ func TestDatabasePasswordNeverShown(t *testing.T) {
 	} {
 		env := with(sandboxEnv(p), "PAYMENTS_DATABASE_URL", bad, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0")
 		var stderr strings.Builder
-		err := run(t.Context(), []string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+		err := run(t.Context(), []string{"paymentsd"}, envList(env), io.Discard, &stderr)
 		if err == nil {
 			t.Fatalf("run() with an unusable database URL = nil, want a refusal")
 		}

@@ -109,6 +109,10 @@ func TestWebhookInboxEndToEnd(t *testing.T) {
 	if got, _ := base64.StdEncoding.DecodeString(rest.Events[0].Body); !bytes.Equal(got, body) || rest.Events[0].ContentType != contentType {
 		t.Errorf("REST event body, content type = %q, %q; want %q, %q", got, rest.Events[0].ContentType, body, contentType)
 	}
+	// As the README writes it: empty values mean the defaults.
+	if status, raw := get(t, in.http, "http://"+in.httpAddr+"/v1/provider-events?afterSequence=&pageSize="); status != http.StatusOK || !bytes.Contains(raw, []byte(`"events"`)) {
+		t.Errorf("GET /v1/provider-events?afterSequence=&pageSize= = %d %s, want 200 as with no parameters", status, raw)
+	}
 
 	t.Run("PortSeparation", func(t *testing.T) {
 		for _, path := range []string{"/healthz", "/readyz", "/metrics", "/openapi.json", "/v1/provider-events", "/v1/multi-card-payments"} {
@@ -253,7 +257,7 @@ func TestWebhookConfigRefused(t *testing.T) {
 				env[k] = v
 			}
 			var stderr bytes.Buffer
-			err := run(t.Context(), []string{"paymentsd"}, func(k string) string { return env[k] }, io.Discard, &stderr)
+			err := run(t.Context(), []string{"paymentsd"}, envList(env), io.Discard, &stderr)
 			if err == nil {
 				t.Fatalf("run() = nil, want a refusal naming %s", tt.want)
 			}

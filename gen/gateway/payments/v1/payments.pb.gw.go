@@ -14,6 +14,7 @@ import (
 	"io"
 	"net/http"
 
+	extPaymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/utilities"
 	"google.golang.org/grpc"
@@ -35,9 +36,9 @@ var (
 	_ = metadata.Join
 )
 
-func request_PaymentsService_CreateMultiCardPayment_0(ctx context.Context, marshaler runtime.Marshaler, client PaymentsServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+func request_PaymentsService_CreateMultiCardPayment_0(ctx context.Context, marshaler runtime.Marshaler, client extPaymentsv1.PaymentsServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
-		protoReq CreateMultiCardPaymentRequest
+		protoReq extPaymentsv1.CreateMultiCardPaymentRequest
 		metadata runtime.ServerMetadata
 	)
 	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
@@ -50,9 +51,9 @@ func request_PaymentsService_CreateMultiCardPayment_0(ctx context.Context, marsh
 	return msg, metadata, err
 }
 
-func local_request_PaymentsService_CreateMultiCardPayment_0(ctx context.Context, marshaler runtime.Marshaler, server PaymentsServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+func local_request_PaymentsService_CreateMultiCardPayment_0(ctx context.Context, marshaler runtime.Marshaler, server extPaymentsv1.PaymentsServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
-		protoReq CreateMultiCardPaymentRequest
+		protoReq extPaymentsv1.CreateMultiCardPaymentRequest
 		metadata runtime.ServerMetadata
 	)
 	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
@@ -62,9 +63,9 @@ func local_request_PaymentsService_CreateMultiCardPayment_0(ctx context.Context,
 	return msg, metadata, err
 }
 
-func request_PaymentsService_GetMultiCardPayment_0(ctx context.Context, marshaler runtime.Marshaler, client PaymentsServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+func request_PaymentsService_GetMultiCardPayment_0(ctx context.Context, marshaler runtime.Marshaler, client extPaymentsv1.PaymentsServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
-		protoReq GetMultiCardPaymentRequest
+		protoReq extPaymentsv1.GetMultiCardPaymentRequest
 		metadata runtime.ServerMetadata
 		err      error
 	)
@@ -83,9 +84,9 @@ func request_PaymentsService_GetMultiCardPayment_0(ctx context.Context, marshale
 	return msg, metadata, err
 }
 
-func local_request_PaymentsService_GetMultiCardPayment_0(ctx context.Context, marshaler runtime.Marshaler, server PaymentsServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+func local_request_PaymentsService_GetMultiCardPayment_0(ctx context.Context, marshaler runtime.Marshaler, server extPaymentsv1.PaymentsServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
-		protoReq GetMultiCardPaymentRequest
+		protoReq extPaymentsv1.GetMultiCardPaymentRequest
 		metadata runtime.ServerMetadata
 		err      error
 	)
@@ -103,9 +104,9 @@ func local_request_PaymentsService_GetMultiCardPayment_0(ctx context.Context, ma
 
 var filter_ProviderEventsService_ListProviderEvents_0 = &utilities.DoubleArray{Encoding: map[string]int{}, Base: []int(nil), Check: []int(nil)}
 
-func request_ProviderEventsService_ListProviderEvents_0(ctx context.Context, marshaler runtime.Marshaler, client ProviderEventsServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+func request_ProviderEventsService_ListProviderEvents_0(ctx context.Context, marshaler runtime.Marshaler, client extPaymentsv1.ProviderEventsServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
-		protoReq ListProviderEventsRequest
+		protoReq extPaymentsv1.ListProviderEventsRequest
 		metadata runtime.ServerMetadata
 	)
 	if err := req.ParseForm(); err != nil {
@@ -121,9 +122,9 @@ func request_ProviderEventsService_ListProviderEvents_0(ctx context.Context, mar
 	return msg, metadata, err
 }
 
-func local_request_ProviderEventsService_ListProviderEvents_0(ctx context.Context, marshaler runtime.Marshaler, server ProviderEventsServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+func local_request_ProviderEventsService_ListProviderEvents_0(ctx context.Context, marshaler runtime.Marshaler, server extPaymentsv1.ProviderEventsServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
-		protoReq ListProviderEventsRequest
+		protoReq extPaymentsv1.ListProviderEventsRequest
 		metadata runtime.ServerMetadata
 	)
 	if err := req.ParseForm(); err != nil {
@@ -141,7 +142,7 @@ func local_request_ProviderEventsService_ListProviderEvents_0(ctx context.Contex
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
 // Note that using this registration option will cause many gRPC library features to stop working. Consider using RegisterPaymentsServiceHandlerFromEndpoint instead.
 // GRPC interceptors will not work for this type of registration. To use interceptors, you must use the "runtime.WithMiddlewares" option in the "runtime.NewServeMux" call.
-func RegisterPaymentsServiceHandlerServer(ctx context.Context, mux *runtime.ServeMux, server PaymentsServiceServer) error {
+func RegisterPaymentsServiceHandlerServer(ctx context.Context, mux *runtime.ServeMux, server extPaymentsv1.PaymentsServiceServer) error {
 	mux.Handle(http.MethodPost, pattern_PaymentsService_CreateMultiCardPayment_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -191,7 +192,7 @@ func RegisterPaymentsServiceHandlerServer(ctx context.Context, mux *runtime.Serv
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
 // Note that using this registration option will cause many gRPC library features to stop working. Consider using RegisterProviderEventsServiceHandlerFromEndpoint instead.
 // GRPC interceptors will not work for this type of registration. To use interceptors, you must use the "runtime.WithMiddlewares" option in the "runtime.NewServeMux" call.
-func RegisterProviderEventsServiceHandlerServer(ctx context.Context, mux *runtime.ServeMux, server ProviderEventsServiceServer) error {
+func RegisterProviderEventsServiceHandlerServer(ctx context.Context, mux *runtime.ServeMux, server extPaymentsv1.ProviderEventsServiceServer) error {
 	mux.Handle(http.MethodGet, pattern_ProviderEventsService_ListProviderEvents_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -243,15 +244,15 @@ func RegisterPaymentsServiceHandlerFromEndpoint(ctx context.Context, mux *runtim
 // RegisterPaymentsServiceHandler registers the http handlers for service PaymentsService to "mux".
 // The handlers forward requests to the grpc endpoint over "conn".
 func RegisterPaymentsServiceHandler(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
-	return RegisterPaymentsServiceHandlerClient(ctx, mux, NewPaymentsServiceClient(conn))
+	return RegisterPaymentsServiceHandlerClient(ctx, mux, extPaymentsv1.NewPaymentsServiceClient(conn))
 }
 
 // RegisterPaymentsServiceHandlerClient registers the http handlers for service PaymentsService
-// to "mux". The handlers forward requests to the grpc endpoint over the given implementation of "PaymentsServiceClient".
-// Note: the gRPC framework executes interceptors within the gRPC handler. If the passed in "PaymentsServiceClient"
+// to "mux". The handlers forward requests to the grpc endpoint over the given implementation of "extPaymentsv1.PaymentsServiceClient".
+// Note: the gRPC framework executes interceptors within the gRPC handler. If the passed in "extPaymentsv1.PaymentsServiceClient"
 // doesn't go through the normal gRPC flow (creating a gRPC client etc.) then it will be up to the passed in
-// "PaymentsServiceClient" to call the correct interceptors. This client ignores the HTTP middlewares.
-func RegisterPaymentsServiceHandlerClient(ctx context.Context, mux *runtime.ServeMux, client PaymentsServiceClient) error {
+// "extPaymentsv1.PaymentsServiceClient" to call the correct interceptors. This client ignores the HTTP middlewares.
+func RegisterPaymentsServiceHandlerClient(ctx context.Context, mux *runtime.ServeMux, client extPaymentsv1.PaymentsServiceClient) error {
 	mux.Handle(http.MethodPost, pattern_PaymentsService_CreateMultiCardPayment_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -326,15 +327,15 @@ func RegisterProviderEventsServiceHandlerFromEndpoint(ctx context.Context, mux *
 // RegisterProviderEventsServiceHandler registers the http handlers for service ProviderEventsService to "mux".
 // The handlers forward requests to the grpc endpoint over "conn".
 func RegisterProviderEventsServiceHandler(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
-	return RegisterProviderEventsServiceHandlerClient(ctx, mux, NewProviderEventsServiceClient(conn))
+	return RegisterProviderEventsServiceHandlerClient(ctx, mux, extPaymentsv1.NewProviderEventsServiceClient(conn))
 }
 
 // RegisterProviderEventsServiceHandlerClient registers the http handlers for service ProviderEventsService
-// to "mux". The handlers forward requests to the grpc endpoint over the given implementation of "ProviderEventsServiceClient".
-// Note: the gRPC framework executes interceptors within the gRPC handler. If the passed in "ProviderEventsServiceClient"
+// to "mux". The handlers forward requests to the grpc endpoint over the given implementation of "extPaymentsv1.ProviderEventsServiceClient".
+// Note: the gRPC framework executes interceptors within the gRPC handler. If the passed in "extPaymentsv1.ProviderEventsServiceClient"
 // doesn't go through the normal gRPC flow (creating a gRPC client etc.) then it will be up to the passed in
-// "ProviderEventsServiceClient" to call the correct interceptors. This client ignores the HTTP middlewares.
-func RegisterProviderEventsServiceHandlerClient(ctx context.Context, mux *runtime.ServeMux, client ProviderEventsServiceClient) error {
+// "extPaymentsv1.ProviderEventsServiceClient" to call the correct interceptors. This client ignores the HTTP middlewares.
+func RegisterProviderEventsServiceHandlerClient(ctx context.Context, mux *runtime.ServeMux, client extPaymentsv1.ProviderEventsServiceClient) error {
 	mux.Handle(http.MethodGet, pattern_ProviderEventsService_ListProviderEvents_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
