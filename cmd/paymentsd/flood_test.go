@@ -152,7 +152,11 @@ func startBinary(t *testing.T, bin string, env map[string]string) *process {
 	}
 	drained := make(chan struct{})
 	go func() {
-		io.Copy(p.logs, stderr)
+		// The scanner may hold lines it read past "serving": keep using it.
+		for lines.Scan() {
+			p.logs.Write(append(lines.Bytes(), '\n'))
+		}
+		io.Copy(io.Discard, stderr) // past a line too long for the scanner
 		close(drained)
 	}()
 	t.Cleanup(func() {
