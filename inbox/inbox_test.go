@@ -167,7 +167,7 @@ func (in *intake) raw(t *testing.T, req string) *http.Response {
 
 func (in *intake) events(t *testing.T) []store.Event {
 	t.Helper()
-	evs, err := in.store.ListEvents(t.Context(), 0, 1000)
+	evs, err := in.store.ListEvents(t.Context(), store.EventQuery{Limit: 1000})
 	if err != nil {
 		t.Fatalf("ListEvents: %v", err)
 	}

@@ -114,7 +114,7 @@ func (e *Events) ListProviderEvents(ctx context.Context, req *paymentsv1.ListPro
 	if size == 0 {
 		size = DefaultEventPageSize
 	}
-	events, err := e.store.ListEvents(ctx, req.GetAfterSequence(), size)
+	events, err := e.store.ListEvents(ctx, store.EventQuery{After: req.GetAfterSequence(), Limit: size})
 	if err != nil {
 		return nil, e.readError(ctx, err)
 	}
@@ -157,7 +157,7 @@ func (e *Events) WatchProviderEvents(req *paymentsv1.WatchProviderEventsRequest,
 			return status.Error(codes.Unavailable, "paymentsd is shutting down; watch again, from after_sequence = the last sequence received")
 		default:
 		}
-		events, err := e.store.ListEvents(ctx, after, DefaultEventPageSize)
+		events, err := e.store.ListEvents(ctx, store.EventQuery{After: after, Limit: DefaultEventPageSize})
 		if err != nil {
 			return e.readError(ctx, err)
 		}

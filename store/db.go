@@ -352,7 +352,7 @@ func (e *redactedError) Error() string { return e.msg }
 
 func (e *redactedError) Is(target error) bool {
 	switch target {
-	case context.Canceled, context.DeadlineExceeded, ErrNotFound, ErrLeaseLost, ErrWrongEnvironment, ErrKeyNotStorable, ErrCommitUnknown:
+	case context.Canceled, context.DeadlineExceeded, ErrNotFound, ErrLeaseLost, ErrWrongEnvironment, ErrKeyNotStorable, ErrCommitUnknown, ErrInboxFull:
 		return errors.Is(e.cause, target)
 	}
 	return false

@@ -41,6 +41,11 @@ var (
 	// may not have been written. Any other error of a write means nothing
 	// was written.
 	ErrCommitUnknown = errors.New("the commit's outcome is unknown")
+	// ErrInboxFull: AppendEvent refused the event, writing nothing: the
+	// inbox holds its quota (Options.InboxQuota), or the SQLite volume's
+	// free space is down to the reserve kept for payments
+	// (Options.InboxReserve).
+	ErrInboxFull = errors.New("the webhook inbox is full")
 )
 
 // Stats are gauges for metrics.
@@ -67,7 +72,20 @@ type Options struct {
 	// duplicate only of one received within it, never of one about to be
 	// deleted.
 	Retention time.Duration
+	// InboxQuota, if set, bounds the bytes the webhook inbox keeps (the
+	// events' Size in all): AppendEvent refuses an event that would pass
+	// it (ErrInboxFull).
+	InboxQuota int64
+	// InboxReserve is the free space AppendEvent leaves on an SQLite
+	// database's volume for payment records (ErrInboxFull past it); 0
+	// means DefaultInboxReserve. PostgreSQL's volume can't be seen from
+	// here: InboxQuota is its bound.
+	InboxReserve int64
 }
+
+// DefaultInboxReserve is the free space the webhook inbox leaves on an
+// SQLite volume by default: room for tens of thousands of payment records.
+const DefaultInboxReserve = 64 << 20
 
 func (o Options) busyTimeout() time.Duration {
 	if o.BusyTimeout > 0 {
@@ -101,6 +119,13 @@ type Store struct {
 	secrets []string
 	// retention is Options.Retention.
 	retention time.Duration
+	// inboxQuota and inboxReserve are Options'; sqlitePath is the SQLite
+	// file, "" in memory or with PostgreSQL.
+	inboxQuota, inboxReserve int64
+	sqlitePath               string
+	// appends lets one AppendEvent at a time at the writer, so that a
+	// flood of deliveries queues here rather than ahead of payments.
+	appends chan struct{}
 	// batch group-commits Begins and Finishes.
 	batch *batcher
 	// later counts FinishLater calls not yet done, for Close.
@@ -167,7 +192,10 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 	if env == "" {
 		return nil, errors.New("empty provider environment")
 	}
-	s := &Store{secrets: sec, retention: opts.Retention}
+	s := &Store{secrets: sec, retention: opts.Retention, inboxQuota: opts.InboxQuota, inboxReserve: opts.InboxReserve, appends: make(chan struct{}, 1)}
+	if s.inboxReserve <= 0 {
+		s.inboxReserve = DefaultInboxReserve
+	}
 	switch {
 	case strings.HasPrefix(url, "sqlite:"):
 		w, r, err := openSQLite(strings.TrimPrefix(url, "sqlite:"), opts)
@@ -175,6 +203,9 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 			return nil, err
 		}
 		s.d, s.w, s.r = sqliteDialect, w, r
+		if path := strings.TrimPrefix(url, "sqlite:"); path != ":memory:" {
+			s.sqlitePath = path
+		}
 		s.batch = newBatcher(s)
 	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
 		if ambiguousURL(url) {
