@@ -107,7 +107,7 @@ func (s *Store) AppendEvent(ctx context.Context, e Event) (Event, error) {
 }
 
 // text is s as a PostgreSQL text column can hold it: valid UTF-8, without
-// NUL, each offending byte replaced with U+FFFD.
+// NUL, each run of invalid bytes and each NUL replaced with U+FFFD.
 func text(s string) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
@@ -364,3 +364,6 @@ func (s *Store) volumeFree(ctx context.Context) (free int64, ok bool, err error)
 	}
 	return avail + pages*pageSize, true, nil
 }
+
+// InboxQuota is Options.InboxQuota: 0 means none.
+func (s *Store) InboxQuota() int64 { return s.inboxQuota }
