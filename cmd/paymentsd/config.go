@@ -94,6 +94,10 @@ type config struct {
 	WebhookTokens     []secret
 	WebhookTokensFrom string
 	WebhookMaxBytes   int64
+	// WebhookMaxStoredBytes is the inbox's quota; WebhookMaxConnsPerIP
+	// bounds the webhook port's connections from one address (0: none).
+	WebhookMaxStoredBytes int64
+	WebhookMaxConnsPerIP  int
 }
 
 func (c *config) env() paymentsv1.Environment {
@@ -137,6 +141,8 @@ func (c *config) LogValue() slog.Value {
 		slog.Int("webhook_tokens", len(c.WebhookTokens)),
 		slog.String("webhook_tokens_from", c.WebhookTokensFrom),
 		slog.Int64("webhook_max_bytes", c.WebhookMaxBytes),
+		slog.Int64("webhook_max_stored_bytes", c.WebhookMaxStoredBytes),
+		slog.Int("webhook_max_connections_per_ip", c.WebhookMaxConnsPerIP),
 	)
 }
 
@@ -266,7 +272,9 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	}
 
 	c.WebhookAddr = addrVar(getenv, "PAYMENTS_WEBHOOK_ADDR", "", problem)
-	c.WebhookMaxBytes = int64(intVar(getenv, "PAYMENTS_WEBHOOK_MAX_BYTES", inbox.DefaultMaxBytes, 1024, 16<<20, problem))
+	c.WebhookMaxBytes = int64(intVar(getenv, "PAYMENTS_WEBHOOK_MAX_BYTES", inbox.DefaultMaxBytes, 1024, inbox.LargestMaxBytes, problem))
+	c.WebhookMaxStoredBytes = int64(intVar(getenv, "PAYMENTS_WEBHOOK_MAX_STORED_BYTES", 1<<30, 1<<20, 1<<50, problem))
+	c.WebhookMaxConnsPerIP = intVar(getenv, "PAYMENTS_WEBHOOK_MAX_CONNECTIONS_PER_IP", inbox.DefaultMaxConnectionsPerIP, 0, 100000, problem)
 	if c.Environment == "sandbox" || c.Environment == "live" {
 		c.loadWebhookTokens(getenv, problem)
 	}

@@ -141,7 +141,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if cfg.Simulate {
 		stamp = "simulated"
 	}
-	records, err := store.Open(ctx, string(cfg.DatabaseURL), stamp, store.Options{Retention: cfg.RecordRetention})
+	records, err := store.Open(ctx, string(cfg.DatabaseURL), stamp, store.Options{Retention: cfg.RecordRetention, InboxQuota: cfg.WebhookMaxStoredBytes})
 	if err != nil {
 		return fmt.Errorf("%s: %w", cfg.databaseVar(), err)
 	}
@@ -239,7 +239,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
 	background.Go(func() { svc.Run(bgCtx) })
-	background.Go(func() { srv.WatchStore(bgCtx, records.Ping, storeCheckInterval) })
+	// Readiness writes, not pings: a store that answers but can't write
+	// (a full volume, a read-only failover) takes no payment.
+	background.Go(func() { srv.WatchStore(bgCtx, records.CheckWrite, storeCheckInterval) })
+	background.Go(func() { hooks.watchUsage(bgCtx) })
 	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String(), "webhook_addr", hooks.addr())
 
 	var serveErr error
