@@ -36,8 +36,10 @@ const DefaultMaxConnectionsPerIP = 64
 // ConnLimits bound the webhook port's connections.
 type ConnLimits struct {
 	// Max is the most connections open at once. When it is reached, a new
-	// connection takes the place of the oldest that has not shown a token;
-	// only when every one has is the new one closed.
+	// connection takes the place of one that has not shown a token: the
+	// oldest from the address with the most such connections, so a flood
+	// from a few addresses evicts its own. Only when every connection has
+	// shown a token is the new one closed.
 	Max int
 	// PerIP, if set, is the most connections open at once from one remote
 	// address; more are closed as they are accepted.
@@ -56,7 +58,7 @@ type Server struct {
 // reading the body and on idle connections, connections that showed no
 // token closed after one answer, and limits on connections.
 func NewServer(h *Handler, limits ConnLimits, errorLog *slog.Logger) *Server {
-	g := &guard{limits: limits, metrics: h.metrics, perIP: map[string]int{}}
+	g := &guard{limits: limits, metrics: h.metrics, perIP: map[string]int{}, untrusted: map[string]*list.List{}}
 	return &Server{guard: g, HTTP: &http.Server{
 		Handler: h,
 		// net/http allows MaxHeaderBytes plus 4096.
@@ -114,7 +116,7 @@ const (
 )
 
 // guard counts the port's connections, by address, and keeps those that
-// have shown no token in the order they came, to evict the oldest.
+// have shown no token by address in the order they came, to evict.
 type guard struct {
 	limits  ConnLimits
 	metrics *Metrics
@@ -122,7 +124,8 @@ type guard struct {
 	mu        sync.Mutex
 	open      int
 	perIP     map[string]int
-	untrusted list.List // of *guardedConn, oldest first
+	untrusted map[string]*list.List // by address, of *guardedConn, oldest first
+	accepted  uint64                // connections accepted, to order them
 }
 
 type guardedListener struct {
@@ -154,20 +157,24 @@ func (g *guard) admit(c net.Conn) *guardedConn {
 	}
 	var victim *guardedConn
 	if g.limits.Max > 0 && g.open >= g.limits.Max {
-		front := g.untrusted.Front()
-		if front == nil {
+		if victim = g.victim(); victim == nil {
 			g.mu.Unlock()
 			c.Close()
 			g.metrics.drop(dropFull)
 			return nil
 		}
-		victim = g.untrusted.Remove(front).(*guardedConn)
-		victim.elem = nil
+		g.forget(victim)
 	}
-	gc := &guardedConn{Conn: c, g: g, ip: ip}
+	g.accepted++
+	gc := &guardedConn{Conn: c, g: g, ip: ip, seq: g.accepted}
 	g.open++
 	g.perIP[ip]++
-	gc.elem = g.untrusted.PushBack(gc)
+	l := g.untrusted[ip]
+	if l == nil {
+		l = list.New()
+		g.untrusted[ip] = l
+	}
+	gc.elem = l.PushBack(gc)
 	g.mu.Unlock()
 	if victim != nil {
 		victim.Close()
@@ -176,16 +183,40 @@ func (g *guard) admit(c net.Conn) *guardedConn {
 	return gc
 }
 
+// victim returns the connection to evict: of the addresses with the most
+// connections that showed no token, the oldest such connection. A sender
+// with a connection or two is evicted only by a flood from as many
+// addresses as the port holds connections.
+func (g *guard) victim() *guardedConn {
+	var victim *guardedConn
+	most := 0
+	for _, l := range g.untrusted {
+		front := l.Front().Value.(*guardedConn)
+		if l.Len() > most || l.Len() == most && front.seq < victim.seq {
+			victim, most = front, l.Len()
+		}
+	}
+	return victim
+}
+
+// forget takes c out of the connections that may be evicted.
+func (g *guard) forget(c *guardedConn) {
+	if c.elem == nil {
+		return
+	}
+	l := g.untrusted[c.ip]
+	l.Remove(c.elem)
+	c.elem = nil
+	if l.Len() == 0 {
+		delete(g.untrusted, c.ip)
+	}
+}
+
 func (g *guard) trust(c *guardedConn) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !c.trusted {
-		c.trusted = true
-		if c.elem != nil {
-			g.untrusted.Remove(c.elem)
-			c.elem = nil
-		}
-	}
+	c.trusted = true
+	g.forget(c)
 }
 
 func (g *guard) release(c *guardedConn) {
@@ -195,10 +226,7 @@ func (g *guard) release(c *guardedConn) {
 	if g.perIP[c.ip]--; g.perIP[c.ip] <= 0 {
 		delete(g.perIP, c.ip)
 	}
-	if c.elem != nil {
-		g.untrusted.Remove(c.elem)
-		c.elem = nil
-	}
+	g.forget(c)
 }
 
 // remoteIP is c's remote address without its port.
@@ -214,6 +242,7 @@ type guardedConn struct {
 	net.Conn
 	g    *guard
 	ip   string
+	seq  uint64 // order of acceptance
 	once sync.Once
 	// trusted and elem belong to g.mu.
 	trusted bool
