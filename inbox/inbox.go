@@ -47,8 +47,8 @@ const DefaultMaxBytes = 256 << 10
 // response to the inbox's readers with room to spare (a page is at most 3
 // MiB, a gRPC client's default limit 4 MiB), and the memory budget (README,
 // "Memory budget") counts two such events for each of 64 watches whose
-// callers stop reading.
-const LargestMaxBytes = 1 << 20
+// callers stop reading: 64 MiB.
+const LargestMaxBytes = 512 << 10
 
 // DefaultMaxInFlight is how many bodies of MaxBytes may be held at once by
 // default: with DefaultMaxBytes, 4 MiB of bodies in memory.
@@ -451,6 +451,7 @@ func (h *Handler) serve(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		return d
 	}
 	d.event = e
+	h.metrics.stored(e.Size)
 	d.status, d.outcome = http.StatusOK, OutcomeStored
 	if e.DuplicateOf != 0 {
 		d.outcome = OutcomeDuplicate
@@ -600,6 +601,14 @@ func (h *Handler) headers(r *http.Request) []store.Header {
 func (m *Metrics) count(outcome, token string) {
 	if m != nil {
 		m.deliveries.WithLabelValues(outcome, token).Inc()
+	}
+}
+
+// stored adds an event's bytes to the stored-bytes gauge, which WatchUsage
+// sets right as it counts (retention deletes without the intake knowing).
+func (m *Metrics) stored(size int64) {
+	if m != nil {
+		m.storedBytes.Add(float64(size))
 	}
 }
 

@@ -888,9 +888,10 @@ type ProviderEvent struct {
 	// A header holding the webhook URL's token has it replaced with [REDACTED].
 	Headers []*HttpHeader `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"`
 	// body is the delivery's body, byte for byte. paymentsd accepts bodies of
-	// at most PAYMENTS_WEBHOOK_MAX_BYTES, which is capped at 1 MiB so that
-	// every event fits in one response with its body: there is no separate
-	// call for large bodies. Empty when body_omitted is true.
+	// at most PAYMENTS_WEBHOOK_MAX_BYTES, which is capped at 512 KiB so that
+	// every event fits in one response with its body, well within a gRPC
+	// client's default 4 MiB limit: there is no separate call for large
+	// bodies. Empty when body_omitted is true.
 	Body []byte `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
 	// body_sha256 is the SHA-256 of body, in lower-case hex.
 	BodySha256 string `protobuf:"bytes,6,opt,name=body_sha256,json=bodySha256,proto3" json:"body_sha256,omitempty"`
@@ -910,7 +911,7 @@ type ProviderEvent struct {
 	ContentTypeBytes []byte `protobuf:"bytes,10,opt,name=content_type_bytes,json=contentTypeBytes,proto3" json:"content_type_bytes,omitempty"`
 	// body_omitted is true when the event is too large for a response (over
 	// 3 MiB), so body is empty; body_sha256 is still the body's. Only events
-	// stored before PAYMENTS_WEBHOOK_MAX_BYTES was capped at 1 MiB can be:
+	// stored before PAYMENTS_WEBHOOK_MAX_BYTES was capped at 512 KiB can be:
 	// read those from the database.
 	BodyOmitted   bool `protobuf:"varint,11,opt,name=body_omitted,json=bodyOmitted,proto3" json:"body_omitted,omitempty"`
 	unknownFields protoimpl.UnknownFields
