@@ -83,8 +83,8 @@ func startTracedIntake(t *testing.T, tp trace.TracerProvider, tokens ...string) 
 type intakeOptions struct {
 	tp       trace.TracerProvider
 	maxBytes int64 // 0 means 4 KiB
-	limits inbox.ConnLimits
-	store  store.Options
+	limits   inbox.ConnLimits
+	store    store.Options
 }
 
 func startIntakeWith(t *testing.T, opts intakeOptions, tokens ...string) *intake {

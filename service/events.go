@@ -321,7 +321,6 @@ func afterWrite(ctx context.Context, release func()) bool {
 	return ok
 }
 
-
 // eventCodec is grpc-go's proto codec, except for the inbox's responses,
 // which it marshals into buffers of their own size. grpc-go takes a large
 // message's buffer from a pool whose sizes step up to 1 MiB: an event of

@@ -48,7 +48,9 @@ func hookEnv(t *testing.T, kv ...string) map[string]string {
 	), kv...)
 }
 
-func (p *process) hookURL() string { return "http://" + p.webhookAddr + inbox.PathPrefix + webhookToken }
+func (p *process) hookURL() string {
+	return "http://" + p.webhookAddr + inbox.PathPrefix + webhookToken
+}
 
 // dial is a gRPC connection to p with a default client's limits.
 func (p *process) dial(t *testing.T) paymentsv1.ProviderEventsServiceClient {
