@@ -4,12 +4,15 @@
 // The provider documents that webhooks exist but not their kinds, payload,
 // retry rules or signatures, so the inbox invents nothing about them: it
 // authenticates the URL's secret token, keeps the raw delivery (body byte for
-// byte, content type, headers less hop-by-hop ones), and answers 2xx only
-// once the store has committed it. Internal services read the inbox through
-// service.Events, never through this handler.
+// byte, content type and headers as bytes, less hop-by-hop headers), and
+// answers 2xx only once the store has committed it. Internal services read
+// the inbox through service.Events, never through this handler.
 //
 // The handler is internet-facing: it serves only POST /webhooks/{token} and
-// belongs on a listener of its own, never on a mux with the internal API.
+// belongs on a listener of its own (Server), never on a mux with the
+// internal API. Nothing a sender without the token can do holds more than
+// a connection for a few seconds, and nothing a sender with it can do takes
+// more than the deliveries' byte budget or the inbox's quota.
 package inbox
 
 import (
@@ -29,6 +32,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sync/semaphore"
 
 	"example.com/paymentsd/store"
 )
@@ -39,8 +43,15 @@ const PathPrefix = "/webhooks/"
 // DefaultMaxBytes is the default largest delivery body.
 const DefaultMaxBytes = 256 << 10
 
-// DefaultMaxInFlight is how many deliveries may be read and stored at once
-// by default: with DefaultMaxBytes, at most 4 MiB of bodies in memory.
+// LargestMaxBytes is the largest MaxBytes allowed. Every event must fit one
+// response to the inbox's readers with room to spare (a page is at most 3
+// MiB, a gRPC client's default limit 4 MiB), and the memory budget (README,
+// "Memory budget") counts two such events for each of 64 watches whose
+// callers stop reading: 64 MiB.
+const LargestMaxBytes = 512 << 10
+
+// DefaultMaxInFlight is how many bodies of MaxBytes may be held at once by
+// default: with DefaultMaxBytes, 4 MiB of bodies in memory.
 const DefaultMaxInFlight = 16
 
 // MinTokenLength is the shortest token accepted: 32 characters from the
@@ -73,40 +84,75 @@ func methodOf(r *http.Request) string {
 
 // Outcomes of a delivery, the values of the outcome label.
 const (
-	OutcomeStored       = "stored"
-	OutcomeDuplicate    = "duplicate"
-	OutcomeBadToken     = "bad_token"
+	OutcomeStored    = "stored"
+	OutcomeDuplicate = "duplicate"
+	// OutcomeBadToken: a path under /webhooks/ without a configured token.
+	OutcomeBadToken = "bad_token"
+	// OutcomeNotFound: any other path (probes, scanners, /healthz).
+	OutcomeNotFound     = "not_found"
 	OutcomeTooLarge     = "too_large"
 	OutcomeStoreFailure = "store_failure"
 	OutcomeBadMethod    = "bad_method"
 	// OutcomeBadRequest: the body could not be read (cut off, or too slow).
 	OutcomeBadRequest = "bad_request"
-	// OutcomeBusy: too many deliveries were in progress; 503, and the
-	// provider retries.
+	// OutcomeBusy: the bodies being read and stored hold the deliveries'
+	// byte budget; 503, and the provider retries.
 	OutcomeBusy = "busy"
+	// OutcomeOverQuota: the inbox holds its quota, or the database's volume
+	// is down to the reserve kept for payments; 503, and the provider
+	// retries.
+	OutcomeOverQuota = "over_quota"
 )
 
-// Metrics counts deliveries.
+// Values of the token label: which configured token a delivery carried,
+// in the order configured, so a rotation shows when the old one falls
+// silent.
+const (
+	TokenFirst  = "first"
+	TokenSecond = "second"
+	TokenNone   = "none"
+)
+
+// Metrics counts deliveries and connections.
 type Metrics struct {
-	deliveries *prometheus.CounterVec
-	inProgress prometheus.Gauge
+	deliveries  *prometheus.CounterVec
+	inProgress  prometheus.Gauge
+	storedBytes prometheus.Gauge
+	quotaBytes  prometheus.Gauge
+	dropped     *prometheus.CounterVec
 }
 
 // NewMetrics registers the inbox's metrics on reg; labels common to every
 // series, such as the environment, belong on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "paymentsd_webhook_deliveries_total",
-		Help: "Webhook deliveries received, by outcome: stored, duplicate (stored, same body as an earlier event), bad_token, bad_method, too_large, bad_request, store_failure, busy.",
-	}, []string{"outcome"}),
+	m := &Metrics{
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paymentsd_webhook_deliveries_total",
+			Help: "Requests to the webhook port, by outcome (stored, duplicate: stored with the same body as an earlier event, bad_token, not_found, bad_method, too_large, bad_request, store_failure, busy, over_quota) and token (first or second configured; none without one).",
+		}, []string{"outcome", "token"}),
 		inProgress: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paymentsd_webhook_deliveries_in_progress",
 			Help: "Webhook deliveries being read and stored now.",
 		}),
+		storedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paymentsd_webhook_stored_bytes",
+			Help: "Bytes the webhook inbox holds (bodies, content types and headers), as of the last count.",
+		}),
+		quotaBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paymentsd_webhook_max_stored_bytes",
+			Help: "PAYMENTS_WEBHOOK_MAX_STORED_BYTES: past it, deliveries are refused (over_quota).",
+		}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paymentsd_webhook_connections_dropped_total",
+			Help: "Webhook port connections closed by paymentsd, by reason: per_ip (the address had its share), full (every connection had shown a token), evicted (the oldest that had shown none, for a new one).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.deliveries, m.inProgress)
-	for _, o := range []string{OutcomeStored, OutcomeDuplicate, OutcomeBadToken, OutcomeTooLarge, OutcomeStoreFailure, OutcomeBadMethod, OutcomeBadRequest, OutcomeBusy} {
-		m.deliveries.WithLabelValues(o)
+	reg.MustRegister(m.deliveries, m.inProgress, m.storedBytes, m.quotaBytes, m.dropped)
+	for _, o := range []string{OutcomeBadToken, OutcomeNotFound} {
+		m.deliveries.WithLabelValues(o, TokenNone)
+	}
+	for _, r := range []string{dropPerIP, dropFull, dropEvicted} {
+		m.dropped.WithLabelValues(r)
 	}
 	return m
 }
@@ -118,11 +164,13 @@ type Config struct {
 	Tokens []string
 	// Store keeps the deliveries.
 	Store *store.Store
-	// MaxBytes is the largest body accepted (413 beyond); 0 means
-	// DefaultMaxBytes.
+	// MaxBytes is the largest body accepted (413 beyond), at most
+	// LargestMaxBytes; 0 means DefaultMaxBytes.
 	MaxBytes int64
-	// MaxInFlight bounds the deliveries read and stored at once (503
-	// beyond, which the provider retries); 0 means DefaultMaxInFlight.
+	// MaxInFlight bounds the bodies held at once, read or being stored, to
+	// MaxInFlight × MaxBytes bytes (503 beyond, which the provider
+	// retries). A body holds only the bytes that have arrived, so slow
+	// senders hold little. 0 means DefaultMaxInFlight.
 	MaxInFlight int
 	// StoreTimeout bounds one commit; 0 means 10s.
 	StoreTimeout time.Duration
@@ -142,9 +190,10 @@ type Config struct {
 // Handler is the webhook intake.
 type Handler struct {
 	tokens       [][sha256.Size]byte
+	plain        []string // the tokens, for redact to find
 	store        *store.Store
 	maxBytes     int64
-	slots        chan struct{}
+	bodies       *semaphore.Weighted // MaxInFlight × MaxBytes
 	storeTimeout time.Duration
 	appended     func(store.Event)
 	logger       *slog.Logger
@@ -179,6 +228,9 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("inbox: no store")
 	}
+	if cfg.MaxBytes > LargestMaxBytes {
+		return nil, fmt.Errorf("inbox: MaxBytes %d is over %d", cfg.MaxBytes, LargestMaxBytes)
+	}
 	h := &Handler{
 		store:        cfg.Store,
 		maxBytes:     cfg.MaxBytes,
@@ -192,6 +244,7 @@ func New(cfg Config) (*Handler, error) {
 			return nil, fmt.Errorf("inbox: %w", err)
 		}
 		h.tokens = append(h.tokens, sha256.Sum256([]byte(tok)))
+		h.plain = append(h.plain, tok)
 	}
 	if h.maxBytes <= 0 {
 		h.maxBytes = DefaultMaxBytes
@@ -199,7 +252,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}
-	h.slots = make(chan struct{}, cfg.MaxInFlight)
+	h.bodies = semaphore.NewWeighted(int64(cfg.MaxInFlight) * h.maxBytes)
 	if h.storeTimeout <= 0 {
 		h.storeTimeout = 10 * time.Second
 	}
@@ -209,36 +262,42 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.TracerProvider != nil {
 		h.tracer = cfg.TracerProvider.Tracer("example.com/paymentsd/inbox")
 	}
+	if m := h.metrics; m != nil {
+		for i := range h.tokens {
+			for _, o := range []string{OutcomeStored, OutcomeDuplicate, OutcomeTooLarge, OutcomeStoreFailure, OutcomeBadMethod, OutcomeBadRequest, OutcomeBusy, OutcomeOverQuota} {
+				m.deliveries.WithLabelValues(o, tokenLabel(i))
+			}
+		}
+		m.quotaBytes.Set(float64(cfg.Store.InboxQuota()))
+	}
 	return h, nil
 }
 
-// NewServer returns an http.Server for h with the bounds an internet-facing
-// listener needs: small headers, and deadlines on reading them, on reading
-// the body and on idle connections.
-func NewServer(h http.Handler, errorLog *slog.Logger) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		MaxHeaderBytes:    8 << 10,
-		ReadHeaderTimeout: 5 * time.Second,
-		// Headers and body together; a delivery is at most a few hundred
-		// KiB, so a sender that takes longer is stalling.
-		ReadTimeout:  30 * time.Second,
-		WriteTimeout: 30 * time.Second,
-		IdleTimeout:  60 * time.Second,
-		// net/http's own messages (TLS handshakes, bad requests) name no
-		// path.
-		ErrorLog: slog.NewLogLogger(errorLog.Handler(), slog.LevelWarn),
+// tokenLabel names the i'th configured token.
+func tokenLabel(i int) string {
+	switch i {
+	case 0:
+		return TokenFirst
+	case 1:
+		return TokenSecond
 	}
+	return TokenNone
 }
 
 // ServeHTTP answers one request:
-//   - 404, with the body of any unknown path, for every path other than
-//     /webhooks/{a configured token}, whatever the method, so a wrong token
-//     learns nothing;
+//   - 404, with the body of any unknown path, for every request target
+//     other than exactly /webhooks/{a configured token} (an optional query
+//     aside): escaped forms, absolute URLs and other paths included,
+//     whatever the method, so a wrong token learns nothing;
 //   - 405 with Allow: POST for a configured token and another method;
 //   - 413 for a body over the limit;
-//   - 503 when the store can't commit the delivery (the provider retries);
+//   - 503 with Retry-After when the deliveries' byte budget is held, the
+//     inbox is over its quota, or the store can't commit the delivery (the
+//     provider retries);
 //   - 200 with an empty body once the delivery is committed.
+//
+// A connection that has not shown a configured token is closed after its
+// answer.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ctx := r.Context()
@@ -253,12 +312,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer span.End()
 	}
 	d := h.serve(ctx, w, r)
-	h.metrics.count(d.outcome)
+	h.metrics.count(d.outcome, d.token)
 	attrs := []slog.Attr{
 		slog.String("method", methodOf(r)),
 		slog.String("path", d.path),
 		slog.Int("status", d.status),
 		slog.String("outcome", d.outcome),
+		slog.String("token", d.token),
 		slog.Int("bytes", d.bytes),
 		slog.String("remote_addr", r.RemoteAddr),
 		slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
@@ -270,13 +330,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	level := slog.LevelInfo
-	if d.err != nil {
+	switch {
+	case d.err != nil && d.outcome == OutcomeOverQuota:
+		// Expected once the inbox is full; the metric is what alerts.
+		level = slog.LevelWarn
+		attrs = append(attrs, slog.String("error", d.err.Error()))
+	case d.err != nil:
 		level = slog.LevelError
 		attrs = append(attrs, slog.String("error", d.err.Error()))
 	}
 	h.logger.LogAttrs(ctx, level, "webhook", attrs...)
 	if span != nil {
-		span.SetAttributes(attribute.Int("http.response.status_code", d.status), attribute.String("paymentsd.webhook.outcome", d.outcome))
+		span.SetAttributes(attribute.Int("http.response.status_code", d.status), attribute.String("paymentsd.webhook.outcome", d.outcome),
+			attribute.String("paymentsd.webhook.token", d.token))
 		if d.event.Sequence != 0 {
 			span.SetAttributes(attribute.Int64("paymentsd.webhook.sequence", d.event.Sequence))
 		}
@@ -289,6 +355,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // delivery is what ServeHTTP logs about a request.
 type delivery struct {
 	path    string // redactedPath or otherPath, never the path itself
+	token   string // TokenFirst, TokenSecond or TokenNone
 	status  int
 	outcome string
 	bytes   int
@@ -297,18 +364,28 @@ type delivery struct {
 }
 
 func (h *Handler) serve(ctx context.Context, w http.ResponseWriter, r *http.Request) delivery {
-	tok, ours := strings.CutPrefix(r.URL.Path, PathPrefix)
-	d := delivery{path: otherPath}
-	if ours {
-		// Whatever follows the prefix may be a token, right or nearly so.
-		d.path = redactedPath
-	}
-	if !ours || !h.valid(tok) {
-		// The same answer as for any unknown path, whatever the method.
-		d.status, d.outcome = http.StatusNotFound, OutcomeBadToken
-		http.NotFound(w, r)
+	d := delivery{path: otherPath, token: TokenNone}
+	// The request target exactly as sent: r.URL.Path is decoded, so
+	// /webhooks%2F{token} and /webhooks/%61… would match it, and an
+	// absolute URL would put its own host in place of the Host header.
+	target, _, _ := strings.Cut(r.RequestURI, "?")
+	tok, ours := strings.CutPrefix(target, PathPrefix)
+	if !ours {
+		d.status, d.outcome = http.StatusNotFound, OutcomeNotFound
+		notFound(w, r)
 		return d
 	}
+	// Whatever follows the prefix may be a token, right or nearly so.
+	d.path = redactedPath
+	i := h.match(tok)
+	if i < 0 {
+		// The same answer as for any unknown path, whatever the method.
+		d.status, d.outcome = http.StatusNotFound, OutcomeBadToken
+		notFound(w, r)
+		return d
+	}
+	d.token = tokenLabel(i)
+	trust(ctx)
 	if r.Method != http.MethodPost {
 		d.status, d.outcome = http.StatusMethodNotAllowed, OutcomeBadMethod
 		w.Header().Set("Allow", http.MethodPost)
@@ -317,42 +394,39 @@ func (h *Handler) serve(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	}
 	if r.ContentLength > h.maxBytes {
 		d.status, d.outcome = http.StatusRequestEntityTooLarge, OutcomeTooLarge
+		closeAfter(w, r)
 		http.Error(w, fmt.Sprintf("body over the limit of %d bytes", h.maxBytes), d.status)
 		return d
 	}
-	// Only a caller holding the token gets this far, but its bodies are
-	// still bounded in number as well as size.
-	select {
-	case h.slots <- struct{}{}:
-		h.metrics.started()
-		defer func() {
-			<-h.slots
-			h.metrics.ended()
-		}()
-	default:
+	h.metrics.started()
+	defer h.metrics.ended()
+	body, held, err := h.readBody(r)
+	defer h.bodies.Release(held)
+	d.bytes = len(body)
+	switch {
+	case errors.Is(err, errBusy):
 		d.status, d.outcome = http.StatusServiceUnavailable, OutcomeBusy
+		closeAfter(w, r)
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "too many deliveries in progress: retry", d.status)
 		return d
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.maxBytes))
-	d.bytes = len(body)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			d.status, d.outcome = http.StatusRequestEntityTooLarge, OutcomeTooLarge
-			http.Error(w, fmt.Sprintf("body over the limit of %d bytes", h.maxBytes), d.status)
-			return d
-		}
+	case errors.Is(err, errTooLarge):
+		d.status, d.outcome = http.StatusRequestEntityTooLarge, OutcomeTooLarge
+		closeAfter(w, r)
+		http.Error(w, fmt.Sprintf("body over the limit of %d bytes", h.maxBytes), d.status)
+		return d
+	case err != nil:
 		d.status, d.outcome = http.StatusBadRequest, OutcomeBadRequest
+		closeAfter(w, r)
 		http.Error(w, "could not read the body", d.status)
 		return d
 	}
 
+	headers := h.headers(r)
 	e := store.Event{
 		ReceivedAt:  time.Now().UTC(),
-		ContentType: r.Header.Get("Content-Type"),
-		Headers:     h.headers(r),
+		ContentType: h.redact(r.Header.Get("Content-Type")),
+		Headers:     headers,
 		Body:        body,
 		BodySHA256:  sha256.Sum256(body),
 	}
@@ -361,13 +435,23 @@ func (h *Handler) serve(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.storeTimeout)
 	defer cancel()
 	e, err = h.store.AppendEvent(sctx, e)
-	if err != nil {
+	switch {
+	case errors.Is(err, store.ErrInboxFull):
+		d.status, d.outcome = http.StatusServiceUnavailable, OutcomeOverQuota
+		d.err = fmt.Errorf("store the delivery: %w", err)
+		// Room comes back as retention deletes old events, every 10
+		// minutes, or when an operator raises the quota.
+		w.Header().Set("Retry-After", "60")
+		http.Error(w, "the inbox is full; send it again later", d.status)
+		return d
+	case err != nil:
 		d.status, d.outcome = http.StatusServiceUnavailable, OutcomeStoreFailure
 		d.err = fmt.Errorf("store the delivery: %w", err)
 		http.Error(w, "the delivery could not be stored; send it again", d.status)
 		return d
 	}
 	d.event = e
+	h.metrics.stored(e.Size)
 	d.status, d.outcome = http.StatusOK, OutcomeStored
 	if e.DuplicateOf != 0 {
 		d.outcome = OutcomeDuplicate
@@ -379,16 +463,99 @@ func (h *Handler) serve(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	return d
 }
 
-// valid compares tok with every configured token in constant time: both
-// sides are hashed first, so neither the comparison nor its length says
-// anything about a configured token.
-func (h *Handler) valid(tok string) bool {
-	sum := sha256.Sum256([]byte(tok))
-	ok := 0
-	for _, want := range h.tokens {
-		ok |= subtle.ConstantTimeCompare(sum[:], want[:])
+// notFound answers a request that is no delivery, and ends its connection
+// if it has not shown a token.
+func notFound(w http.ResponseWriter, r *http.Request) {
+	if !trusted(r.Context()) {
+		w.Header().Set("Connection", "close")
 	}
-	return ok == 1
+	http.NotFound(w, r)
+}
+
+// closeAfter ends an HTTP/1 connection with this answer, rather than
+// drain a body the handler won't read. Over HTTP/2 only the stream ends:
+// "Connection: close" there would close the whole connection, with the
+// sender's other deliveries on it.
+func closeAfter(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
+}
+
+var (
+	errBusy     = errors.New("the deliveries' byte budget is held")
+	errTooLarge = errors.New("body over the limit")
+)
+
+// firstRead is the most a body holds before more of it has arrived: most
+// deliveries fit.
+const firstRead = 4 << 10
+
+// readBody reads r's body, holding its bytes against the deliveries' budget
+// as they arrive: a body that trickles in holds only what has come, so slow
+// senders can't keep the others out. It returns the body and the bytes it
+// holds, to be released once the delivery is answered, even on error.
+func (h *Handler) readBody(r *http.Request) (body []byte, held int64, err error) {
+	// With a Content-Length the body is read to exactly that; without
+	// one, a byte past MaxBytes shows it too large.
+	target := h.maxBytes + 1
+	if r.ContentLength >= 0 {
+		target = r.ContentLength
+	}
+	grow := func(size int64) bool {
+		if !h.bodies.TryAcquire(size - held) {
+			return false
+		}
+		nb := make([]byte, len(body), size)
+		copy(nb, body)
+		body, held = nb, size
+		return true
+	}
+	if !grow(min(target, firstRead)) {
+		return nil, held, errBusy
+	}
+	for {
+		if len(body) == cap(body) {
+			if int64(cap(body)) >= target {
+				if r.ContentLength >= 0 {
+					return body, held, nil
+				}
+				return nil, held, errTooLarge
+			}
+			if !grow(min(2*int64(cap(body)), target)) {
+				return nil, held, errBusy
+			}
+		}
+		n, err := r.Body.Read(body[len(body):cap(body)])
+		body = body[:len(body)+n]
+		if errors.Is(err, io.EOF) {
+			switch {
+			case int64(len(body)) > h.maxBytes:
+				return nil, held, errTooLarge
+			case r.ContentLength >= 0 && int64(len(body)) < r.ContentLength:
+				return nil, held, io.ErrUnexpectedEOF
+			}
+			return body, held, nil
+		}
+		if err != nil {
+			return nil, held, err
+		}
+	}
+}
+
+// match compares tok with every configured token in constant time and
+// returns the index of the one it is, or -1: both sides are hashed first,
+// so neither the comparison nor its length says anything about a
+// configured token.
+func (h *Handler) match(tok string) int {
+	sum := sha256.Sum256([]byte(tok))
+	found := -1
+	for i, want := range h.tokens {
+		if subtle.ConstantTimeCompare(sum[:], want[:]) == 1 {
+			found = i
+		}
+	}
+	return found
 }
 
 // hopByHop are the headers that describe one connection, not the delivery
@@ -396,10 +563,10 @@ func (h *Handler) valid(tok string) bool {
 var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
 // headers returns r's headers less hop-by-hop ones, by name in canonical
-// form, each name's values in the order received. net/http does not keep
-// the order of different names, so they are sorted. Host is included. A
-// header value that carries the webhook path with a configured token (a
-// proxy's X-Original-URI, say) has the token replaced.
+// form, each name's values in the order received, as bytes. net/http does
+// not keep the order of different names, so they are sorted. Host is
+// included. A configured token anywhere in a value (a proxy's
+// X-Original-URI, say), as written or percent-encoded, is replaced.
 func (h *Handler) headers(r *http.Request) []store.Header {
 	drop := map[string]bool{}
 	for _, v := range r.Header.Values("Connection") {
@@ -431,36 +598,17 @@ func (h *Handler) headers(r *http.Request) []store.Header {
 	return out
 }
 
-// redact replaces a configured token that follows /webhooks/ in v.
-func (h *Handler) redact(v string) string {
-	i := strings.Index(v, PathPrefix)
-	if i < 0 {
-		return v
+func (m *Metrics) count(outcome, token string) {
+	if m != nil {
+		m.deliveries.WithLabelValues(outcome, token).Inc()
 	}
-	// Only a path segment after /webhooks/ can be a token.
-	var b strings.Builder
-	for i >= 0 {
-		b.WriteString(v[:i+len(PathPrefix)])
-		v = v[i+len(PathPrefix):]
-		end := strings.IndexFunc(v, func(c rune) bool { return c > 0x7f || !unreserved(byte(c)) })
-		if end < 0 {
-			end = len(v)
-		}
-		if h.valid(v[:end]) {
-			b.WriteString("[REDACTED]")
-		} else {
-			b.WriteString(v[:end])
-		}
-		v = v[end:]
-		i = strings.Index(v, PathPrefix)
-	}
-	b.WriteString(v)
-	return b.String()
 }
 
-func (m *Metrics) count(outcome string) {
+// stored adds an event's bytes to the stored-bytes gauge, which WatchUsage
+// sets right as it counts (retention deletes without the intake knowing).
+func (m *Metrics) stored(size int64) {
 	if m != nil {
-		m.deliveries.WithLabelValues(outcome).Inc()
+		m.storedBytes.Add(float64(size))
 	}
 }
 
@@ -473,5 +621,30 @@ func (m *Metrics) started() {
 func (m *Metrics) ended() {
 	if m != nil {
 		m.inProgress.Dec()
+	}
+}
+
+// WatchUsage sets the inbox's stored-bytes gauge now and every interval
+// until ctx ends; retention deletes events without the intake knowing.
+func (h *Handler) WatchUsage(ctx context.Context, interval time.Duration) {
+	if h.metrics == nil {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		uctx, cancel := context.WithTimeout(ctx, interval)
+		u, err := h.store.InboxUsage(uctx)
+		cancel()
+		if err == nil {
+			h.metrics.storedBytes.Set(float64(u.StoredBytes))
+		} else if ctx.Err() == nil {
+			h.logger.WarnContext(ctx, "count the webhook inbox's bytes", "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }

@@ -70,13 +70,29 @@ type intake struct {
 // through inbox.NewServer. It stops when the test ends.
 func startIntake(t *testing.T, tokens ...string) *intake {
 	t.Helper()
-	return startTracedIntake(t, nil, tokens...)
+	return startIntakeWith(t, intakeOptions{}, tokens...)
 }
 
 // startTracedIntake is startIntake with spans going to tp.
 func startTracedIntake(t *testing.T, tp trace.TracerProvider, tokens ...string) *intake {
 	t.Helper()
-	st, err := store.Open(t.Context(), storetest.SQLiteURL(t), "sandbox", store.Options{})
+	return startIntakeWith(t, intakeOptions{tp: tp}, tokens...)
+}
+
+// intakeOptions vary startIntakeWith's inbox.
+type intakeOptions struct {
+	tp       trace.TracerProvider
+	maxBytes int64 // 0 means 4 KiB
+	limits   inbox.ConnLimits
+	store    store.Options
+}
+
+func startIntakeWith(t *testing.T, opts intakeOptions, tokens ...string) *intake {
+	t.Helper()
+	if opts.maxBytes == 0 {
+		opts.maxBytes = 4 << 10
+	}
+	st, err := store.Open(t.Context(), storetest.SQLiteURL(t), "sandbox", opts.store)
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}
@@ -91,11 +107,11 @@ func startTracedIntake(t *testing.T, tp trace.TracerProvider, tokens ...string) 
 	h, err := inbox.New(inbox.Config{
 		Tokens:         tokens,
 		Store:          st,
-		MaxBytes:       4 << 10,
+		MaxBytes:       opts.maxBytes,
 		Appended:       func(e store.Event) { in.appended <- e },
 		Logger:         logger,
 		Metrics:        inbox.NewMetrics(in.registry),
-		TracerProvider: tp,
+		TracerProvider: opts.tp,
 	})
 	if err != nil {
 		t.Fatalf("inbox.New: %v", err)
@@ -104,15 +120,15 @@ func startTracedIntake(t *testing.T, tp trace.TracerProvider, tokens ...string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := inbox.NewServer(h, logger)
-	go srv.Serve(ln)
+	srv := inbox.NewServer(h, opts.limits, logger)
+	go srv.HTTP.Serve(srv.Listener(ln))
 	t.Cleanup(func() {
 		// Shutdown, not Close: it waits for connections the server is
 		// closing after a refusal (net/http lingers on those), which
 		// goleak would otherwise find.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
+		if err := srv.HTTP.Shutdown(ctx); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
 	})
@@ -167,30 +183,49 @@ func (in *intake) raw(t *testing.T, req string) *http.Response {
 
 func (in *intake) events(t *testing.T) []store.Event {
 	t.Helper()
-	evs, err := in.store.ListEvents(t.Context(), 0, 1000)
+	evs, err := in.store.ListEvents(t.Context(), store.EventQuery{Limit: 1000})
 	if err != nil {
 		t.Fatalf("ListEvents: %v", err)
 	}
 	return evs
 }
 
+// deliveries returns paymentsd_webhook_deliveries_total by outcome, over
+// both tokens.
 func (in *intake) deliveries(t *testing.T) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, s := range in.series(t, "paymentsd_webhook_deliveries_total") {
+		if s.value > 0 {
+			out[s.labels["outcome"]] += s.value
+		}
+	}
+	return out
+}
+
+type series struct {
+	labels map[string]string
+	value  float64
+}
+
+// series returns the series of the counter or gauge name.
+func (in *intake) series(t *testing.T, name string) []series {
 	t.Helper()
 	families, err := in.registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]float64{}
+	var out []series
 	for _, f := range families {
-		if f.GetName() != "paymentsd_webhook_deliveries_total" {
+		if f.GetName() != name {
 			continue
 		}
 		for _, m := range f.GetMetric() {
+			s := series{labels: map[string]string{}, value: m.GetCounter().GetValue() + m.GetGauge().GetValue()}
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" && m.GetCounter().GetValue() > 0 {
-					out[l.GetValue()] = m.GetCounter().GetValue()
-				}
+				s.labels[l.GetName()] = l.GetValue()
 			}
+			out = append(out, s)
 		}
 	}
 	return out
@@ -308,7 +343,9 @@ func TestRefusedAndNothingStored(t *testing.T) {
 	if got := in.events(t); len(got) != 0 {
 		t.Errorf("stored %d events after refusals, want 0", len(got))
 	}
-	want := map[string]float64{inbox.OutcomeBadToken: 9, inbox.OutcomeBadMethod: 2, inbox.OutcomeTooLarge: 2}
+	// Paths outside /webhooks/ (and the probe for the 404 body) are not
+	// counted as bad tokens, which a rotation watches.
+	want := map[string]float64{inbox.OutcomeBadToken: 6, inbox.OutcomeNotFound: 3, inbox.OutcomeBadMethod: 2, inbox.OutcomeTooLarge: 2}
 	if diff := cmp.Diff(want, in.deliveries(t)); diff != "" {
 		t.Errorf("deliveries (-want +got):\n%s", diff)
 	}
@@ -406,8 +443,8 @@ func TestNearMissesNeverLogTheToken(t *testing.T) {
 			t.Errorf("span %q holds the token: %s", s.Name, b)
 		}
 	}
-	if d := in.deliveries(t); d[inbox.OutcomeBadToken] != float64(len(requests)) {
-		t.Errorf("deliveries = %v, want bad_token %d", d, len(requests))
+	if d := in.deliveries(t); d[inbox.OutcomeBadToken] != 1 || d[inbox.OutcomeNotFound] != float64(len(requests)-1) {
+		t.Errorf("deliveries = %v, want bad_token 1 (the token as the method), not_found %d", d, len(requests)-1)
 	}
 	if got := in.events(t); len(got) != 0 {
 		t.Errorf("stored %d events, want 0", len(got))
@@ -514,47 +551,78 @@ func TestNewRefusesBadTokens(t *testing.T) {
 // Compile-time check that the handler is what NewServer serves.
 var _ http.Handler = (*inbox.Handler)(nil)
 
-// TestDeliveriesInProgressCapped: bodies that never finish arriving hold
-// at most DefaultMaxInFlight slots; the next delivery gets 503 (which the
-// provider retries) and nothing is stored, and a freed slot is reused.
-func TestDeliveriesInProgressCapped(t *testing.T) {
-	t.Parallel()
-	in := startIntake(t, token)
+// holdBodies opens n connections with the token, each sending a header
+// that promises size bytes of body and then sent bytes of it, and never
+// the rest; they are closed when the test ends or by the returned func.
+func (in *intake) holdBodies(t *testing.T, n, size, sent int) (release func()) {
+	t.Helper()
 	var held []net.Conn
-	for range inbox.DefaultMaxInFlight {
+	for range n {
 		conn, err := net.Dial("tcp", in.addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, conn)
-		// The header promises a body that never comes.
-		fmt.Fprintf(conn, "POST /webhooks/%s HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", token)
+		fmt.Fprintf(conn, "POST /webhooks/%s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", token, size, strings.Repeat("x", sent))
 	}
-	// Wait until every held delivery holds its slot.
-	for {
-		if v := gaugeValue(t, in.registry, "paymentsd_webhook_deliveries_in_progress"); v == inbox.DefaultMaxInFlight {
-			break
+	release = func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// waitGauge waits until the gauge name is want.
+func (in *intake) waitGauge(t *testing.T, name string, want int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for gaugeValue(t, in.registry, name) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %d, want %d", name, gaugeValue(t, in.registry, name), want)
 		}
 		time.Sleep(5 * time.Millisecond) // the gauge is the only signal
 	}
+}
+
+// TestSlowBodiesDoNotHoldTheOthersOut: bodies that trickle in hold only
+// the bytes that have come, not a slot each. The intake took a slot
+// before reading, so 16 of them, with the token, made every other
+// delivery 503 until they timed out.
+func TestSlowBodiesDoNotHoldTheOthersOut(t *testing.T) {
+	t.Parallel()
+	in := startIntakeWith(t, intakeOptions{maxBytes: inbox.DefaultMaxBytes}, token)
+	in.holdBodies(t, inbox.DefaultMaxInFlight, inbox.DefaultMaxBytes, 1)
+	in.waitGauge(t, "paymentsd_webhook_deliveries_in_progress", inbox.DefaultMaxInFlight)
+	if status, _, _ := in.do(t, http.MethodPost, "/webhooks/"+token, strings.NewReader(`{"n":1}`), nil); status != http.StatusOK {
+		t.Errorf("delivery beside %d slow bodies = %d, want 200", inbox.DefaultMaxInFlight, status)
+	}
+}
+
+// TestBodyBudgetHeld: bodies that have arrived up to the deliveries' byte
+// budget (MaxInFlight bodies of MaxBytes) hold it; the next delivery gets
+// 503 with Retry-After (the provider retries) and nothing is stored, and
+// the budget comes back as they end.
+func TestBodyBudgetHeld(t *testing.T) {
+	t.Parallel()
+	in := startIntake(t, token) // MaxBytes 4 KiB
+	release := in.holdBodies(t, inbox.DefaultMaxInFlight, 4<<10, 4<<10-1)
+	in.waitGauge(t, "paymentsd_webhook_deliveries_in_progress", inbox.DefaultMaxInFlight)
 	status, header, _ := in.do(t, http.MethodPost, "/webhooks/"+token, strings.NewReader(`{"n":1}`), nil)
 	if status != http.StatusServiceUnavailable || header.Get("Retry-After") == "" {
-		t.Errorf("delivery past the cap = %d (Retry-After %q), want 503 with Retry-After", status, header.Get("Retry-After"))
+		t.Errorf("delivery past the budget = %d (Retry-After %q), want 503 with Retry-After", status, header.Get("Retry-After"))
+	}
+	if d := in.deliveries(t); d[inbox.OutcomeBusy] != 1 {
+		t.Errorf("deliveries = %v, want busy 1", d)
 	}
 	if n := len(in.events(t)); n != 0 {
 		t.Errorf("%d events stored, want none", n)
 	}
-	for _, c := range held {
-		c.Close()
-	}
-	for {
-		if gaugeValue(t, in.registry, "paymentsd_webhook_deliveries_in_progress") == 0 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	release()
+	in.waitGauge(t, "paymentsd_webhook_deliveries_in_progress", 0)
 	if status, _, _ := in.do(t, http.MethodPost, "/webhooks/"+token, strings.NewReader(`{"n":2}`), nil); status != http.StatusOK {
-		t.Errorf("delivery after the slots were freed = %d, want 200", status)
+		t.Errorf("delivery after the budget came back = %d, want 200", status)
 	}
 }
 

@@ -5,13 +5,20 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	_ "google.golang.org/grpc/encoding/proto" // registers protoCodecName
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -25,6 +32,32 @@ const DefaultEventPageSize = 100
 // DefaultEventPollInterval is how often an open watch looks for events that
 // another replica appended.
 const DefaultEventPollInterval = time.Second
+
+// Byte budgets of the inbox's readers. Every read is bounded in bytes as
+// well as in events, and the memory they can hold together is bounded;
+// README.md ("Memory budget") gives the arithmetic.
+const (
+	// MaxEventPageBytes bounds a ListProviderEvents page (its encoded
+	// events), so that a page fits a gRPC client's default 4 MiB receive
+	// limit with room to spare. The first event always fits:
+	// PAYMENTS_WEBHOOK_MAX_BYTES is at most a sixth of it, and an older
+	// event over it is sent without its body.
+	MaxEventPageBytes = 3 << 20
+	// ListBytes bounds the bytes of List pages held at once, from the store
+	// read until the answer is written (REST) or handed to gRPC: two full
+	// pages. A List that waits ListWait for its turn is refused with
+	// RESOURCE_EXHAUSTED.
+	ListBytes = 2 * MaxEventPageBytes
+	ListWait  = 10 * time.Second
+	// watchBatchBytes bounds the events a watch reads from the store at
+	// once (or the one event, if larger). A watch whose caller doesn't
+	// read holds at most one event encoded for sending and one queued in
+	// the transport, besides the rest of its batch.
+	watchBatchBytes = 256 << 10
+	// listWriteTimeout bounds writing a REST page, so a caller that stops
+	// reading gives its share of ListBytes back.
+	listWriteTimeout = 30 * time.Second
+)
 
 // EventsOptions configures NewEvents.
 type EventsOptions struct {
@@ -48,6 +81,8 @@ type Events struct {
 	poll    time.Duration
 	logger  *slog.Logger
 	watches prometheus.Gauge
+	// pages holds ListBytes: the bytes of List pages held now.
+	pages *semaphore.Weighted
 
 	mu      sync.Mutex
 	wake    chan struct{} // closed and replaced on each Appended
@@ -65,6 +100,7 @@ func NewEvents(st *store.Store, env paymentsv1.Environment, opts EventsOptions) 
 		logger:  opts.Logger,
 		wake:    make(chan struct{}),
 		closing: make(chan struct{}),
+		pages:   semaphore.NewWeighted(ListBytes),
 		watches: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paymentsd_provider_event_watches_open",
 			Help: "WatchProviderEvents streams open now.",
@@ -107,24 +143,62 @@ func (e *Events) woken() <-chan struct{} {
 }
 
 // ListProviderEvents implements paymentsv1.ProviderEventsServiceServer. The
-// request has been validated by the interceptor chain. Codes: UNAVAILABLE
-// (503) when the inbox can't be read.
+// request has been validated by the interceptor chain. A page stops at
+// page_size events or MaxEventPageBytes, whichever comes first. Codes:
+// UNAVAILABLE (503) when the inbox can't be read; RESOURCE_EXHAUSTED (429)
+// when ListBytes stayed taken for ListWait.
 func (e *Events) ListProviderEvents(ctx context.Context, req *paymentsv1.ListProviderEventsRequest) (*paymentsv1.ListProviderEventsResponse, error) {
 	size := int(req.GetPageSize())
 	if size == 0 {
 		size = DefaultEventPageSize
 	}
-	events, err := e.store.ListEvents(ctx, req.GetAfterSequence(), size)
+	// A page's size is known only once read: take a whole page's share,
+	// and give back what the page doesn't need.
+	held := int64(MaxEventPageBytes)
+	wctx, cancel := context.WithTimeout(ctx, ListWait)
+	err := e.pages.Acquire(wctx, held)
+	cancel()
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		return nil, refusal(codes.ResourceExhausted, "paymentsd is reading as many event pages as its memory allows: retry after a short delay", false, time.Second).Err()
+	}
+	release := func() { e.pages.Release(held) }
+	events, err := e.store.ListEvents(ctx, store.EventQuery{
+		After:        req.GetAfterSequence(),
+		Limit:        size,
+		MaxBytes:     MaxEventPageBytes,
+		OmitBodyOver: MaxEventPageBytes,
+	})
+	if err != nil {
+		release()
 		return nil, e.readError(ctx, err)
 	}
 	resp := &paymentsv1.ListProviderEventsResponse{
 		Events:            make([]*paymentsv1.ProviderEvent, 0, len(events)),
 		NextAfterSequence: req.GetAfterSequence(),
 	}
+	var total int
 	for _, ev := range events {
-		resp.Events = append(resp.Events, e.toProto(ev))
+		pe := e.toProto(ev)
+		// The store counts stored bytes; the page's bound is on what is
+		// sent, which has each header twice (as text and as bytes).
+		n := protowire.SizeTag(1) + protowire.SizeBytes(proto.Size(pe))
+		if len(resp.Events) > 0 && total+n > MaxEventPageBytes {
+			break
+		}
+		total += n
+		resp.Events = append(resp.Events, pe)
 		resp.NextAfterSequence = ev.Sequence
+	}
+	if keep := min(held, int64(total)); keep < held {
+		e.pages.Release(held - keep)
+		held = keep
+	}
+	// Over REST the page is held until the gateway has written it.
+	if !afterWrite(ctx, release) {
+		defer release()
 	}
 	return resp, nil
 }
@@ -133,7 +207,9 @@ func (e *Events) ListProviderEvents(ctx context.Context, req *paymentsv1.ListPro
 // reads what is stored after the cursor, sends it, and waits for a wake-up
 // from this process's intake or for the poll interval (events appended by
 // another replica) before reading again. Sequences commit in order, so
-// reading after the last sequence sent never skips one. Codes: UNAVAILABLE
+// reading after the last sequence sent never skips one. It reads at most
+// watchBatchBytes (or one event) at a time, and lets go of each event once
+// encoded, so a caller that stops reading holds little. Codes: UNAVAILABLE
 // when the inbox can't be read or paymentsd is shutting down (resume with
 // the last sequence received); CANCELLED when the caller goes away.
 func (e *Events) WatchProviderEvents(req *paymentsv1.WatchProviderEventsRequest, stream grpc.ServerStreamingServer[paymentsv1.WatchProviderEventsResponse]) error {
@@ -157,18 +233,33 @@ func (e *Events) WatchProviderEvents(req *paymentsv1.WatchProviderEventsRequest,
 			return status.Error(codes.Unavailable, "paymentsd is shutting down; watch again, from after_sequence = the last sequence received")
 		default:
 		}
-		events, err := e.store.ListEvents(ctx, after, DefaultEventPageSize)
+		events, err := e.store.ListEvents(ctx, store.EventQuery{
+			After:        after,
+			Limit:        DefaultEventPageSize,
+			MaxBytes:     watchBatchBytes,
+			OmitBodyOver: MaxEventPageBytes,
+		})
 		if err != nil {
 			return e.readError(ctx, err)
 		}
-		for _, ev := range events {
-			if err := stream.Send(&paymentsv1.WatchProviderEventsResponse{Event: e.toProto(ev)}); err != nil {
+		for i := range events {
+			// Encoded before Send, and the event let go, so that a Send
+			// blocked by a caller that doesn't read holds the encoded
+			// bytes only.
+			var msg grpc.PreparedMsg
+			if err := msg.Encode(stream, &paymentsv1.WatchProviderEventsResponse{Event: e.toProto(events[i])}); err != nil {
+				e.logger.ErrorContext(ctx, "encode a webhook event", "sequence", events[i].Sequence, "error", err.Error())
+				return status.Error(codes.Internal, "an event could not be encoded; watch again from after_sequence = the last sequence received")
+			}
+			seq := events[i].Sequence
+			events[i] = store.Event{}
+			if err := stream.SendMsg(&msg); err != nil {
 				return err
 			}
-			after = ev.Sequence
+			after = seq
 		}
-		if len(events) == DefaultEventPageSize {
-			continue // more may be stored already
+		if len(events) > 0 {
+			continue // a batch ends at its byte budget: more may be stored
 		}
 		select {
 		case <-ctx.Done():
@@ -190,22 +281,69 @@ func (e *Events) readError(ctx context.Context, err error) error {
 	return status.Error(codes.Unavailable, "the webhook inbox can't be read now; retry")
 }
 
+// toProto is ev as the API carries it. A sender may put any bytes in a
+// header, and protobuf refuses a string that is not UTF-8 (gRPC would fail
+// every read that reached the event, with INTERNAL): the string fields get
+// text, and the bytes fields the exact bytes.
 func (e *Events) toProto(ev store.Event) *paymentsv1.ProviderEvent {
 	headers := make([]*paymentsv1.HttpHeader, len(ev.Headers))
 	for i, h := range ev.Headers {
-		headers[i] = &paymentsv1.HttpHeader{Name: h.Name, Value: h.Value}
+		headers[i] = &paymentsv1.HttpHeader{Name: utf8Text(h.Name), Value: utf8Text(h.Value), ValueBytes: []byte(h.Value)}
 	}
 	return &paymentsv1.ProviderEvent{
-		Sequence:    ev.Sequence,
-		ReceiveTime: timestamppb.New(ev.ReceivedAt),
-		ContentType: ev.ContentType,
-		Headers:     headers,
-		Body:        ev.Body,
-		BodySha256:  hex.EncodeToString(ev.BodySHA256[:]),
-		DuplicateOf: ev.DuplicateOf,
+		Sequence:         ev.Sequence,
+		ReceiveTime:      timestamppb.New(ev.ReceivedAt),
+		ContentType:      utf8Text(ev.ContentType),
+		ContentTypeBytes: []byte(ev.ContentType),
+		Headers:          headers,
+		Body:             ev.Body,
+		BodyOmitted:      ev.BodyOmitted,
+		BodySha256:       hex.EncodeToString(ev.BodySHA256[:]),
+		DuplicateOf:      ev.DuplicateOf,
 		// The provider documents no signature scheme: nothing can be
 		// verified, whoever sent it.
 		Verified:    false,
 		Environment: e.env,
 	}
+}
+
+// utf8Text is s with each run of bytes that is not valid UTF-8 replaced
+// with U+FFFD.
+func utf8Text(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
+// afterWrite arranges for release to run once a REST call's answer is
+// written, and reports whether ctx is one; a gRPC call's isn't.
+func afterWrite(ctx context.Context, release func()) bool {
+	c, ok := ctx.Value(gatewayCallKey{}).(*gatewayCall)
+	if ok {
+		c.afterWrite = append(c.afterWrite, release)
+	}
+	return ok
+}
+
+// eventCodec is grpc-go's proto codec, except for the inbox's responses,
+// which it marshals into buffers of their own size. grpc-go takes a large
+// message's buffer from a pool whose sizes step up to 1 MiB: an event of
+// 513 KiB took 1 MiB, and the pool kept the buffers a watch let go until
+// the next collections, twice over for each watch whose caller doesn't
+// read. Everything else, payments included, goes through grpc-go's codec
+// unchanged.
+type eventCodec struct{ encoding.CodecV2 }
+
+func newEventCodec() eventCodec { return eventCodec{encoding.GetCodecV2(protoCodecName)} }
+
+// protoCodecName is grpc-go's proto codec's name.
+const protoCodecName = "proto"
+
+func (c eventCodec) Marshal(v any) (mem.BufferSlice, error) {
+	switch m := v.(type) {
+	case *paymentsv1.WatchProviderEventsResponse, *paymentsv1.ListProviderEventsResponse:
+		msg := m.(proto.Message)
+		b, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, 0, proto.Size(msg)), msg)
+		if err != nil {
+			return nil, err
+		}
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	return c.CodecV2.Marshal(v)
 }

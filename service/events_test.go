@@ -51,6 +51,13 @@ type replica struct {
 // poll interval.
 func startReplica(t *testing.T, url string, poll time.Duration) *replica {
 	t.Helper()
+	return startReplicaWith(t, url, poll, 0)
+}
+
+// startReplicaWith is startReplica whose intake takes bodies of up to
+// maxBytes (0: the default).
+func startReplicaWith(t *testing.T, url string, poll time.Duration, maxBytes int64) *replica {
+	t.Helper()
 	st, err := store.Open(t.Context(), url, "sandbox", store.Options{})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
@@ -98,6 +105,7 @@ func startReplica(t *testing.T, url string, poll time.Duration) *replica {
 	h, err := inbox.New(inbox.Config{
 		Tokens:   []string{webhookToken},
 		Store:    st,
+		MaxBytes: maxBytes,
 		Appended: r.events.Appended,
 		Logger:   logger,
 		Metrics:  inbox.NewMetrics(r.registry),
@@ -130,11 +138,12 @@ func (r *replica) deliver(t *testing.T, contentType string, body []byte) {
 func wantEvent(seq int64, contentType string, body []byte) *paymentsv1.ProviderEvent {
 	sum := sha256.Sum256(body)
 	return &paymentsv1.ProviderEvent{
-		Sequence:    seq,
-		ContentType: contentType,
-		Body:        body,
-		BodySha256:  hex.EncodeToString(sum[:]),
-		Environment: paymentsv1.Environment_ENVIRONMENT_SANDBOX,
+		Sequence:         seq,
+		ContentType:      contentType,
+		ContentTypeBytes: []byte(contentType),
+		Body:             body,
+		BodySha256:       hex.EncodeToString(sum[:]),
+		Environment:      paymentsv1.Environment_ENVIRONMENT_SANDBOX,
 	}
 }
 

@@ -263,15 +263,39 @@ func writeStatusJSON(w http.ResponseWriter, httpStatus int, st *status.Status) {
 // it; callChain marks it when the gateway hands the call to the service.
 // An error from before that is the gateway's own refusal of the request
 // (its body could not be decoded), made before anything was sent.
-type gatewayCall struct{ reachedService bool }
+type gatewayCall struct {
+	reachedService bool
+	// afterWrite run once the answer is written (or could not be): what
+	// the service holds for it until then.
+	afterWrite []func()
+}
 
 type gatewayCallKey struct{}
 
 func trackGatewayCall(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), gatewayCallKey{}, &gatewayCall{})))
+		c := &gatewayCall{}
+		if r.URL.Path == listEventsPath {
+			// A page is held until written: a caller that stops reading
+			// must not hold it for ever. Reset afterwards, or the deadline
+			// would cut off the next answer on a kept-alive connection.
+			rc := http.NewResponseController(w)
+			if rc.SetWriteDeadline(time.Now().Add(listWriteTimeout)) == nil {
+				defer rc.SetWriteDeadline(time.Time{})
+			}
+		}
+		defer func() {
+			for _, f := range c.afterWrite {
+				f()
+			}
+		}()
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), gatewayCallKey{}, c)))
 	})
 }
+
+// listEventsPath is ListProviderEvents' REST path
+// (proto/payments/v1/payments_http.yaml).
+const listEventsPath = "/v1/provider-events"
 
 // markReachedService notes, for restError, that the gateway handed the call
 // in ctx to the service.

@@ -64,8 +64,37 @@ func (m restMarshaler) Marshal(v any) ([]byte, error) {
 			return nil, err
 		}
 		return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+	case *paymentsv1.ListProviderEventsResponse:
+		return m.marshalEventPage(resp)
 	}
 	return m.JSONPb.Marshal(v)
+}
+
+// marshalEventPage writes a page of events as JSONPb would, an event at a
+// time, into one buffer sized for the page. JSONPb would marshal the page
+// into a buffer that grows as it goes and then copy it: several times the
+// page in memory at once, for pages of up to MaxEventPageBytes.
+func (m restMarshaler) marshalEventPage(resp *paymentsv1.ListProviderEventsResponse) ([]byte, error) {
+	n := 64
+	for _, e := range resp.GetEvents() {
+		// Bytes are base64 in JSON: 4 characters for every 3.
+		n += proto.Size(e)*4/3 + 512
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"events":[`...)
+	for i, e := range resp.GetEvents() {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		var err error
+		if b, err = m.JSONPb.MarshalOptions.MarshalAppend(b, e); err != nil {
+			return nil, err
+		}
+	}
+	b = append(b, `],"nextAfterSequence":"`...)
+	b = strconv.AppendInt(b, resp.GetNextAfterSequence(), 10)
+	b = append(b, `"}`...)
+	return b, nil
 }
 
 // appendPayment writes the provider's exact reply when there is one, else

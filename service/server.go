@@ -159,6 +159,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		grpc.UnaryInterceptor(chain),
 		streamChain,
 		grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
+		grpc.ForceServerCodecV2(newEventCodec()),
 		// Reuse handler goroutines, whose stacks have already grown to what
 		// a call needs, instead of starting (and growing) one per call.
 		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))),
@@ -299,9 +300,11 @@ const (
 	storePingLimit  = time.Second
 )
 
-// WatchStore pings the record store every interval until ctx ends, and
-// reports it in readiness: a replica that can't write records can't take
-// payments (they would fail closed), so it should get no traffic.
+// WatchStore checks the record store with ping every interval until ctx
+// ends, and reports it in readiness: a replica that can't write records
+// can't take payments (they would fail closed), so it should get no
+// traffic. paymentsd's check is a write (store.CheckWrite), since a store
+// can answer and still refuse writes.
 func (s *Server) WatchStore(ctx context.Context, ping func(context.Context) error, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()

@@ -486,7 +486,7 @@ func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Is(target error) bool {
 	switch target {
 	case context.Canceled, context.DeadlineExceeded, ErrNotFound, ErrLeaseLost, ErrWrongEnvironment, ErrKeyNotStorable, ErrCommitUnknown,
-		ErrConnectTimeout, ErrMigrateTimeout:
+		ErrConnectTimeout, ErrMigrateTimeout, ErrInboxFull:
 		return errors.Is(e.cause, target)
 	}
 	return false

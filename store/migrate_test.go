@@ -184,3 +184,128 @@ func TestUpgradeToQuietAndTombstones(t *testing.T) {
 		})
 	}
 }
+
+// legacyEvent is a row as the inbox wrote it before migration 4: text
+// columns only.
+type legacyEvent struct {
+	contentType, headers, body string
+}
+
+// legacyEvents are the rows an old inbox may hold. In SQLite, a
+// Content-Type that is not UTF-8, which SQLite stored as sent and which
+// made every read fail once it reached protobuf; PostgreSQL refused such
+// deliveries, so its text holds only UTF-8.
+func legacyEvents(backend string) []legacyEvent {
+	contentType := "application/json; charset=\xe9"
+	if backend == "postgres" {
+		contentType = "application/json; charset=\ufffd"
+	}
+	return []legacyEvent{
+		{contentType, `[["Content-Type","application/json; charset=\ufffd"],["X-A","b"]]`, `{"a":1}`},
+		{"text/plain", `[]`, ""},
+	}
+}
+
+// applyOld applies the backend's migrations before version 4, by hand,
+// and inserts the legacy events.
+func applyOld(t *testing.T, db *sql.DB, backend string) {
+	t.Helper()
+	ms, err := migrations(backend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := sqliteDialect
+	if backend == "postgres" {
+		d = postgresDialect
+	}
+	q := []string{`CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL)`}
+	for _, m := range ms {
+		if m.version < 4 {
+			q = append(q, m.sql, fmt.Sprintf(`INSERT INTO schema_migrations VALUES (%d, '%s')`, m.version, m.name))
+		}
+	}
+	q = append(q, `INSERT INTO meta VALUES ('environment', 'sandbox')`)
+	for _, s := range q {
+		if _, err := db.Exec(s); err != nil {
+			t.Fatalf("set up the old schema: %v", err)
+		}
+	}
+	for i, e := range legacyEvents(backend) {
+		if _, err := db.Exec(d.q(`UPDATE event_counter SET last = $1`), i+1); err != nil {
+			t.Fatal(err)
+		}
+		var body any
+		if e.body != "" {
+			body = []byte(e.body)
+		}
+		sum := sha256.Sum256([]byte(e.body))
+		if _, err := db.Exec(d.q(`INSERT INTO events (seq, received_at, content_type, headers, body, body_sha256) VALUES ($1, $2, $3, $4, $5, $6)`),
+			i+1, d.t(time.Now()), e.contentType, e.headers, body, sum[:]); err != nil {
+			t.Fatalf("insert legacy event %d: %v", i+1, err)
+		}
+	}
+}
+
+// checkUpgradedInbox opens the database at url, which applyOld set up, and
+// checks that the old events read back exactly, with their sizes counted
+// in the inbox's usage, and that the inbox takes new events.
+func checkUpgradedInbox(t *testing.T, url, backend string) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := Open(ctx, url, "sandbox", Options{})
+	if err != nil {
+		t.Fatalf("Open() on an old inbox error = %v", err)
+	}
+	defer s.Close()
+	legacy := legacyEvents(backend)
+	got, err := s.ListEvents(ctx, EventQuery{Limit: 10, MaxBytes: 1 << 20})
+	if err != nil || len(got) != len(legacy) {
+		t.Fatalf("ListEvents() after the upgrade = %d events, %v; want %d", len(got), err, len(legacy))
+	}
+	var total int64
+	for i, e := range got {
+		want := int64(len(legacy[i].body) + len(legacy[i].contentType) + len(legacy[i].headers))
+		if e.ContentType != legacy[i].contentType || string(e.Body) != legacy[i].body || e.Size != want {
+			t.Errorf("event %d after the upgrade: content type %q, body %q, Size %d; want %q, %q, %d",
+				e.Sequence, e.ContentType, e.Body, e.Size, legacy[i].contentType, legacy[i].body, want)
+		}
+		total += e.Size
+	}
+	if len(got[0].Headers) != 2 || got[0].Headers[1] != (Header{"X-A", "b"}) {
+		t.Errorf("event 1 headers after the upgrade = %q, want the two stored", got[0].Headers)
+	}
+	if u, err := s.InboxUsage(ctx); err != nil || u.StoredBytes != total {
+		t.Errorf("InboxUsage() after the upgrade = %+v, %v; want %d stored", u, err, total)
+	}
+	e, err := s.AppendEvent(ctx, Event{ReceivedAt: time.Now(), Body: []byte("new"), BodySHA256: sha256.Sum256([]byte("new"))})
+	if err != nil || e.Sequence != int64(len(legacy)+1) {
+		t.Errorf("AppendEvent() after the upgrade = %d, %v; want sequence %d", e.Sequence, err, len(legacy)+1)
+	}
+	if u, err := s.InboxUsage(ctx); err != nil || u.StoredBytes != total+e.Size {
+		t.Errorf("InboxUsage() after a new event = %+v, %v; want %d stored", u, err, total+e.Size)
+	}
+}
+
+func TestSQLiteInboxUpgrade(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyOld(t, db, "sqlite")
+	db.Close()
+	checkUpgradedInbox(t, "sqlite:"+path, "sqlite")
+}
+
+func TestPostgresInboxUpgrade(t *testing.T) {
+	t.Parallel()
+	url := storetest.PostgresURL(t)
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyOld(t, db, "postgres")
+	db.Close()
+	checkUpgradedInbox(t, url, "postgres")
+}

@@ -49,6 +49,11 @@ var (
 	// replica's) did not finish within Options.MigrateTimeout. Nothing of
 	// them was applied.
 	ErrMigrateTimeout = errors.New("the migrations did not finish within the migrate timeout")
+	// ErrInboxFull: AppendEvent refused the event, writing nothing: the
+	// inbox holds its quota (Options.InboxQuota), or the SQLite volume's
+	// free space is down to the reserve kept for payments
+	// (Options.InboxReserve).
+	ErrInboxFull = errors.New("the webhook inbox is full")
 )
 
 // Stats are gauges for metrics.
@@ -90,7 +95,20 @@ type Options struct {
 	// so that replicas whose clocks disagree never both hold a key. Tests
 	// set it to move time.
 	Now func() time.Time
+	// InboxQuota, if set, bounds the bytes the webhook inbox keeps (the
+	// events' Size in all): AppendEvent refuses an event that would pass
+	// it (ErrInboxFull).
+	InboxQuota int64
+	// InboxReserve is the free space AppendEvent leaves on an SQLite
+	// database's volume for payment records (ErrInboxFull past it); 0
+	// means DefaultInboxReserve. PostgreSQL's volume can't be seen from
+	// here: InboxQuota is its bound.
+	InboxReserve int64
 }
+
+// DefaultInboxReserve is the free space the webhook inbox leaves on an
+// SQLite volume by default: room for tens of thousands of payment records.
+const DefaultInboxReserve = 64 << 20
 
 func (o Options) connectTimeout() time.Duration {
 	if o.ConnectTimeout > 0 {
@@ -140,6 +158,13 @@ type Store struct {
 	retention time.Duration
 	// clock is the store's clock, or nil for the database server's.
 	clock func() time.Time
+	// inboxQuota and inboxReserve are Options'; sqlitePath is the SQLite
+	// file, "" in memory or with PostgreSQL.
+	inboxQuota, inboxReserve int64
+	sqlitePath               string
+	// appends lets one AppendEvent at a time at the writer, so that a
+	// flood of deliveries queues here rather than ahead of payments.
+	appends chan struct{}
 	// batch group-commits Begins and Finishes.
 	batch *batcher
 	// later counts FinishLater calls not yet done, for Close.
@@ -209,7 +234,11 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 	if err := CheckURL(url); err != nil {
 		return nil, err
 	}
-	s := &Store{secrets: sec, retention: opts.Retention, clock: opts.Now}
+	s := &Store{secrets: sec, retention: opts.Retention, clock: opts.Now,
+		inboxQuota: opts.InboxQuota, inboxReserve: opts.InboxReserve, appends: make(chan struct{}, 1)}
+	if s.inboxReserve <= 0 {
+		s.inboxReserve = DefaultInboxReserve
+	}
 	where := "postgres"
 	if path, ok := strings.CutPrefix(url, "sqlite:"); ok {
 		w, r, err := openSQLite(path, opts)
@@ -219,6 +248,9 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 		s.d, s.w, s.r = sqliteDialect, w, r
 		if s.clock == nil {
 			s.clock = time.Now
+		}
+		if path != ":memory:" {
+			s.sqlitePath = path
 		}
 		// A SQLite path holds no password; an error that names it says
 		// which file could not be opened.

@@ -869,7 +869,7 @@ func testStore(t *testing.T, b backend) {
 		if diff := cmp.Diff(want, get(t, s, "k")); diff != "" {
 			t.Errorf("record after reopen (-before +after):\n%s", diff)
 		}
-		if got, err := s.ListEvents(ctx, 0, 10); err != nil || len(got) != 1 || !cmp.Equal(e, got[0]) {
+		if got, err := s.ListEvents(ctx, store.EventQuery{After: 0, Limit: 10}); err != nil || len(got) != 1 || !cmp.Equal(e, got[0]) {
 			t.Errorf("ListEvents after reopen = %+v, %v; want [%+v]", got, err, e)
 		}
 	})
@@ -921,12 +921,16 @@ func testStore(t *testing.T, b backend) {
 			e.Sequence = int64(i + 1)
 			e.ReceivedAt = us(e.ReceivedAt)
 			e.DuplicateOf = map[int]int64{2: 1, 3: 2}[i]
+			if min := int64(len(e.Body) + len(e.ContentType)); got.Size <= min {
+				t.Errorf("AppendEvent(%d).Size = %d, want more than the body and content type's %d", i, got.Size, min)
+			}
+			e.Size = got.Size
 			if diff := cmp.Diff(e, got); diff != "" {
 				t.Errorf("AppendEvent(%d) (-want +got):\n%s", i, diff)
 			}
 			want = append(want, e)
 		}
-		got, err := s.ListEvents(ctx, 0, 100)
+		got, err := s.ListEvents(ctx, store.EventQuery{After: 0, Limit: 100})
 		if err != nil {
 			t.Fatalf("ListEvents() error = %v", err)
 		}
@@ -934,10 +938,10 @@ func testStore(t *testing.T, b backend) {
 		if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b []byte) bool { return string(a) == string(b) })); diff != "" {
 			t.Errorf("ListEvents(0, 100) (-want +got):\n%s", diff)
 		}
-		if got, err := s.ListEvents(ctx, 2, 2); err != nil || len(got) != 2 || got[0].Sequence != 3 || got[1].Sequence != 4 {
+		if got, err := s.ListEvents(ctx, store.EventQuery{After: 2, Limit: 2}); err != nil || len(got) != 2 || got[0].Sequence != 3 || got[1].Sequence != 4 {
 			t.Errorf("ListEvents(2, 2) = %+v, %v; want sequences 3, 4", got, err)
 		}
-		if got, err := s.ListEvents(ctx, 5, 10); err != nil || len(got) != 0 {
+		if got, err := s.ListEvents(ctx, store.EventQuery{After: 5, Limit: 10}); err != nil || len(got) != 0 {
 			t.Errorf("ListEvents(5, 10) = %+v, %v; want none", got, err)
 		}
 		if n, err := s.LastSequence(ctx); err != nil || n != 5 {
@@ -976,7 +980,7 @@ func testStore(t *testing.T, b backend) {
 					return
 				default:
 				}
-				got, err := s.ListEvents(ctx, last, 7)
+				got, err := s.ListEvents(ctx, store.EventQuery{After: last, Limit: 7})
 				if err != nil {
 					errs <- err
 					return
@@ -1027,6 +1031,7 @@ func testStore(t *testing.T, b backend) {
 	testQuiet(t, fresh)
 	testClockAndReads(t, fresh)
 	testRetention(t, b, fresh)
+	testInbox(t, b)
 }
 
 // testQuiet checks the provider quiet period: nothing is sent with a key
@@ -1352,7 +1357,7 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 			}
 			begin(t, s, claim(k, "body", "b"), store.Expired)
 		}
-		if got, err := s.ListEvents(ctx, 0, 10); err != nil || len(got) != 1 || got[0].Sequence != 3 {
+		if got, err := s.ListEvents(ctx, store.EventQuery{After: 0, Limit: 10}); err != nil || len(got) != 1 || got[0].Sequence != 3 {
 			t.Errorf("ListEvents after DeleteExpired = %+v, %v; want sequence 3 only", got, err)
 		}
 		// Sequences keep counting after deletions.
@@ -1553,7 +1558,7 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 		if diff := cmp.Diff([]int{1}, deleteAll(t, s, retention, 10)); diff != "" {
 			t.Errorf("DeleteExpired past retention (-want +got):\n%s", diff)
 		}
-		if got, err := s.ListEvents(ctx, 0, 10); err != nil || len(got) != 1 || got[0].Sequence != 2 {
+		if got, err := s.ListEvents(ctx, store.EventQuery{After: 0, Limit: 10}); err != nil || len(got) != 1 || got[0].Sequence != 2 {
 			t.Errorf("ListEvents = %+v, %v; want sequence 2 only", got, err)
 		}
 	})

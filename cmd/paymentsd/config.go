@@ -103,6 +103,10 @@ type config struct {
 	WebhookTokens     []secret
 	WebhookTokensFrom string
 	WebhookMaxBytes   int64
+	// WebhookMaxStoredBytes is the inbox's quota; WebhookMaxConnsPerIP
+	// bounds the webhook port's connections from one address (0: none).
+	WebhookMaxStoredBytes int64
+	WebhookMaxConnsPerIP  int
 
 	// testHooks are a test binary's changes; none in production builds.
 	testHooks testHooks
@@ -270,8 +274,14 @@ func variables() []variable {
 			"The webhook URL token itself (two, comma-separated, while rotating); prefer PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE.",
 			setting{}},
 		{"PAYMENTS_WEBHOOK_MAX_BYTES", strconv.Itoa(inbox.DefaultMaxBytes),
-			"The largest webhook delivery body accepted.",
-			int64Setting(1024, 16<<20, func(c *config) *int64 { return &c.WebhookMaxBytes })},
+			"The largest webhook delivery body accepted (413 beyond); at most 512 KiB, so that any event fits a page a default gRPC client can read within the memory budget.",
+			int64Setting(1024, inbox.LargestMaxBytes, func(c *config) *int64 { return &c.WebhookMaxBytes })},
+		{"PAYMENTS_WEBHOOK_MAX_STORED_BYTES", strconv.Itoa(1 << 30),
+			"The webhook inbox's quota: past it deliveries get 503 (outcome over_quota) until retention deletes old events; at least 1 MiB.",
+			int64Setting(1<<20, 1<<50, func(c *config) *int64 { return &c.WebhookMaxStoredBytes })},
+		{"PAYMENTS_WEBHOOK_MAX_CONNECTIONS_PER_IP", strconv.Itoa(inbox.DefaultMaxConnectionsPerIP),
+			"Open connections to the webhook port from one address; 0 for no bound. Behind an Ingress every connection comes from its addresses: raise it there.",
+			intSetting(0, 100000, func(c *config) *int { return &c.WebhookMaxConnsPerIP })},
 	}
 }
 

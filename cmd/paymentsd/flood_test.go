@@ -117,13 +117,18 @@ func buildBinary(name string, flags ...string) (string, error) {
 // startProcess starts the binary with env and waits until it serves.
 func startProcess(t *testing.T, env map[string]string) *process {
 	t.Helper()
-	return startBinary(t, paymentsdBinary(t), env)
+	return startCommand(t, exec.Command(paymentsdBinary(t)), env)
 }
 
 // startBinary starts bin with env and waits until it serves.
 func startBinary(t *testing.T, bin string, env map[string]string) *process {
 	t.Helper()
-	cmd := exec.Command(bin)
+	return startCommand(t, exec.Command(bin), env)
+}
+
+// startCommand is startProcess with the command that runs the binary.
+func startCommand(t *testing.T, cmd *exec.Cmd, env map[string]string) *process {
+	t.Helper()
 	cmd.Env = []string{
 		"PAYMENTS_GRPC_ADDR=127.0.0.1:0", "PAYMENTS_HTTP_ADDR=127.0.0.1:0", "PAYMENTS_LOG_LEVEL=error",
 		"PAYMENTS_DATABASE_URL=sqlite:" + filepath.Join(t.TempDir(), "records.db"),

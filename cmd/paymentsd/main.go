@@ -254,7 +254,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
 	background.Go(func() { svc.Run(bgCtx) })
-	background.Go(func() { srv.WatchStore(bgCtx, records.Ping, storeCheckInterval) })
+	// Readiness writes, not pings: a store that answers but can't write
+	// (a full volume, a read-only failover) takes no payment.
+	background.Go(func() { srv.WatchStore(bgCtx, records.CheckWrite, storeCheckInterval) })
+	background.Go(func() { hooks.watchUsage(bgCtx) })
 	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String(), "webhook_addr", hooks.addr())
 
 	var serveErr error
@@ -340,6 +343,7 @@ func openStore(ctx context.Context, cfg *config, stamp string, logger *slog.Logg
 		MigrateTimeout: cfg.MigrateTimeout,
 		Logger:         logger,
 		Now:            cfg.testHooks.storeClock(string(cfg.DatabaseURL)),
+		InboxQuota:     cfg.WebhookMaxStoredBytes,
 	})
 	switch {
 	case errors.Is(err, store.ErrConnectTimeout):

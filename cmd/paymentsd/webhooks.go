@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -19,9 +20,10 @@ import (
 // webhooks is the webhook intake's own listener and server, or nothing when
 // PAYMENTS_WEBHOOK_ADDR is unset. It shares no mux with the internal API.
 type webhooks struct {
-	srv *http.Server
-	ln  net.Listener
-	tls bool
+	srv     *http.Server
+	ln      net.Listener
+	tls     bool
+	handler *inbox.Handler
 }
 
 // listenWebhooks binds the intake's listener. With server TLS configured it
@@ -39,6 +41,7 @@ func listenWebhooks(cfg *config, st *store.Store, events *service.Events, logger
 		Tokens:         tokens,
 		Store:          st,
 		MaxBytes:       cfg.WebhookMaxBytes,
+		MaxInFlight:    inbox.DefaultMaxInFlight,
 		Appended:       events.Appended,
 		Logger:         logger,
 		Metrics:        inbox.NewMetrics(reg),
@@ -52,9 +55,10 @@ func listenWebhooks(cfg *config, st *store.Store, events *service.Events, logger
 		return nil, fmt.Errorf("PAYMENTS_WEBHOOK_ADDR: %w", err)
 	}
 	// Internet-facing: the same per-port connection cap as the internal
-	// ports.
-	ln = service.LimitListener(ln, cfg.MaxConnections)
-	w := &webhooks{srv: inbox.NewServer(h, logger), ln: ln}
+	// ports, where a new connection takes the place of the oldest that
+	// has shown no token, and a cap per address.
+	srv := inbox.NewServer(h, inbox.ConnLimits{Max: cfg.MaxConnections, PerIP: cfg.WebhookMaxConnsPerIP}, logger)
+	w := &webhooks{srv: srv.HTTP, ln: srv.Listener(ln), handler: h}
 	if tlsConfig != nil {
 		tc := tlsConfig.Clone()
 		tc.ClientAuth, tc.ClientCAs = tls.NoClientCert, nil
@@ -75,6 +79,18 @@ func (w *webhooks) serve(errc chan<- error) {
 		}
 		errc <- w.srv.Serve(w.ln)
 	}()
+}
+
+// usageInterval is how often the inbox's stored bytes are counted for
+// paymentsd_webhook_stored_bytes.
+const usageInterval = 10 * time.Second
+
+// watchUsage keeps the inbox's usage gauge until ctx ends; it returns at
+// once without a listener.
+func (w *webhooks) watchUsage(ctx context.Context) {
+	if w.handler != nil {
+		w.handler.WatchUsage(ctx, usageInterval)
+	}
 }
 
 // addr is the bound address, or "" without a listener.

@@ -245,6 +245,11 @@ func TestWebhookConfigRefused(t *testing.T) {
 		{"token and file", map[string]string{"PAYMENTS_WEBHOOK_ADDR": ":0", "PAYMENTS_SANDBOX_WEBHOOK_TOKEN": webhookToken, "PAYMENTS_SANDBOX_WEBHOOK_TOKEN_FILE": tokenFile}, "PAYMENTS_SANDBOX_WEBHOOK_TOKEN_FILE"},
 		{"missing file", map[string]string{"PAYMENTS_WEBHOOK_ADDR": ":0", "PAYMENTS_SANDBOX_WEBHOOK_TOKEN_FILE": tokenFile + ".missing"}, "PAYMENTS_SANDBOX_WEBHOOK_TOKEN_FILE"},
 		{"max bytes", map[string]string{"PAYMENTS_WEBHOOK_MAX_BYTES": "12"}, "PAYMENTS_WEBHOOK_MAX_BYTES"},
+		// Every event must fit a page, and two each for 64 watches the
+		// memory budget.
+		{"max bytes over the cap", map[string]string{"PAYMENTS_WEBHOOK_MAX_BYTES": "16777216"}, "PAYMENTS_WEBHOOK_MAX_BYTES"},
+		{"quota", map[string]string{"PAYMENTS_WEBHOOK_MAX_STORED_BYTES": "1GiB"}, "PAYMENTS_WEBHOOK_MAX_STORED_BYTES"},
+		{"connections per address", map[string]string{"PAYMENTS_WEBHOOK_MAX_CONNECTIONS_PER_IP": "-1"}, "PAYMENTS_WEBHOOK_MAX_CONNECTIONS_PER_IP"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -712,7 +712,9 @@ type ListProviderEventsRequest struct {
 	// after_sequence: return events with a greater sequence. 0 starts at the
 	// oldest event kept.
 	AfterSequence int64 `protobuf:"varint,1,opt,name=after_sequence,json=afterSequence,proto3" json:"after_sequence,omitempty"`
-	// page_size is the most events to return: 1 to 1000; 0 means 100.
+	// page_size is the most events to return: 1 to 1000; 0 means 100. A page
+	// also ends before it would pass 3 MiB, so it may hold fewer (always at
+	// least one, if any is stored after after_sequence).
 	PageSize      int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -920,14 +922,20 @@ type ProviderEvent struct {
 	Sequence int64 `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	// receive_time is when paymentsd received the delivery.
 	ReceiveTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=receive_time,json=receiveTime,proto3" json:"receive_time,omitempty"`
-	// content_type is the delivery's Content-Type header as sent, or empty.
+	// content_type is the delivery's Content-Type header as sent, or empty,
+	// as text: each run of bytes that is not valid UTF-8 is replaced with
+	// U+FFFD. content_type_bytes holds it exactly.
 	ContentType string `protobuf:"bytes,3,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
 	// headers are the delivery's HTTP headers as received, less hop-by-hop
 	// ones: sorted by name, and each name's values in the order they came
 	// (the order of different names is not kept by paymentsd's HTTP server).
-	// A header repeating the webhook path has its token replaced.
+	// A header holding the webhook URL's token has it replaced with [REDACTED].
 	Headers []*HttpHeader `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"`
-	// body is the delivery's body, byte for byte.
+	// body is the delivery's body, byte for byte. paymentsd accepts bodies of
+	// at most PAYMENTS_WEBHOOK_MAX_BYTES, which is capped at 512 KiB so that
+	// every event fits in one response with its body, well within a gRPC
+	// client's default 4 MiB limit: there is no separate call for large
+	// bodies. Empty when body_omitted is true.
 	Body []byte `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
 	// body_sha256 is the SHA-256 of body, in lower-case hex.
 	BodySha256 string `protobuf:"bytes,6,opt,name=body_sha256,json=bodySha256,proto3" json:"body_sha256,omitempty"`
@@ -941,7 +949,15 @@ type ProviderEvent struct {
 	// sender held the webhook URL; never move money on an event alone.
 	Verified bool `protobuf:"varint,8,opt,name=verified,proto3" json:"verified,omitempty"`
 	// environment is the provider environment whose webhook URL received it.
-	Environment   Environment `protobuf:"varint,9,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
+	Environment Environment `protobuf:"varint,9,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
+	// content_type_bytes is the delivery's Content-Type header exactly as
+	// sent, whatever bytes it holds.
+	ContentTypeBytes []byte `protobuf:"bytes,10,opt,name=content_type_bytes,json=contentTypeBytes,proto3" json:"content_type_bytes,omitempty"`
+	// body_omitted is true when the event is too large for a response (over
+	// 3 MiB), so body is empty; body_sha256 is still the body's. Only events
+	// stored before PAYMENTS_WEBHOOK_MAX_BYTES was capped at 512 KiB can be:
+	// read those from the database.
+	BodyOmitted   bool `protobuf:"varint,11,opt,name=body_omitted,json=bodyOmitted,proto3" json:"body_omitted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1039,13 +1055,32 @@ func (x *ProviderEvent) GetEnvironment() Environment {
 	return Environment_ENVIRONMENT_UNSPECIFIED
 }
 
+func (x *ProviderEvent) GetContentTypeBytes() []byte {
+	if x != nil {
+		return x.ContentTypeBytes
+	}
+	return nil
+}
+
+func (x *ProviderEvent) GetBodyOmitted() bool {
+	if x != nil {
+		return x.BodyOmitted
+	}
+	return false
+}
+
 // HttpHeader is one HTTP header field.
 type HttpHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// name is the header's name in canonical form, e.g. "Content-Type".
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// value is the header's value as received.
-	Value         string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// value is the header's value as received, as text: each run of bytes
+	// that is not valid UTF-8 is replaced with U+FFFD, and the webhook URL's
+	// token, wherever it appears (percent-encoded or not), with [REDACTED].
+	Value string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// value_bytes is the header's value exactly as received (the token
+	// replaced as in value), whatever bytes it holds.
+	ValueBytes    []byte `protobuf:"bytes,3,opt,name=value_bytes,json=valueBytes,proto3" json:"value_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1092,6 +1127,13 @@ func (x *HttpHeader) GetValue() string {
 		return x.Value
 	}
 	return ""
+}
+
+func (x *HttpHeader) GetValueBytes() []byte {
+	if x != nil {
+		return x.ValueBytes
+	}
+	return nil
 }
 
 var File_payments_v1_payments_proto protoreflect.FileDescriptor
@@ -1153,7 +1195,7 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\x1aWatchProviderEventsRequest\x12.\n" +
 	"\x0eafter_sequence\x18\x01 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\rafterSequence\"O\n" +
 	"\x1bWatchProviderEventsResponse\x120\n" +
-	"\x05event\x18\x01 \x01(\v2\x1a.payments.v1.ProviderEventR\x05event\"\xf0\x02\n" +
+	"\x05event\x18\x01 \x01(\v2\x1a.payments.v1.ProviderEventR\x05event\"\xc1\x03\n" +
 	"\rProviderEvent\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x03R\bsequence\x12=\n" +
 	"\freceive_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vreceiveTime\x12!\n" +
@@ -1164,11 +1206,16 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"bodySha256\x12!\n" +
 	"\fduplicate_of\x18\a \x01(\x03R\vduplicateOf\x12\x1a\n" +
 	"\bverified\x18\b \x01(\bR\bverified\x12:\n" +
-	"\venvironment\x18\t \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\"6\n" +
+	"\venvironment\x18\t \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\x12,\n" +
+	"\x12content_type_bytes\x18\n" +
+	" \x01(\fR\x10contentTypeBytes\x12!\n" +
+	"\fbody_omitted\x18\v \x01(\bR\vbodyOmitted\"W\n" +
 	"\n" +
 	"HttpHeader\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value*\xab\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x1f\n" +
+	"\vvalue_bytes\x18\x03 \x01(\fR\n" +
+	"valueBytes*\xab\x01\n" +
 	"\fPaymentState\x12\x1d\n" +
 	"\x19PAYMENT_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19PAYMENT_STATE_IN_PROGRESS\x10\x01\x12\x1b\n" +

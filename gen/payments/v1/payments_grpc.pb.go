@@ -521,15 +521,24 @@ const (
 type ProviderEventsServiceClient interface {
 	// ListProviderEvents returns stored events with a sequence greater than
 	// after_sequence, in sequence order. Page through with
-	// after_sequence = next_after_sequence. A reader that keeps its cursor
-	// never misses an event, including one that committed late.
+	// after_sequence = next_after_sequence until a page comes back empty: a
+	// page holds at most page_size events and at most 3 MiB of them, so it
+	// fits a gRPC client's default 4 MiB receive limit, and may hold fewer
+	// events than page_size while more are stored. A reader that keeps its
+	// cursor never misses an event, including one that committed late.
 	//
 	// REST: GET /v1/provider-events?afterSequence=&pageSize=
+	//
+	// Codes: UNAVAILABLE (503) when the inbox can't be read;
+	// RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd is reading as
+	// many pages at once as its memory allows and this one waited 10s
+	// without its turn: retry.
 	ListProviderEvents(ctx context.Context, in *ListProviderEventsRequest, opts ...grpc.CallOption) (*ListProviderEventsResponse, error)
 	// WatchProviderEvents first sends every stored event with a sequence
 	// greater than after_sequence, then each new event as it is committed,
 	// until the caller cancels or paymentsd shuts down. Resume after a broken
-	// stream with the last sequence received. Each replica keeps at most 64
+	// stream with the last sequence received. Each message carries one
+	// event, well within a gRPC client's default 4 MiB receive limit. Each replica keeps at most 64
 	// watches open; past that a watch fails with RESOURCE_EXHAUSTED (use
 	// ListProviderEvents, or watch again later).
 	WatchProviderEvents(ctx context.Context, in *WatchProviderEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchProviderEventsResponse], error)
@@ -591,15 +600,24 @@ type ProviderEventsService_WatchProviderEventsClient = grpc.ServerStreamingClien
 type ProviderEventsServiceServer interface {
 	// ListProviderEvents returns stored events with a sequence greater than
 	// after_sequence, in sequence order. Page through with
-	// after_sequence = next_after_sequence. A reader that keeps its cursor
-	// never misses an event, including one that committed late.
+	// after_sequence = next_after_sequence until a page comes back empty: a
+	// page holds at most page_size events and at most 3 MiB of them, so it
+	// fits a gRPC client's default 4 MiB receive limit, and may hold fewer
+	// events than page_size while more are stored. A reader that keeps its
+	// cursor never misses an event, including one that committed late.
 	//
 	// REST: GET /v1/provider-events?afterSequence=&pageSize=
+	//
+	// Codes: UNAVAILABLE (503) when the inbox can't be read;
+	// RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd is reading as
+	// many pages at once as its memory allows and this one waited 10s
+	// without its turn: retry.
 	ListProviderEvents(context.Context, *ListProviderEventsRequest) (*ListProviderEventsResponse, error)
 	// WatchProviderEvents first sends every stored event with a sequence
 	// greater than after_sequence, then each new event as it is committed,
 	// until the caller cancels or paymentsd shuts down. Resume after a broken
-	// stream with the last sequence received. Each replica keeps at most 64
+	// stream with the last sequence received. Each message carries one
+	// event, well within a gRPC client's default 4 MiB receive limit. Each replica keeps at most 64
 	// watches open; past that a watch fails with RESOURCE_EXHAUSTED (use
 	// ListProviderEvents, or watch again later).
 	WatchProviderEvents(*WatchProviderEventsRequest, grpc.ServerStreamingServer[WatchProviderEventsResponse]) error
