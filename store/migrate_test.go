@@ -112,9 +112,16 @@ func TestUpgradeToQuietAndTombstones(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			last := ms[len(ms)-1]
-			if last.name != "0003_quiet_tombstones.sql" {
-				t.Fatalf("last migration is %s: this test upgrades to 0003_quiet_tombstones.sql", last.name)
+			// The database is built as it was before 0003 (and any later
+			// migration); Open then applies the rest.
+			upTo := -1
+			for i, m := range ms {
+				if m.name == "0003_quiet_tombstones.sql" {
+					upTo = i
+				}
+			}
+			if upTo < 0 {
+				t.Fatal("no migration 0003_quiet_tombstones.sql: this test upgrades across it")
 			}
 			db, err := sql.Open(tc.driver, dsn)
 			if err != nil {
@@ -124,7 +131,7 @@ func TestUpgradeToQuietAndTombstones(t *testing.T) {
 			if _, err := db.ExecContext(ctx, `CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL)`); err != nil {
 				t.Fatal(err)
 			}
-			for _, m := range ms[:len(ms)-1] {
+			for _, m := range ms[:upTo] {
 				if _, err := db.ExecContext(ctx, m.sql); err != nil {
 					t.Fatalf("migration %s: %v", m.name, err)
 				}
