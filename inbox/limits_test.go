@@ -206,6 +206,38 @@ func TestTokenlessConnectionsClosed(t *testing.T) {
 	}
 }
 
+// TestServerWideOptionsClosed: net/http answered "OPTIONS *" itself, 200
+// with keep-alive and never through the handler, so a stranger could hold
+// a connection as long as it liked by sending one every few seconds, and
+// no metric counted it. It is now an unknown target like any other: 404,
+// counted, and the connection closed.
+func TestServerWideOptionsClosed(t *testing.T) {
+	t.Parallel()
+	in := startIntake(t, token)
+	conn, err := net.Dial("tcp", in.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	io.WriteString(conn, "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || !resp.Close {
+		t.Errorf("OPTIONS * = %d, Connection: close %v; want 404 and close", resp.StatusCode, resp.Close)
+	}
+	if !closedByServer(t, r, conn) {
+		t.Error("the connection that sent OPTIONS * stayed open")
+	}
+	if got := in.deliveries(t)[inbox.OutcomeNotFound]; got != 1 {
+		t.Errorf("not_found deliveries = %v, want 1", got)
+	}
+}
+
 // dialFrom connects to addr from the loopback address ip.
 func dialFrom(t *testing.T, ip, addr string) net.Conn {
 	t.Helper()

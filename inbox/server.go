@@ -67,6 +67,10 @@ func NewServer(h *Handler, limits ConnLimits, errorLog *slog.Logger) *Server {
 		ReadTimeout:       ReadTimeout,
 		WriteTimeout:      WriteTimeout,
 		IdleTimeout:       IdleTimeout,
+		// net/http would answer "OPTIONS *" itself, 200 with keep-alive:
+		// a stranger could hold a connection with one every few seconds.
+		// The handler answers it as any unknown target, and closes.
+		DisableGeneralOptionsHandler: true,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if tc, ok := c.(*tls.Conn); ok {
 				c = tc.NetConn()
