@@ -191,6 +191,7 @@ type Config struct {
 type Handler struct {
 	tokens       [][sha256.Size]byte
 	plain        []string // the tokens, for redact to find
+	folded       []string // the tokens in lower case, for redactName
 	store        *store.Store
 	maxBytes     int64
 	bodies       *semaphore.Weighted // MaxInFlight × MaxBytes
@@ -245,6 +246,7 @@ func New(cfg Config) (*Handler, error) {
 		}
 		h.tokens = append(h.tokens, sha256.Sum256([]byte(tok)))
 		h.plain = append(h.plain, tok)
+		h.folded = append(h.folded, strings.ToLower(tok))
 	}
 	if h.maxBytes <= 0 {
 		h.maxBytes = DefaultMaxBytes
@@ -566,7 +568,8 @@ var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "T
 // form, each name's values in the order received, as bytes. net/http does
 // not keep the order of different names, so they are sorted. Host is
 // included. A configured token anywhere in a value (a proxy's
-// X-Original-URI, say), as written or percent-encoded, is replaced.
+// X-Original-URI, say), as written or percent-encoded, is replaced, and so
+// is one in a name, in any case.
 func (h *Handler) headers(r *http.Request) []store.Header {
 	drop := map[string]bool{}
 	for _, v := range r.Header.Values("Connection") {
@@ -592,7 +595,7 @@ func (h *Handler) headers(r *http.Request) []store.Header {
 	}
 	for _, name := range names {
 		for _, v := range r.Header[name] {
-			out = append(out, store.Header{Name: name, Value: h.redact(v)})
+			out = append(out, store.Header{Name: h.redactName(name), Value: h.redact(v)})
 		}
 	}
 	return out

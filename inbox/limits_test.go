@@ -61,6 +61,9 @@ func TestOnlyTheExactTargetDelivers(t *testing.T) {
 		"X-Lower":         strings.ToLower(escape(token)),
 		"Referer":         "https://x.example/?u=" + token + "&v=1",
 		"X-Twice":         token + "," + token,
+		// A header's name may hold it too (a proxy naming a header
+		// after the path it forwarded).
+		"X-" + token: "1",
 	}
 	req := "POST /webhooks/" + token + "?x=1 HTTP/1.1\r\nHost: hooks.example.com\r\nContent-Length: 2\r\n"
 	for k, v := range forms {
@@ -76,6 +79,9 @@ func TestOnlyTheExactTargetDelivers(t *testing.T) {
 	seen := map[string]string{}
 	for _, h := range got[0].Headers {
 		seen[h.Name] = h.Value
+		if leaksToken(h.Name) {
+			t.Errorf("stored header name %q holds the token", h.Name)
+		}
 		if leaksToken(h.Value) {
 			t.Errorf("stored header %s = %q holds the token", h.Name, h.Value)
 		}

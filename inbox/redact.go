@@ -14,6 +14,22 @@ const redactRounds = 3
 // Tokens are at least 32 random characters, so anywhere one appears it is
 // the token, whatever precedes it.
 func (h *Handler) redact(v string) string {
+	return redactTokens(v, h.plain)
+}
+
+// redactName is redact for a header's name, which net/http has put in
+// canonical form (X-Abc-Def for x-aBC-dEF): a token there may differ from
+// the configured one in case alone, so it is found whatever its case.
+func (h *Handler) redactName(name string) string {
+	lower := strings.ToLower(name)
+	if r := redactTokens(lower, h.folded); r != lower {
+		return r
+	}
+	return name
+}
+
+// redactTokens replaces every one of toks in v, as redact describes.
+func redactTokens(v string, toks []string) string {
 	if len(v) < MinTokenLength {
 		return v
 	}
@@ -26,7 +42,7 @@ func (h *Handler) redact(v string) string {
 	}
 	var spans [][2]int // bytes of v to replace
 	for round := 0; ; round++ {
-		for _, tok := range h.plain {
+		for _, tok := range toks {
 			for off := 0; ; {
 				i := strings.Index(string(view[off:]), tok)
 				if i < 0 {
