@@ -12,5 +12,5 @@ COPY --from=build /out/paymentsd /paymentsd
 USER 65532:65532
 # 9090 gRPC, 8080 HTTP (REST, /healthz, /readyz, /metrics, /openapi.json),
 # 8081 the webhook intake (with PAYMENTS_WEBHOOK_ADDR=:8081, as deploy/ sets)
-EXPOSE 9090 8080 8081
+EXPOSE 9090 8080 8081 8082
 ENTRYPOINT ["/paymentsd"]

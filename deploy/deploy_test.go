@@ -40,6 +40,7 @@ const (
 	grpcPort      = 9090
 	httpPort      = 8080
 	webhookPort   = 8081
+	metricsPort   = 8082
 	nonrootUID    = 65532 // distroless "nonroot"
 	envLabel      = "payments.example.com/environment"
 )
@@ -999,11 +1000,13 @@ func checkNetworkPolicy(t *testing.T, r *rendered, _ string) {
 			switch {
 			case slices.Equal(admitted, []int{httpPort, grpcPort}), slices.Equal(admitted, []int{grpcPort}):
 				callers++ // the API: callers
-			case slices.Equal(admitted, []int{httpPort}): // Prometheus
+			case slices.Equal(admitted, []int{metricsPort}): // Prometheus
 			case slices.Equal(admitted, []int{webhookPort}):
 				webhooks++ // the ingress controller
 			default:
-				t.Errorf("%s admits ports %v, want the API (%d, %d), only %d, or only %d", at, admitted, grpcPort, httpPort, httpPort, webhookPort)
+				// Only the http port, for Prometheus, would admit the
+				// scraper to the REST API as well: policies admit by port.
+				t.Errorf("%s admits ports %v, want the API (%d, %d), only metrics %d, or only webhooks %d", at, admitted, grpcPort, httpPort, metricsPort, webhookPort)
 			}
 		}
 	}
@@ -1162,8 +1165,19 @@ func checkPrometheusAnnotations(t *testing.T, r *rendered, _ string) {
 	if a["prometheus.io/scrape"] != "true" {
 		return // not scraped through annotations; nothing to be consistent with
 	}
-	if a["prometheus.io/port"] != fmt.Sprint(httpPort) {
-		t.Errorf("pod annotation prometheus.io/port = %q, want %q", a["prometheus.io/port"], fmt.Sprint(httpPort))
+	if a["prometheus.io/port"] != fmt.Sprint(metricsPort) {
+		t.Errorf("pod annotation prometheus.io/port = %q, want %q (the metrics port, which serves nothing else)", a["prometheus.io/port"], fmt.Sprint(metricsPort))
+	}
+	c := paymentsd(t, d)
+	if v, _ := envValue(c, "PAYMENTS_METRICS_ADDR"); v != fmt.Sprintf(":%d", metricsPort) {
+		t.Errorf("PAYMENTS_METRICS_ADDR = %q, want \":%d\"", v, metricsPort)
+	}
+	hasPort := false
+	for _, p := range c.Ports {
+		hasPort = hasPort || (p.Name == "metrics" && p.ContainerPort == metricsPort)
+	}
+	if !hasPort {
+		t.Errorf("container %s has no port metrics %d", c.Name, metricsPort)
 	}
 	if p := a["prometheus.io/path"]; p != "" && p != "/metrics" {
 		t.Errorf("pod annotation prometheus.io/path = %q, want /metrics", p)

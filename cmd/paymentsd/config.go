@@ -48,6 +48,9 @@ type config struct {
 
 	GRPCAddr string
 	HTTPAddr string
+	// MetricsAddr, if set, is a listen address serving GET /metrics and
+	// nothing else, for a scraper that must not reach the REST API.
+	MetricsAddr string
 
 	// UpstreamCAFile, if set, holds extra PEM roots to trust for the
 	// provider's certificate (a private CA or a TLS-inspecting egress proxy).
@@ -172,6 +175,9 @@ func variables() []variable {
 		{"PAYMENTS_HTTP_ADDR", ":8080",
 			"The HTTP listen address: REST, /healthz, /readyz, /metrics and /openapi.json.",
 			addrSetting(func(c *config) *string { return &c.HTTPAddr })},
+		{"PAYMENTS_METRICS_ADDR", "",
+			"A listen address serving GET /metrics and nothing else, so that the scraper needs no access to PAYMENTS_HTTP_ADDR, whose REST API takes payments. Unset: /metrics on PAYMENTS_HTTP_ADDR only.",
+			addrSetting(func(c *config) *string { return &c.MetricsAddr })},
 		{"PAYMENTS_DATABASE_URL", "sqlite:paymentsd-sandbox.db in sandbox; none in live",
 			"The record store: sqlite:PATH, or a postgres:// URL for replicas sharing one database (percent-encode @ / ? # % in its user name and password). Required in live; --simulate keeps records in memory unless it is set.",
 			setting{}},

@@ -223,6 +223,13 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		httpLn.Close()
 		return err
 	}
+	scrape, err := listenMetrics(cfg, registry, tlsConfig, logger)
+	if err != nil {
+		grpcLn.Close()
+		httpLn.Close()
+		hooks.close()
+		return err
+	}
 	httpSrv := &http.Server{
 		Handler:           srv.HTTP,
 		TLSConfig:         tlsConfig,
@@ -240,7 +247,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- srv.GRPC.Serve(grpcLn) }()
 	go func() {
 		if tlsConfig != nil {
@@ -250,6 +257,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		errc <- httpSrv.Serve(httpLn)
 	}()
 	hooks.serve(errc)
+	scrape.serve(errc)
 	srv.SetServing(true)
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
@@ -258,7 +266,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	// (a full volume, a read-only failover) takes no payment.
 	background.Go(func() { srv.WatchStore(bgCtx, records.CheckWrite, storeCheckInterval) })
 	background.Go(func() { hooks.watchUsage(bgCtx) })
-	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String(), "webhook_addr", hooks.addr())
+	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String(), "webhook_addr", hooks.addr(), "metrics_addr", scrape.addr())
 
 	var serveErr error
 	select {
@@ -300,6 +308,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		close(stopped)
 	}()
 	httpErr := httpSrv.Shutdown(finalCtx)
+	scrape.shutdown(finalCtx)
 	select {
 	case <-stopped:
 	case <-finalCtx.Done():

@@ -530,3 +530,58 @@ func TestWatchStreamsHaveTheirOwnCap(t *testing.T) {
 		runtime.Gosched()
 	}
 }
+
+// TestMetricsPortServesOnlyMetrics: the deploy NetworkPolicy admitted
+// Prometheus to the HTTP port for /metrics, and a NetworkPolicy admits by
+// port, so the scraper could also take payments and read the webhook inbox
+// there. PAYMENTS_METRICS_ADDR serves /metrics alone, for the scraper.
+func TestMetricsPortServesOnlyMetrics(t *testing.T) {
+	t.Parallel()
+	p := fakeProvider(t, "sandbox")
+	in := start(t, with(sandboxEnv(p), "PAYMENTS_METRICS_ADDR", "127.0.0.1:0"))
+	addr, _ := in.logs.lines("serving")[0]["metrics_addr"].(string)
+	if addr == "" {
+		t.Fatalf("the serving line has no metrics_addr:\n%s", in.logs.String())
+	}
+	get := func(method, path, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), method, "http://"+addr+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if status, body := get(http.MethodGet, "/metrics", ""); status != http.StatusOK || !strings.Contains(body, "paymentsd_") {
+		t.Errorf("GET /metrics on the metrics port = %d, want 200 with paymentsd's series", status)
+	}
+	for _, c := range []struct{ method, path, body string }{
+		{http.MethodPost, "/v1/multi-card-payments", validBody("metrics-port-1")},
+		{http.MethodGet, "/v1/multi-card-payments/metrics-port-1", ""},
+		{http.MethodGet, "/v1/provider-events", ""},
+		{http.MethodGet, "/readyz", ""},
+		{http.MethodGet, "/openapi.json", ""},
+	} {
+		if status, _ := get(c.method, c.path, c.body); status != http.StatusNotFound && status != http.StatusMethodNotAllowed {
+			t.Errorf("%s %s on the metrics port = %d, want 404 or 405", c.method, c.path, status)
+		}
+	}
+	if n := len(p.AllKeyStats()); n != 0 {
+		t.Errorf("the provider got requests for %d keys through the metrics port, want 0", n)
+	}
+	// /metrics stays on the HTTP port too.
+	resp, err := http.Get("http://" + in.httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /metrics on the HTTP port = %d, want 200", resp.StatusCode)
+	}
+}

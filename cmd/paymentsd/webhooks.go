@@ -113,3 +113,10 @@ func (w *webhooks) shutdown(ctx context.Context) error {
 	}
 	return err
 }
+
+// close closes the listener of an intake that never served.
+func (w *webhooks) close() {
+	if w.ln != nil {
+		w.ln.Close()
+	}
+}
