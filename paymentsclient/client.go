@@ -45,12 +45,12 @@ package paymentsclient
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
@@ -140,7 +140,7 @@ func (c *Client) Create(ctx context.Context, req *paymentsv1.CreateMultiCardPaym
 	if key == "" {
 		return nil, &Error{
 			Code: codes.InvalidArgument,
-			Err:  errors.New("the idempotency key is empty: choose one with NewIdempotencyKey when the payment is decided, and keep it for every retry of that payment"),
+			Err:  status.Error(codes.InvalidArgument, "the idempotency key is empty: choose one with NewIdempotencyKey when the payment is decided, and keep it for every retry of that payment; nothing was sent"),
 			kind: ErrInvalidRequest,
 		}
 	}
@@ -158,7 +158,7 @@ func (c *Client) Create(ctx context.Context, req *paymentsv1.CreateMultiCardPaym
 		case v == stop:
 			e.kind = kind
 			return nil, e
-		case v == lookUp, ctx.Err() != nil, c.maxAttempts > 0 && e.Attempts >= c.maxAttempts:
+		case v == lookUp, ended(ctx), c.maxAttempts > 0 && e.Attempts >= c.maxAttempts:
 			return c.fromRecord(ctx, e)
 		}
 		if !sleep(ctx, c.delay(e.Attempts, a.retryAfter)) {
@@ -218,7 +218,7 @@ func (c *Client) Get(ctx context.Context, key string) (*paymentsv1.GetMultiCardP
 	e := &Error{IdempotencyKey: key}
 	if key == "" {
 		e.Code, e.kind = codes.InvalidArgument, ErrInvalidRequest
-		e.Err = errors.New("the idempotency key is empty")
+		e.Err = status.Error(codes.InvalidArgument, "the idempotency key is empty; nothing was sent")
 		return nil, e
 	}
 	for {
@@ -247,7 +247,7 @@ func (c *Client) Get(ctx context.Context, key string) (*paymentsv1.GetMultiCardP
 			return nil, e
 		}
 		transient := e.Code == codes.Unavailable || e.Code == codes.ResourceExhausted || e.Code == codes.Aborted
-		if !transient || ctx.Err() != nil || !sleep(ctx, c.delay(e.Attempts, a.retryAfter)) {
+		if !transient || ended(ctx) || !sleep(ctx, c.delay(e.Attempts, a.retryAfter)) {
 			// What the record says is not known.
 			e.kind = ErrOutcomeUnknown
 			return nil, e
@@ -277,12 +277,25 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d {
 		d = time.Until(deadline)
 	}
+	if d <= 0 {
+		return false
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return false
 	case <-t.C:
-		return ctx.Err() == nil
+		return !ended(ctx)
 	}
+}
+
+// ended reports whether ctx is done or its deadline has passed: a context's
+// Err can lag its deadline by a moment, while gRPC refuses a call at once.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	deadline, ok := ctx.Deadline()
+	return ok && !time.Now().Before(deadline)
 }
