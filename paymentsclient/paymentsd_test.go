@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -16,7 +17,6 @@ import (
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/service"
 	"example.com/paymentsd/store"
-	"example.com/paymentsd/store/storetest"
 	"example.com/paymentsd/upstream"
 	"example.com/paymentsd/upstream/upstreamtest"
 )
@@ -49,8 +49,30 @@ const upstreamTimeout = time.Second
 
 func startPaymentsd(t *testing.T, opts paymentsdOptions) *paymentsd {
 	t.Helper()
+	p, stop, err := launch(t.TempDir(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return p
+}
+
+// launch starts a paymentsd with its record store in dir; stop ends it
+// and everything it started.
+func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
 	provider := upstreamtest.NewServer()
-	t.Cleanup(provider.Close)
+	stops = append(stops, provider.Close)
 	provider.AllowKey(providerKey)
 	// An idempotent provider counts charges per key: more than one is a
 	// double charge.
@@ -67,13 +89,13 @@ func startPaymentsd(t *testing.T, opts paymentsdOptions) *paymentsd {
 		BreakerFailures: 1 << 20,
 	})
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	records, err := store.Open(t.Context(), storetest.SQLiteURL(t), "sandbox", store.Options{})
+	records, err := store.Open(context.Background(), "sqlite:"+filepath.Join(dir, "paymentsd.db"), "sandbox", store.Options{})
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	t.Cleanup(func() { records.Close() })
+	stops = append(stops, func() { records.Close() })
 	svc := service.New(service.Config{
 		Client:         up,
 		Store:          records,
@@ -91,11 +113,11 @@ func startPaymentsd(t *testing.T, opts paymentsdOptions) *paymentsd {
 		AllowedCallers:  opts.allowedCallers,
 	})
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	served := make(chan struct{})
 	go func() {
@@ -109,7 +131,7 @@ func startPaymentsd(t *testing.T, opts paymentsdOptions) *paymentsd {
 		defer close(settled)
 		svc.Run(ctx) // settlement, as in paymentsd
 	}()
-	t.Cleanup(func() {
+	stops = append(stops, func() {
 		srv.GRPC.Stop()
 		<-served
 		cancel()
@@ -125,10 +147,10 @@ func startPaymentsd(t *testing.T, opts paymentsdOptions) *paymentsd {
 	}
 	conn, err := grpc.NewClient(ln.Addr().String(), dial...)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	t.Cleanup(func() { conn.Close() })
-	return &paymentsd{provider: provider, conn: conn, addr: ln.Addr().String()}
+	stops = append(stops, func() { conn.Close() })
+	return &paymentsd{provider: provider, conn: conn, addr: ln.Addr().String()}, stop, nil
 }
 
 // onlyKey fails t unless key is the only idempotency key the provider has
