@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -116,6 +117,45 @@ func TestRESTIdempotencyKeyHeader(t *testing.T) {
 			}
 		})
 	}
+
+	// The OpenAPI document served documents both headers and the keys'
+	// expiry.
+	resp, err := in.http.Get("http://" + in.httpAddr + "/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Parameters []struct{ Name, In, Description string }
+			Responses  map[string]struct {
+				Headers map[string]struct{ Type string }
+			}
+		}
+	}
+	err = json.NewDecoder(resp.Body).Decode(&doc)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := doc.Paths["/v1/multi-card-payments"]["post"]
+	documented := false
+	for _, prm := range post.Parameters {
+		if prm.Name == "Idempotency-Key" && prm.In == "header" {
+			documented = true
+			for _, v := range []string{"PAYMENTS_RECORD_RETENTION", "PAYMENTS_TOMBSTONE_RETENTION", "IDEMPOTENCY_KEY_EXPIRED"} {
+				if !strings.Contains(prm.Description, v) {
+					t.Errorf("OpenAPI Idempotency-Key header does not state the expiry policy: no %s", v)
+				}
+			}
+		}
+	}
+	if !documented {
+		t.Error("OpenAPI document has no Idempotency-Key header parameter on POST /v1/multi-card-payments")
+	}
+	if _, ok := post.Responses["200"].Headers["Idempotent-Replayed"]; !ok {
+		t.Error("OpenAPI document has no Idempotent-Replayed header on POST /v1/multi-card-payments' 200")
+	}
+
 	for _, key := range []string{"body-key", "other-key", "a", "b"} {
 		if ks := p.KeyStats(key); ks.Requests != 0 {
 			t.Errorf("the provider got %d requests with refused key %q, want none", ks.Requests, key)
