@@ -39,7 +39,8 @@ type paymentsd struct {
 
 type paymentsdOptions struct {
 	allowedCallers []string
-	interceptor    grpc.UnaryClientInterceptor
+	grpcOptions    []grpc.ServerOption         // credentials, say
+	interceptor    grpc.UnaryClientInterceptor // on the client connection
 }
 
 // upstreamTimeout bounds each of paymentsd's provider calls; the quiet
@@ -111,6 +112,7 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 		Gatherer:        reg,
 		MaxRequestBytes: 64 << 10,
 		AllowedCallers:  opts.allowedCallers,
+		GRPCOptions:     opts.grpcOptions,
 	})
 	if err != nil {
 		return nil, nil, err
