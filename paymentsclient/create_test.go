@@ -329,3 +329,45 @@ func checkError(t *testing.T, err error, key string, want error, code codes.Code
 		t.Errorf("status.Code(%v) = %v, want %v", err, status.Code(err), code)
 	}
 }
+
+// TestCreateKeyExpired: a key whose record retention deleted is refused
+// for good, and Create says so at once, with nothing sent.
+func TestCreateKeyExpired(t *testing.T) {
+	t.Parallel()
+	p := startPaymentsd(t, paymentsdOptions{retention: time.Millisecond})
+	c := paymentsclient.New(p.conn)
+	key := paymentsclient.NewIdempotencyKey()
+	if _, err := c.Create(t.Context(), payment(key)); err != nil {
+		t.Fatal(err)
+	}
+	// Retention runs every 100 ms; no event marks its pass but the
+	// lookup's answer.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		_, err := c.Get(t.Context(), key)
+		if errors.Is(err, paymentsclient.ErrKeyExpired) {
+			if !errors.Is(err, paymentsclient.ErrNotFound) || status.Code(err) != codes.NotFound {
+				t.Errorf("Get(expired %s) = %v, want ErrNotFound too, NotFound", key, err)
+			}
+			break
+		}
+		if err != nil && !errors.Is(err, paymentsclient.ErrNotFound) {
+			t.Fatalf("Get(%s) = %v", key, err)
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatal("the record was never deleted")
+		case <-tick.C:
+		}
+	}
+	requests := p.provider.KeyStats(key).Requests
+	_, err := c.Create(t.Context(), payment(key))
+	checkError(t, err, key, paymentsclient.ErrKeyExpired, codes.FailedPrecondition, 1)
+	if errors.Is(err, paymentsclient.ErrNotCreated) {
+		t.Errorf("Create(expired key) = %v: must not allow a new key", err)
+	}
+	if n := p.provider.KeyStats(key).Requests; n != requests {
+		t.Errorf("the provider got %d more requests with the expired key, want none", n-requests)
+	}
+}

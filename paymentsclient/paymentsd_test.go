@@ -41,6 +41,9 @@ type paymentsdOptions struct {
 	allowedCallers []string
 	grpcOptions    []grpc.ServerOption         // credentials, say
 	interceptor    grpc.UnaryClientInterceptor // on the client connection
+	// retention, if set, deletes (tombstones) records that much past
+	// their last change, checked every settlement round.
+	retention time.Duration
 }
 
 // upstreamTimeout bounds each of paymentsd's provider calls; the quiet
@@ -98,12 +101,15 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 	}
 	stops = append(stops, func() { records.Close() })
 	svc := service.New(service.Config{
-		Client:         up,
-		Store:          records,
-		Environment:    paymentsv1.Environment_ENVIRONMENT_SANDBOX,
-		LeaseTTL:       upstreamTimeout + 3*time.Second,
-		QuietPeriod:    upstreamTimeout,
-		SettleInterval: 100 * time.Millisecond,
+		Client:             up,
+		Store:              records,
+		Environment:        paymentsv1.Environment_ENVIRONMENT_SANDBOX,
+		LeaseTTL:           upstreamTimeout + 3*time.Second,
+		QuietPeriod:        upstreamTimeout,
+		SettleInterval:     100 * time.Millisecond,
+		Retention:          opts.retention,
+		TombstoneRetention: time.Hour,
+		RetentionInterval:  100 * time.Millisecond,
 	})
 	reg := prometheus.NewRegistry()
 	srv, err := service.NewServer(svc, service.Options{
