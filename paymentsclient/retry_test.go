@@ -29,14 +29,22 @@ type scripted struct {
 	paymentsv1.UnimplementedPaymentsServiceServer
 	mu     sync.Mutex
 	script []error
+	hang   int // the first hang calls wait for their caller to go
 	keys   []string
 	record *paymentsv1.GetMultiCardPaymentResponse
 }
 
-func (s *scripted) CreateMultiCardPayment(_ context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+func (s *scripted) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.keys = append(s.keys, req.GetIdempotencyKey())
+	if s.hang > 0 {
+		s.hang--
+		s.mu.Unlock()
+		<-ctx.Done()
+		s.mu.Lock()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	if len(s.script) > 0 {
 		err := s.script[0]
 		s.script = s.script[1:]
@@ -54,7 +62,7 @@ func (s *scripted) GetMultiCardPayment(context.Context, *paymentsv1.GetMultiCard
 	return s.record, nil
 }
 
-func startScripted(t *testing.T, s *scripted) *paymentsclient.Client {
+func startScripted(t *testing.T, s *scripted, opts ...paymentsclient.Option) *paymentsclient.Client {
 	t.Helper()
 	srv := grpc.NewServer()
 	paymentsv1.RegisterPaymentsServiceServer(srv, s)
@@ -69,7 +77,7 @@ func startScripted(t *testing.T, s *scripted) *paymentsclient.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return paymentsclient.New(conn, paymentsclient.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	return paymentsclient.New(conn, append([]paymentsclient.Option{paymentsclient.WithBackoff(time.Millisecond, 10*time.Millisecond)}, opts...)...)
 }
 
 // failure is a paymentsd error with reason and, if retryAfter > 0, a
@@ -202,5 +210,38 @@ func TestDeadlineWithinRetryInfo(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Create slept past its deadline")
+	}
+}
+
+// TestAttemptTimeout: an attempt that gets no answer is cut off and
+// retried with the same key while the context has time left.
+func TestAttemptTimeout(t *testing.T) {
+	t.Parallel()
+	s := &scripted{hang: 2}
+	c := startScripted(t, s, paymentsclient.WithAttemptTimeout(100*time.Millisecond))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Create(ctx, payment("key-1")); err != nil {
+		t.Fatalf("Create with two attempts unanswered = %v, want success on the third", err)
+	}
+	if len(s.keys) != 3 || s.keys[2] != "key-1" {
+		t.Errorf("keys sent %q, want key-1 three times", s.keys)
+	}
+}
+
+// TestMaxAttempts: once the attempts allowed are spent, Create answers
+// from the key's record.
+func TestMaxAttempts(t *testing.T) {
+	t.Parallel()
+	unknown := failure(codes.Unavailable, paymentsclient.ReasonOutcomeUnknown, 0)
+	s := &scripted{
+		script: []error{unknown, unknown, unknown, unknown},
+		record: &paymentsv1.GetMultiCardPaymentResponse{State: paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN},
+	}
+	c := startScripted(t, s, paymentsclient.WithMaxAttempts(3))
+	_, err := c.Create(t.Context(), payment("key-1"))
+	var perr *paymentsclient.Error
+	if !errors.As(err, &perr) || !errors.Is(err, paymentsclient.ErrOutcomeUnknown) || perr.Attempts != 3 || perr.State != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN {
+		t.Fatalf("Create = %v, want ErrOutcomeUnknown after 3 attempts, from the record", err)
 	}
 }
