@@ -89,6 +89,7 @@ type Error struct {
 	kind error
 }
 
+// Error says what happened to the money, for the key, and why.
 func (e *Error) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "paymentsclient: idempotency key %q: %v", e.IdempotencyKey, e.kind)
