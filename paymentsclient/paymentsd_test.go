@@ -1,6 +1,7 @@
 package paymentsclient_test
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"log/slog"
@@ -12,7 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/service"
@@ -41,6 +44,8 @@ type paymentsdOptions struct {
 	allowedCallers []string
 	grpcOptions    []grpc.ServerOption         // credentials, say
 	interceptor    grpc.UnaryClientInterceptor // on the client connection
+	// upstreamTimeout, if set, replaces the default upstreamTimeout.
+	upstreamTimeout time.Duration
 	// retention, if set, deletes (tombstones) records that much past
 	// their last change, checked every settlement round.
 	retention time.Duration
@@ -75,6 +80,7 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 			stop()
 		}
 	}()
+	timeout := cmp.Or(opts.upstreamTimeout, upstreamTimeout)
 	provider := upstreamtest.NewServer()
 	stops = append(stops, provider.Close)
 	provider.AllowKey(providerKey)
@@ -86,7 +92,7 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 		BaseURL:     provider.URL,
 		APIKey:      providerKey,
 		HTTPClient:  provider.Client(),
-		Timeout:     upstreamTimeout,
+		Timeout:     timeout,
 		BackoffBase: 10 * time.Millisecond,
 		BackoffMax:  50 * time.Millisecond,
 		// The breaker is not under test here.
@@ -104,8 +110,8 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 		Client:             up,
 		Store:              records,
 		Environment:        paymentsv1.Environment_ENVIRONMENT_SANDBOX,
-		LeaseTTL:           upstreamTimeout + 3*time.Second,
-		QuietPeriod:        upstreamTimeout,
+		LeaseTTL:           timeout + 3*time.Second,
+		QuietPeriod:        timeout,
 		SettleInterval:     100 * time.Millisecond,
 		Retention:          opts.retention,
 		TombstoneRetention: time.Hour,
@@ -159,6 +165,15 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 	}
 	stops = append(stops, func() { conn.Close() })
 	return &paymentsd{provider: provider, conn: conn, addr: ln.Addr().String()}, stop, nil
+}
+
+// ready waits until the client connection is up, so that a test's
+// deadline is spent on calls, not on connecting.
+func (p *paymentsd) ready(t *testing.T) {
+	t.Helper()
+	if _, err := paymentsv1.NewPaymentsServiceClient(p.conn).GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "warm-up"}, grpc.WaitForReady(true)); status.Code(err) != codes.NotFound {
+		t.Fatalf("warm-up lookup = %v, want NotFound", err)
+	}
 }
 
 // onlyKey fails t unless key is the only idempotency key the provider has

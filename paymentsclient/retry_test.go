@@ -77,6 +77,10 @@ func startScripted(t *testing.T, s *scripted, opts ...paymentsclient.Option) *pa
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
+	// Connected before the test's deadlines start.
+	if _, err := paymentsv1.NewPaymentsServiceClient(conn).GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "warm-up"}, grpc.WaitForReady(true)); err != nil && status.Code(err) != codes.NotFound {
+		t.Fatalf("warm-up lookup = %v", err)
+	}
 	return paymentsclient.New(conn, append([]paymentsclient.Option{paymentsclient.WithBackoff(time.Millisecond, 10*time.Millisecond)}, opts...)...)
 }
 
@@ -120,7 +124,7 @@ func TestRetryTable(t *testing.T) {
 			t.Parallel()
 			s := &scripted{script: []error{tt.err, tt.err}}
 			c := startScripted(t, s)
-			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 			defer cancel()
 			if _, err := c.Create(ctx, payment("key-1")); err != nil {
 				t.Fatalf("Create after %v twice = %v, want success on the third attempt", tt.err, err)
