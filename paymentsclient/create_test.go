@@ -3,6 +3,7 @@ package paymentsclient_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -373,5 +375,52 @@ func TestCreateKeyExpired(t *testing.T) {
 	}
 	if n := p.provider.KeyStats(key).Requests; n != requests {
 		t.Errorf("the provider got %d more requests with the expired key, want none", n-requests)
+	}
+}
+
+// TestCreateUntilPaymentsdIsUp: paymentsd is not listening when Create
+// starts; it retries the transport's UNAVAILABLE with the same key until
+// paymentsd comes up.
+func TestCreateUntilPaymentsdIsUp(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+
+	refused := make(chan struct{})
+	var once sync.Once
+	noteRefusal := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if status.Code(err) == codes.Unavailable {
+			once.Do(func() { close(refused) })
+		}
+		return err
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(noteRefusal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := paymentsclient.New(conn, paymentsclient.WithBackoff(10*time.Millisecond, 200*time.Millisecond))
+	key := paymentsclient.NewIdempotencyKey()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Create(ctx, payment(key))
+		done <- err
+	}()
+
+	<-refused
+	p := startPaymentsd(t, paymentsdOptions{addr: addr})
+	if err := <-done; err != nil {
+		t.Fatalf("Create(%s) while paymentsd came up = %v, want the payment", key, err)
+	}
+	p.onlyKey(t, key)
+	if n := p.provider.KeyStats(key).Requests; n != 1 {
+		t.Errorf("the provider got %d requests with the key, want 1", n)
 	}
 }

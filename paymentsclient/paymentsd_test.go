@@ -44,6 +44,8 @@ type paymentsdOptions struct {
 	allowedCallers []string
 	grpcOptions    []grpc.ServerOption         // credentials, say
 	interceptor    grpc.UnaryClientInterceptor // on the client connection
+	// addr, if set, is the gRPC address to listen on; else a free port.
+	addr string
 	// upstreamTimeout, if set, replaces the default upstreamTimeout.
 	upstreamTimeout time.Duration
 	// retention, if set, deletes (tombstones) records that much past
@@ -129,7 +131,7 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 	if err != nil {
 		return nil, nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", cmp.Or(opts.addr, "127.0.0.1:0"))
 	if err != nil {
 		return nil, nil, err
 	}

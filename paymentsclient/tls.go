@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 )
 
@@ -42,13 +44,22 @@ func TLSConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
 // DialTLS returns a connection to paymentsd at target (for example
 // "dns:///paymentsd.payments-live:9090") over mTLS, with TLSConfig's
 // configuration, for New. Like grpc.NewClient it does not connect until
-// the first call; opts are added to grpc.NewClient's. Close it when done.
+// the first call. It reconnects after a lost connection within 5 s at
+// most (gRPC's default waits up to 2 minutes, which a Create with a short
+// deadline would spend failing); opts, added after, may change that. Close
+// it when done.
 func DialTLS(target, caFile, certFile, keyFile string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	cfg, err := TLSConfig(caFile, certFile, keyFile)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(target, append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}, opts...)...)
+	reconnect := backoff.DefaultConfig
+	reconnect.MaxDelay = 5 * time.Second
+	defaults := []grpc.DialOption{
+		grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnect, MinConnectTimeout: 5 * time.Second}),
+	}
+	conn, err := grpc.NewClient(target, append(defaults, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("paymentsclient: %w", err)
 	}
