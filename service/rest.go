@@ -265,6 +265,9 @@ func writeStatusJSON(w http.ResponseWriter, httpStatus int, st *status.Status) {
 // (its body could not be decoded), made before anything was sent.
 type gatewayCall struct {
 	reachedService bool
+	// idempotencyKeys are a CreateMultiCardPayment call's Idempotency-Key
+	// header values (applyHeaderKey).
+	idempotencyKeys []string
 	// afterWrite run once the answer is written (or could not be): what
 	// the service holds for it until then.
 	afterWrite []func()
@@ -275,6 +278,9 @@ type gatewayCallKey struct{}
 func trackGatewayCall(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := &gatewayCall{}
+		if createsPayment(r) {
+			c.idempotencyKeys = r.Header.Values(IdempotencyKeyHeader)
+		}
 		if r.URL.Path == listEventsPath {
 			// A page is held until written: a caller that stops reading
 			// must not hold it for ever. Reset afterwards, or the deadline

@@ -207,6 +207,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 			return runtime.DefaultHeaderMatcher(h)
 		}),
 		runtime.WithErrorHandler(restError),
+		runtime.WithForwardResponseOption(markReplayed),
 		runtime.WithOutgoingHeaderMatcher(func(h string) (string, bool) {
 			if h == RequestIDHeader {
 				return "X-Request-Id", true
@@ -347,6 +348,12 @@ var (
 )
 
 func (c *chained) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+	if err := applyHeaderKey(ctx, req); err != nil {
+		// Refused like a body the gateway could not decode, but with
+		// REQUEST_NOT_SENT already in its details.
+		markReachedService(ctx)
+		return nil, err
+	}
 	return callChain(ctx, c.chain, createInfo, req, c.svc.CreateMultiCardPayment)
 }
 

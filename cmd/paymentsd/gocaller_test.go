@@ -10,8 +10,9 @@ import (
 
 // TestGoCallerModule follows README "Calling it from Go" in a module of its
 // own (testdata/gocaller): with a replace directive, then with a go.work,
-// the generated client builds, and the caller links in neither the REST
-// gateway nor protovalidate's runtime (CEL), which only the server needs.
+// the client package (paymentsclient, over the generated client) builds,
+// and the caller links in neither the REST gateway nor protovalidate's
+// runtime (CEL), nor anything else only the server needs.
 func TestGoCallerModule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the go command")

@@ -66,10 +66,17 @@ type PaymentsServiceClient interface {
 	//     RetryInfo for the time left. So, as long as the provider is done
 	//     with a request within the quiet period, it never has two requests
 	//     with one key at once.
-	//   - Expiry: once retention deletes a key's record, a tombstone keeps
-	//     the key (as a hash) for the tombstone retention period, and a call
-	//     with it is refused before the provider: FAILED_PRECONDITION (422),
-	//     IDEMPOTENCY_KEY_EXPIRED.
+	//   - Expiry: a key's record is kept for the deployment's record
+	//     retention (PAYMENTS_RECORD_RETENTION, 30 days by default) after it
+	//     last changed, and replays and lookups answer from it meanwhile (a
+	//     record in progress is never deleted). Once retention deletes it, a
+	//     tombstone keeps the key (as a hash) for the tombstone retention
+	//     (PAYMENTS_TOMBSTONE_RETENTION, 400 days by default), and a call
+	//     with it, whatever its request, is refused before the provider:
+	//     FAILED_PRECONDITION (422), IDEMPOTENCY_KEY_EXPIRED; a lookup is
+	//     NOT_FOUND with that reason. Once the tombstone is gone too, the
+	//     key is unknown again: never reuse a key, make a new one per
+	//     payment.
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
 	//     REQUEST_NOT_SENT (a missing record proves nothing: another call's
 	//     claim may be about to commit), or PAYMENT_OUTCOME_UNKNOWN when the
@@ -81,6 +88,14 @@ type PaymentsServiceClient interface {
 	// PAYMENT_NOT_CREATED.
 	//
 	// REST: POST /v1/multi-card-payments with the request as the JSON body.
+	// As draft-ietf-httpapi-idempotency-key-header has it, the key may
+	// instead (or as well) come in an Idempotency-Key header, as a
+	// Structured Field string ("…") or as it is: with no idempotencyKey in
+	// the body the header's is used; a body whose key differs is refused,
+	// INVALID_ARGUMENT (400) with REQUEST_NOT_SENT and a BadRequest detail
+	// naming both idempotency_key and Idempotency-Key, as is a header that
+	// is empty, repeated or holds a control character. An answer replayed
+	// from the key's record has the header Idempotent-Replayed: true.
 	//
 	// Errors carry a google.rpc.ErrorInfo (domain "paymentsd.example.com")
 	// whose reason says what happened to the money:
@@ -270,10 +285,17 @@ type PaymentsServiceServer interface {
 	//     RetryInfo for the time left. So, as long as the provider is done
 	//     with a request within the quiet period, it never has two requests
 	//     with one key at once.
-	//   - Expiry: once retention deletes a key's record, a tombstone keeps
-	//     the key (as a hash) for the tombstone retention period, and a call
-	//     with it is refused before the provider: FAILED_PRECONDITION (422),
-	//     IDEMPOTENCY_KEY_EXPIRED.
+	//   - Expiry: a key's record is kept for the deployment's record
+	//     retention (PAYMENTS_RECORD_RETENTION, 30 days by default) after it
+	//     last changed, and replays and lookups answer from it meanwhile (a
+	//     record in progress is never deleted). Once retention deletes it, a
+	//     tombstone keeps the key (as a hash) for the tombstone retention
+	//     (PAYMENTS_TOMBSTONE_RETENTION, 400 days by default), and a call
+	//     with it, whatever its request, is refused before the provider:
+	//     FAILED_PRECONDITION (422), IDEMPOTENCY_KEY_EXPIRED; a lookup is
+	//     NOT_FOUND with that reason. Once the tombstone is gone too, the
+	//     key is unknown again: never reuse a key, make a new one per
+	//     payment.
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
 	//     REQUEST_NOT_SENT (a missing record proves nothing: another call's
 	//     claim may be about to commit), or PAYMENT_OUTCOME_UNKNOWN when the
@@ -285,6 +307,14 @@ type PaymentsServiceServer interface {
 	// PAYMENT_NOT_CREATED.
 	//
 	// REST: POST /v1/multi-card-payments with the request as the JSON body.
+	// As draft-ietf-httpapi-idempotency-key-header has it, the key may
+	// instead (or as well) come in an Idempotency-Key header, as a
+	// Structured Field string ("…") or as it is: with no idempotencyKey in
+	// the body the header's is used; a body whose key differs is refused,
+	// INVALID_ARGUMENT (400) with REQUEST_NOT_SENT and a BadRequest detail
+	// naming both idempotency_key and Idempotency-Key, as is a header that
+	// is empty, repeated or holds a control character. An answer replayed
+	// from the key's record has the header Idempotent-Replayed: true.
 	//
 	// Errors carry a google.rpc.ErrorInfo (domain "paymentsd.example.com")
 	// whose reason says what happened to the money:

@@ -5,30 +5,36 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/paymentsclient"
 )
 
 func main() {
-	conn, err := grpc.NewClient("localhost:9090", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := paymentsclient.DialTLS("dns:///paymentsd:9090", "ca.crt", "tls.crt", "tls.key")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	payments := paymentsclient.New(conn)
+
+	key := paymentsclient.NewIdempotencyKey() // store it with the order first
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := paymentsv1.NewPaymentsServiceClient(conn).CreateMultiCardPayment(ctx, &paymentsv1.CreateMultiCardPaymentRequest{
+	resp, err := payments.Create(ctx, &paymentsv1.CreateMultiCardPaymentRequest{
 		AmountMoney:    &paymentsv1.Money{Currency: "USD", Amount: 1250},
-		IdempotencyKey: "order-1234-attempt-1",
+		IdempotencyKey: key,
 	})
-	if err != nil {
-		log.Fatal(err)
+	switch {
+	case err == nil:
+		fmt.Println(resp.GetEnvironment(), resp.GetProviderHttpStatus())
+	case errors.Is(err, paymentsclient.ErrNotCreated):
+		log.Fatal("not charged; the order may be paid again under a new key: ", err)
+	default:
+		log.Fatal("keep the key and check later: ", err)
 	}
-	fmt.Println(resp.GetEnvironment(), resp.GetProviderHttpStatus())
 }

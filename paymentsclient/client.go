@@ -1,0 +1,301 @@
+// Package paymentsclient is the Go client for paymentsd's PaymentsService.
+// It turns paymentsd's answers, whose ErrorInfo reasons say what happened
+// to the money, into the retries that are safe and the errors a caller can
+// act on.
+//
+// The idempotency key is the caller's: choose one with NewIdempotencyKey
+// when the customer decides to pay, keep it with the order, and use it for
+// every retry of that payment, in this process or after a restart. Create
+// sends it unchanged and never makes up a key of its own; a request with
+// an empty key is refused before anything is sent (ErrInvalidRequest).
+//
+// Create retries with the same key until its context ends, and then looks
+// the key up to answer from paymentsd's record:
+//
+//	answer                                            Create
+//	success                                           returns the payment
+//	PAYMENT_OUTCOME_UNKNOWN, PAYMENT_IN_PROGRESS      retries, same key
+//	REQUEST_NOT_SENT (but not INVALID_ARGUMENT)       retries, same key
+//	PAYMENT_NOT_CREATED with UNAVAILABLE or
+//	  RESOURCE_EXHAUSTED (provider unreachable,
+//	  circuit open, rate limited)                     retries, same key
+//	no reason: UNAVAILABLE, DEADLINE_EXCEEDED,
+//	  RESOURCE_EXHAUSTED, ABORTED, INTERNAL,
+//	  UNKNOWN, CANCELED (transport failures)          retries, same key
+//	PAYMENT_NOT_CREATED otherwise                     ErrNotCreated
+//	REQUEST_NOT_SENT or no reason, INVALID_ARGUMENT   ErrInvalidRequest
+//	IDEMPOTENCY_KEY_REUSED                            ErrKeyReused
+//	IDEMPOTENCY_KEY_EXPIRED                           ErrKeyExpired
+//	IDEMPOTENCY_KEY_NOT_OWNED                         ErrKeyNotOwned
+//	CALLER_NOT_ALLOWED                                ErrCallerNotAllowed
+//	anything else                                     looks the key up
+//
+// Retries wait for paymentsd's RetryInfo delay when it gives one, else a
+// jittered exponential backoff (100 ms doubling to 5 s by default), and
+// never past the context's deadline. When the context ends (or the
+// attempts allowed by WithMaxAttempts are spent), Create looks the key up
+// on a short context of its own (WithLookupTimeout): a SUCCEEDED record
+// returns the payment, NOT_CREATED is ErrNotCreated, IN_PROGRESS is
+// ErrInProgress, and anything else, a failed lookup included, is
+// ErrOutcomeUnknown. Only ErrNotCreated allows paying again under a new key.
+//
+// Give Create a context with a deadline: without one it retries until the
+// context is cancelled.
+package paymentsclient
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+)
+
+// Defaults for the options.
+const (
+	DefaultBackoffBase   = 100 * time.Millisecond
+	DefaultBackoffMax    = 5 * time.Second
+	DefaultLookupTimeout = 2 * time.Second
+)
+
+// Client calls paymentsd. It is safe for concurrent use.
+type Client struct {
+	rpc            paymentsv1.PaymentsServiceClient
+	backoffBase    time.Duration
+	backoffMax     time.Duration
+	lookupTimeout  time.Duration
+	attemptTimeout time.Duration
+	maxAttempts    int
+	callOpts       []grpc.CallOption
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithBackoff sets the backoff between attempts when paymentsd gives no
+// RetryInfo: a random delay up to base, doubling each attempt, capped at
+// max.
+func WithBackoff(base, max time.Duration) Option {
+	return func(c *Client) {
+		if base > 0 {
+			c.backoffBase = base
+		}
+		if max >= c.backoffBase {
+			c.backoffMax = max
+		}
+	}
+}
+
+// WithLookupTimeout bounds the lookup Create makes after its context ends.
+func WithLookupTimeout(d time.Duration) Option {
+	return func(c *Client) { c.lookupTimeout = d }
+}
+
+// WithAttemptTimeout bounds each attempt, so that one lost on a dead
+// connection is retried within the context's deadline. paymentsd detaches
+// the provider's request from the caller, so an attempt cut off is retried
+// with the same key and gets the request's outcome. Zero (the default)
+// means attempts are bounded by the context only.
+func WithAttemptTimeout(d time.Duration) Option {
+	return func(c *Client) { c.attemptTimeout = d }
+}
+
+// WithMaxAttempts caps the attempts Create makes; once spent it looks the
+// key up as when the context ends. Zero (the default) means no cap.
+func WithMaxAttempts(n int) Option {
+	return func(c *Client) { c.maxAttempts = n }
+}
+
+// WithCallOptions adds gRPC call options to every call.
+func WithCallOptions(opts ...grpc.CallOption) Option {
+	return func(c *Client) { c.callOpts = append(c.callOpts, opts...) }
+}
+
+// New returns a Client that calls paymentsd over conn, for example a
+// *grpc.ClientConn from DialTLS or grpc.NewClient.
+func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
+	c := &Client{
+		rpc:           paymentsv1.NewPaymentsServiceClient(conn),
+		backoffBase:   DefaultBackoffBase,
+		backoffMax:    DefaultBackoffMax,
+		lookupTimeout: DefaultLookupTimeout,
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// Create creates a multi-card payment with req's idempotency key, retrying
+// with the same key as the package comment says until ctx ends. It never
+// changes req, and never sends another key. A payment replayed from
+// paymentsd's record, or read from it after ctx ended, comes back with
+// Replayed set. Every error is an *Error.
+func (c *Client) Create(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+	key := req.GetIdempotencyKey()
+	if key == "" {
+		return nil, &Error{
+			Code: codes.InvalidArgument,
+			Err:  status.Error(codes.InvalidArgument, "the idempotency key is empty: choose one with NewIdempotencyKey when the payment is decided, and keep it for every retry of that payment; nothing was sent"),
+			kind: ErrInvalidRequest,
+		}
+	}
+	e := &Error{IdempotencyKey: key}
+	for {
+		resp, err := c.attempt(ctx, req)
+		e.Attempts++
+		if err == nil {
+			return resp, nil
+		}
+		a := readAnswer(err)
+		e.Code, e.Reason, e.RetryAfter, e.Err = a.st.Code(), a.reason, a.retryAfter, err
+		v, kind := classify(a)
+		switch {
+		case v == stop:
+			e.kind = kind
+			return nil, e
+		case v == lookUp, ended(ctx), c.maxAttempts > 0 && e.Attempts >= c.maxAttempts:
+			return c.fromRecord(ctx, e)
+		}
+		if !sleep(ctx, c.delay(e.Attempts, a.retryAfter)) {
+			return c.fromRecord(ctx, e)
+		}
+	}
+}
+
+func (c *Client) attempt(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+	if c.attemptTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.attemptTimeout)
+		defer cancel()
+	}
+	return c.rpc.CreateMultiCardPayment(ctx, req, c.callOpts...)
+}
+
+// fromRecord answers a Create that stopped without a verdict from the
+// key's record, read on a context of its own: ctx may have ended.
+func (c *Client) fromRecord(ctx context.Context, e *Error) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.lookupTimeout)
+	defer cancel()
+	rec, err := c.rpc.GetMultiCardPayment(lctx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: e.IdempotencyKey}, c.callOpts...)
+	if err != nil {
+		// The last answer stands; a failed lookup proves nothing.
+		e.kind = ErrOutcomeUnknown
+		if e.Reason == ReasonInProgress {
+			e.kind = ErrInProgress
+		}
+		return nil, e
+	}
+	e.State = rec.GetState()
+	switch rec.GetState() {
+	case paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED:
+		return &paymentsv1.CreateMultiCardPaymentResponse{
+			Payment:            rec.GetPayment(),
+			PaymentJson:        rec.GetPaymentJson(),
+			ProviderHttpStatus: rec.GetProviderHttpStatus(),
+			Environment:        rec.GetEnvironment(),
+			Replayed:           true,
+		}, nil
+	case paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED:
+		e.kind = ErrNotCreated
+	case paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS:
+		e.kind = ErrInProgress
+	default:
+		e.kind = ErrOutcomeUnknown
+	}
+	return nil, e
+}
+
+// Get returns paymentsd's record of the payment made with key. It retries
+// while paymentsd is unreachable or busy, until ctx ends. A key paymentsd
+// has no record of is ErrNotFound (and ErrKeyExpired too when retention
+// deleted it). It never calls the provider.
+func (c *Client) Get(ctx context.Context, key string) (*paymentsv1.GetMultiCardPaymentResponse, error) {
+	e := &Error{IdempotencyKey: key}
+	if key == "" {
+		e.Code, e.kind = codes.InvalidArgument, ErrInvalidRequest
+		e.Err = status.Error(codes.InvalidArgument, "the idempotency key is empty; nothing was sent")
+		return nil, e
+	}
+	for {
+		rec, err := c.rpc.GetMultiCardPayment(ctx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: key}, c.callOpts...)
+		e.Attempts++
+		if err == nil {
+			return rec, nil
+		}
+		a := readAnswer(err)
+		e.Code, e.Reason, e.RetryAfter, e.Err = a.st.Code(), a.reason, a.retryAfter, err
+		switch {
+		case a.reason == ReasonKeyExpired:
+			e.kind = ErrKeyExpired
+			return nil, e
+		case a.reason == ReasonCallerNotAllowed:
+			e.kind = ErrCallerNotAllowed
+			return nil, e
+		case a.reason == ReasonKeyNotOwned:
+			e.kind = ErrKeyNotOwned
+			return nil, e
+		case e.Code == codes.NotFound:
+			e.kind = ErrNotFound
+			return nil, e
+		case e.Code == codes.InvalidArgument:
+			e.kind = ErrInvalidRequest
+			return nil, e
+		}
+		transient := e.Code == codes.Unavailable || e.Code == codes.ResourceExhausted || e.Code == codes.Aborted
+		if !transient || ended(ctx) || !sleep(ctx, c.delay(e.Attempts, a.retryAfter)) {
+			// What the record says is not known.
+			e.kind = ErrOutcomeUnknown
+			return nil, e
+		}
+	}
+}
+
+// delay is how long to wait before the attempt after attempt n: the
+// RetryInfo's delay if paymentsd gave one, with up to 10% added so that
+// callers told the same delay don't return together; else full jitter over
+// an exponential backoff.
+func (c *Client) delay(n int, retryAfter time.Duration) time.Duration {
+	if retryAfter > 0 {
+		return retryAfter + rand.N(retryAfter/10+1)
+	}
+	ceiling := c.backoffBase
+	for i := 1; i < n && ceiling < c.backoffMax; i++ {
+		ceiling *= 2
+	}
+	ceiling = min(ceiling, c.backoffMax)
+	return rand.N(ceiling) + 1
+}
+
+// sleep waits d, or until ctx ends; it reports whether ctx is still live.
+// It never waits past ctx's deadline.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d {
+		d = time.Until(deadline)
+	}
+	if d <= 0 {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return !ended(ctx)
+	}
+}
+
+// ended reports whether ctx is done or its deadline has passed: a context's
+// Err can lag its deadline by a moment, while gRPC refuses a call at once.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	deadline, ok := ctx.Deadline()
+	return ok && !time.Now().Before(deadline)
+}
