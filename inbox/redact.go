@@ -25,8 +25,9 @@ func (h *Handler) redact(v string) string {
 		from[i], to[i] = i, i+1
 	}
 	var spans [][2]int // bytes of v to replace
+	plain := h.tokens.Load().redact
 	for round := 0; ; round++ {
-		for _, tok := range h.plain {
+		for _, tok := range plain {
 			for off := 0; ; {
 				i := strings.Index(string(view[off:]), tok)
 				if i < 0 {
