@@ -113,7 +113,7 @@ type config struct {
 	// SecretReloadInterval is how often the key and token files are
 	// re-read.
 	SecretReloadInterval time.Duration
-	WebhookMaxBytes   int64
+	WebhookMaxBytes      int64
 	// WebhookMaxStoredBytes is the inbox's quota; WebhookMaxConnsPerIP
 	// bounds the webhook port's connections from one address (0: none).
 	WebhookMaxStoredBytes int64
