@@ -271,3 +271,44 @@ func assertNoKeys(t *testing.T, text string, keys ...string) {
 		}
 	}
 }
+
+// TestKeyRotationRedactsBothKeys: while two keys are loaded, neither is
+// passed on from a provider reply, an error or the log, whichever key the
+// request carried.
+func TestKeyRotationRedactsBothKeys(t *testing.T) {
+	t.Parallel()
+	echo := `{"error":"keys ` + oldKey + ` and ` + newKey + ` seen"}`
+	tests := []struct {
+		name   string
+		script upstreamtest.Script
+		wantOK bool
+	}{
+		{"both refused, echoing both", upstreamtest.Always(reply(http.StatusForbidden, echo)), false},
+		{"refused, then a reply echoing both", upstreamtest.Sequence(reply(http.StatusForbidden, echo), reply(http.StatusOK, echo)), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newServer(t, tt.script)
+			var logs syncBuffer
+			cfg := testConfig(t, srv.URL)
+			cfg.APIKey, cfg.APIKeys = "", []string{oldKey, newKey}
+			cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+			c := newClient(t, cfg)
+			r, err := c.CreateMultiCardPayment(t.Context(), payment("k-redact-both"))
+			if (err == nil) != tt.wantOK {
+				t.Fatalf("CreateMultiCardPayment = %v, want ok %v", err, tt.wantOK)
+			}
+			var out string
+			if err != nil {
+				out = string(statusError(t, err).Body) + err.Error()
+			} else {
+				out = string(r.Body) + fmt.Sprint(r.Payment)
+			}
+			assertNoKeys(t, out+logs.String(), oldKey, newKey)
+			if !bytes.Contains([]byte(out), []byte("[REDACTED]")) {
+				t.Errorf("output %q has no [REDACTED] mark: the reply was not what the test meant", out)
+			}
+		})
+	}
+}
