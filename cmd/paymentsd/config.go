@@ -444,7 +444,8 @@ func (c *config) LogValue() slog.Value {
 		slog.String("environment", c.Environment),
 		slog.String("base_url", c.BaseURL),
 		slog.Any("api_key", secret("")),
-		slog.Int("api_keys", len(c.APIKeys)),
+		slog.Any("api_keys", fingerprints(c.APIKeys)),
+		slog.String("api_key_in_use", apiKeyInUse(c.APIKeys)),
 		slog.String("api_key_from", c.APIKeyFrom),
 		slog.Bool("simulate", c.Simulate),
 		slog.String("database", c.DatabaseShown),
@@ -458,6 +459,15 @@ func (c *config) LogValue() slog.Value {
 		}
 	}
 	return slog.GroupValue(attrs...)
+}
+
+// apiKeyInUse is the fingerprint of the key requests carry first at
+// start, "" if there is none.
+func apiKeyInUse(keys []secret) string {
+	if len(keys) == 0 {
+		return ""
+	}
+	return fingerprints(keys[:1])[0]
 }
 
 // errHelp and errVersion are loadConfig's answers to --help and --version:

@@ -145,8 +145,6 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if err != nil {
 		return err
 	}
-	loaded, inUse := client.Keys()
-	lifecycle.Info("provider API key in use", "api_key_in_use", inUse, "api_keys", loaded, "api_key_from", cfg.APIKeyFrom)
 	secretMetrics := newSecretMetrics(registerer)
 	// Simulated payments never share a database with real ones: replayed
 	// later, they would read as real sandbox payments.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/upstream"
 	"example.com/paymentsd/upstream/upstreamtest"
 )
@@ -176,10 +177,13 @@ func TestKeyRotationUnderLoad(t *testing.T) {
 		"PAYMENTS_SANDBOX_API_KEY_FILE":   vol.path(),
 		"PAYMENTS_SECRET_RELOAD_INTERVAL": "20ms",
 		"PAYMENTS_LOG_LEVEL":              "warn",
+		// One failure would open the breaker: the revoked key's 403s
+		// must not count as one.
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES": "1",
 	})
 	oldFP, newFP := upstream.Fingerprint(sandboxKey), upstream.Fingerprint(nextSandboxKey)
-	if got := in.logs.lines("provider API key in use"); len(got) != 1 || got[0]["api_key_in_use"] != oldFP {
-		t.Fatalf("start-up key lines = %v, want one naming %s in use", got, oldFP)
+	if cfg, _ := in.logs.lines("starting")[0]["config"].(map[string]any); cfg["api_key_in_use"] != oldFP || fmt.Sprint(cfg["api_keys"]) != fmt.Sprint([]any{oldFP}) {
+		t.Fatalf("starting line config = %v, want api_key_in_use %s and api_keys [%s]", cfg, oldFP, oldFP)
 	}
 	checkKeyInUse(t, in, "at start", map[string]float64{oldFP: 1})
 
@@ -240,20 +244,33 @@ func TestKeyRotationUnderLoad(t *testing.T) {
 	if n := failures.Load(); n != 0 {
 		t.Errorf("%d of %d calls failed during the rotation; first: %v", n, total, firstFailure.Load())
 	}
-	charged := 0
+	charged, resent := 0, 0
 	for k, ks := range p.AllKeyStats() {
 		if ks.Charges != 1 {
 			t.Errorf("idempotency key %s charged %d times, want 1", k, ks.Charges)
 		}
 		charged++
+		if ks.Requests == 1 {
+			continue
+		}
+		// Refused with the old key, re-sent with the new: the record
+		// counts both requests and keeps the second's answer.
+		resent++
+		rec, err := in.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: k})
+		if err != nil || rec.GetAttempts() != int32(ks.Requests) || rec.GetProviderHttpStatus() != http.StatusOK {
+			t.Errorf("GetMultiCardPayment(%s) = attempts %d, provider status %d, %v; want %d attempts, 200", k, rec.GetAttempts(), rec.GetProviderHttpStatus(), err, ks.Requests)
+		}
 	}
 	if charged != total {
 		t.Errorf("%d keys charged, want one per call (%d)", charged, total)
 	}
 	families, _ := scrape(t, in)
 	refused, _ := sample(families, "paymentsd_provider_requests_total", map[string]string{"outcome": "403"})
-	if refused < 1 {
-		t.Errorf("the provider refused no request with the revoked key: the test did not exercise the switch")
+	if refused < 1 || resent != int(refused) {
+		t.Errorf("%v requests refused with the revoked key, %d idempotency keys sent twice; want at least one, and the same number", refused, resent)
+	}
+	if v, _ := sample(families, "paymentsd_provider_requests_total", map[string]string{"outcome": "circuit_open"}); v != 0 {
+		t.Errorf("%v calls refused by an open circuit breaker, want 0", v)
 	}
 	if n := len(in.logs.lines("provider API key switched: the provider refused the key in use (401 or 403) and accepted the other")); n != 1 {
 		t.Errorf("%d switch lines, want 1", n)
@@ -303,20 +320,28 @@ func TestKeyFileBroken(t *testing.T) {
 	}
 
 	const warning = "secret file not reloaded: the last good secrets stay in use until it is fixed"
+	// Each step changes the file at once (a rename, a removal, a mkdir),
+	// so that the poller never sees a state between two steps.
+	writeAtomic := func(b string) {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
 	steps := []struct {
 		name   string
 		breaks func()
 		result string
 	}{
-		{"replaced by a directory", func() {
-			os.Remove(path)
-			os.Mkdir(path, 0o755)
-		}, "unreadable"},
-		{"deleted", func() { os.Remove(path) }, "unreadable"},
-		{"empty", func() { os.WriteFile(path, nil, 0o600) }, "invalid"},
+		{"empty", func() { writeAtomic("\uFEFF \n\n") }, "invalid"},
 		// Garbage holding the key: the warning must not quote it.
-		{"three lines", func() { os.WriteFile(path, []byte(sandboxKey+"\nx\ny\n"), 0o600) }, "invalid"},
-		{"a key with a space", func() { os.WriteFile(path, []byte("sk "+sandboxKey+"\n"), 0o600) }, "invalid"},
+		{"three lines", func() { writeAtomic(sandboxKey + "\nx\ny\n") }, "invalid"},
+		{"a key with a space", func() { writeAtomic("sk " + sandboxKey + "\n") }, "invalid"},
+		{"deleted", func() { os.Remove(path) }, "unreadable"},
+		{"replaced by a directory", func() { os.Mkdir(path, 0o755) }, "unreadable"},
 	}
 	counts := map[string]float64{}
 	for i, step := range steps {
@@ -334,17 +359,19 @@ func TestKeyFileBroken(t *testing.T) {
 		}
 		pay(step.name, fmt.Sprintf("k-broken-%d", i))
 	}
+	// A problem is reported once, not at every poll that sees it.
+	if n := len(in.logs.lines(warning)); n != len(steps) {
+		t.Errorf("%d warnings, want one per problem (%d)", n, len(steps))
+	}
 
 	// Restored: good again, with the same key.
-	os.WriteFile(path, []byte(sandboxKey+"\n"), 0o600)
+	os.Remove(path)
+	writeAtomic(sandboxKey + "\n")
 	in.logs.waitLines(t, "secret file good again, unchanged", 1)
 	if got := fileOK(); got != 1 {
 		t.Errorf("after restoring: paymentsd_secret_file_ok = %v, want 1", got)
 	}
 	pay("restored", "k-restored")
-	if n := len(in.logs.lines(warning)); n != len(steps) {
-		t.Errorf("%d warnings, want one per problem (%d)", n, len(steps))
-	}
 	checkNoSecrets(t, in, sandboxKey)
 }
 
