@@ -319,13 +319,16 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 
 	failure := &Error{}
 	// switched is the key a request was re-sent with after the key in
-	// use was refused; refused, the key that was.
+	// use was refused; refused, the key that was. From then on the call
+	// keeps the set it switched in, so that the key it sends is always
+	// one the set redacts, even if a reload drops it.
 	var switched, refused string
+	var keys *keySet
 	for {
-		keys := c.keys.Load()
-		key := keys.current()
-		if switched != "" {
-			key = switched
+		key := switched
+		if switched == "" {
+			keys = c.keys.Load()
+			key = keys.current()
 		}
 		done, err := c.breaker.Allow()
 		if err != nil {

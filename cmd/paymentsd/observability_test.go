@@ -351,7 +351,9 @@ func testKeyNeverLeaks(t *testing.T, rotate bool) {
 		{Delay: time.Minute},
 		{},
 	}
-	for _, key := range keys {
+	// The one-key run covers the first key's encodings; this covers the
+	// second's.
+	for _, key := range keys[len(keys)-1:] {
 		for _, enc := range keyEncodings(key) {
 			for _, status := range []int{200, 201, 400, 409, 502} {
 				body := `{"id":"pay_1","echo":"key ` + enc + `","` + enc + `":["` + enc + `"]}`

@@ -213,7 +213,7 @@ func TestKeyRotationUnderLoad(t *testing.T) {
 	t.Cleanup(stopCallers)
 
 	// Step 1: the next key joins the file as line 2.
-	calls.waitFor(t, 100)
+	calls.waitFor(t, 50)
 	vol.update(t, sandboxKey+"\n"+nextSandboxKey+"\n")
 	reload := in.logs.waitLines(t, "secret file reloaded", 1)[0]
 	if reload["api_key_in_use"] != oldFP || fmt.Sprint(reload["api_keys"]) != fmt.Sprint([]any{oldFP, newFP}) {
@@ -230,14 +230,14 @@ func TestKeyRotationUnderLoad(t *testing.T) {
 		t.Errorf("switch line = %v, want %s in use and %s refused", switched[0], newFP, oldFP)
 	}
 	checkKeyInUse(t, in, "after revoking the old key", map[string]float64{oldFP: 0, newFP: 1})
-	calls.waitFor(t, atRevoke+200)
+	calls.waitFor(t, atRevoke+100)
 
 	// Step 3: the old line is removed.
 	vol.update(t, nextSandboxKey+"\n")
 	in.logs.waitLines(t, "secret file reloaded", 2)
 	checkKeyInUse(t, in, "after removing the old key", map[string]float64{newFP: 1})
 	atEnd := calls.count()
-	calls.waitFor(t, atEnd+100)
+	calls.waitFor(t, atEnd+50)
 	stopCallers()
 
 	total := calls.count()
