@@ -672,18 +672,20 @@ func (c *config) loadWebhookTokens(getenv func(string) string, problem func(stri
 	prefix := "PAYMENTS_" + strings.ToUpper(c.Environment) + "_"
 	tokVar, fileVar := prefix+"WEBHOOK_TOKEN", prefix+"WEBHOOK_TOKEN_FILE"
 	tok, file := getenv(tokVar), getenv(fileVar)
-	var raw, from string
 	switch {
 	case tok != "" && file != "":
 		problem("%s and %s are both set: set one", tokVar, fileVar)
-		return
 	case tok == "" && file == "":
 		if c.WebhookAddr != "" {
 			problem("PAYMENTS_WEBHOOK_ADDR is set, so %s or %s must be set", tokVar, fileVar)
 		}
-		return
 	case tok != "":
-		raw, from = tok, tokVar
+		tokens, err := parseWebhookTokens(tok)
+		if err != nil {
+			problem("%s: %v", tokVar, err)
+			return
+		}
+		c.WebhookTokens, c.WebhookTokensFrom = tokens, tokVar
 	default:
 		tokens, err := readWebhookTokens(file)
 		if err != nil {
@@ -692,14 +694,7 @@ func (c *config) loadWebhookTokens(getenv func(string) string, problem func(stri
 		}
 		c.WebhookTokens, c.WebhookTokensFrom = tokens, fileVar+"="+file
 		c.WebhookTokenFile, c.WebhookTokenFileVar = file, fileVar
-		return
 	}
-	tokens, err := parseWebhookTokens(raw)
-	if err != nil {
-		problem("%s: %v", from, err)
-		return
-	}
-	c.WebhookTokens, c.WebhookTokensFrom = tokens, from
 }
 
 // loadDatabase reads PAYMENTS_DATABASE_URL or PAYMENTS_DATABASE_URL_FILE.
