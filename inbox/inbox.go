@@ -26,6 +26,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -189,9 +191,8 @@ type Config struct {
 
 // Handler is the webhook intake.
 type Handler struct {
-	tokens       [][sha256.Size]byte
-	plain        []string // the tokens, for redact to find
-	folded       []string // the tokens in lower case, for redactName
+	tokens       atomic.Pointer[tokenSet]
+	tokenMu      sync.Mutex // serialises SetTokens
 	store        *store.Store
 	maxBytes     int64
 	bodies       *semaphore.Weighted // MaxInFlight × MaxBytes
@@ -223,9 +224,6 @@ func unreserved(c byte) bool {
 
 // New returns the intake handler.
 func New(cfg Config) (*Handler, error) {
-	if len(cfg.Tokens) == 0 || len(cfg.Tokens) > 2 {
-		return nil, fmt.Errorf("inbox: %d tokens, want 1 or 2", len(cfg.Tokens))
-	}
 	if cfg.Store == nil {
 		return nil, errors.New("inbox: no store")
 	}
@@ -240,13 +238,8 @@ func New(cfg Config) (*Handler, error) {
 		logger:       cfg.Logger,
 		metrics:      cfg.Metrics,
 	}
-	for _, tok := range cfg.Tokens {
-		if err := ValidateToken(tok); err != nil {
-			return nil, fmt.Errorf("inbox: %w", err)
-		}
-		h.tokens = append(h.tokens, sha256.Sum256([]byte(tok)))
-		h.plain = append(h.plain, tok)
-		h.folded = append(h.folded, strings.ToLower(tok))
+	if err := h.SetTokens(cfg.Tokens); err != nil {
+		return nil, err
 	}
 	if h.maxBytes <= 0 {
 		h.maxBytes = DefaultMaxBytes
@@ -265,14 +258,63 @@ func New(cfg Config) (*Handler, error) {
 		h.tracer = cfg.TracerProvider.Tracer("example.com/paymentsd/inbox")
 	}
 	if m := h.metrics; m != nil {
-		for i := range h.tokens {
+		m.quotaBytes.Set(float64(cfg.Store.InboxQuota()))
+	}
+	return h, nil
+}
+
+// tokenSet is the tokens accepted, as hashes, and the tokens redact
+// removes: those accepted and those accepted before, whose deliveries the
+// provider may still be retrying.
+type tokenSet struct {
+	sums   [][sha256.Size]byte
+	redact []string
+	folded []string // redact in lower case, for redactName
+}
+
+// SetTokens replaces the accepted tokens: one, or two while the
+// provider's dashboard is switched from an old token to a new one.
+// Deliveries under way finish with the tokens they started with. Tokens
+// accepted before are still redacted wherever they turn up. The error
+// never quotes a token.
+func (h *Handler) SetTokens(tokens []string) error {
+	switch {
+	case len(tokens) == 0 || len(tokens) > 2:
+		return fmt.Errorf("inbox: %d tokens, want 1 or 2", len(tokens))
+	case len(tokens) == 2 && tokens[0] == tokens[1]:
+		return errors.New("inbox: the same token twice")
+	}
+	next := &tokenSet{}
+	for _, tok := range tokens {
+		if err := ValidateToken(tok); err != nil {
+			return fmt.Errorf("inbox: %w", err)
+		}
+		next.sums = append(next.sums, sha256.Sum256([]byte(tok)))
+		next.redact = append(next.redact, tok)
+	}
+	h.tokenMu.Lock()
+	defer h.tokenMu.Unlock()
+	if old := h.tokens.Load(); old != nil {
+		for _, tok := range old.redact {
+			if !slices.Contains(next.redact, tok) {
+				next.redact = append(next.redact, tok)
+			}
+		}
+	}
+	// Two rotations back is long enough for the provider's retries.
+	next.redact = next.redact[:min(len(next.redact), 6)]
+	for _, tok := range next.redact {
+		next.folded = append(next.folded, strings.ToLower(tok))
+	}
+	h.tokens.Store(next)
+	if m := h.metrics; m != nil {
+		for i := range next.sums {
 			for _, o := range []string{OutcomeStored, OutcomeDuplicate, OutcomeTooLarge, OutcomeStoreFailure, OutcomeBadMethod, OutcomeBadRequest, OutcomeBusy, OutcomeOverQuota} {
 				m.deliveries.WithLabelValues(o, tokenLabel(i))
 			}
 		}
-		m.quotaBytes.Set(float64(cfg.Store.InboxQuota()))
 	}
-	return h, nil
+	return nil
 }
 
 // tokenLabel names the i'th configured token.
@@ -552,7 +594,7 @@ func (h *Handler) readBody(r *http.Request) (body []byte, held int64, err error)
 func (h *Handler) match(tok string) int {
 	sum := sha256.Sum256([]byte(tok))
 	found := -1
-	for i, want := range h.tokens {
+	for i, want := range h.tokens.Load().sums {
 		if subtle.ConstantTimeCompare(sum[:], want[:]) == 1 {
 			found = i
 		}

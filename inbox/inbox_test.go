@@ -64,6 +64,7 @@ type intake struct {
 	registry *prometheus.Registry
 	client   *http.Client
 	appended chan store.Event
+	handler  *inbox.Handler
 }
 
 // startIntake serves an inbox accepting tokens, over a fresh SQLite store,
@@ -132,7 +133,7 @@ func startIntakeWith(t *testing.T, opts intakeOptions, tokens ...string) *intake
 			t.Errorf("Shutdown: %v", err)
 		}
 	})
-	in.addr = ln.Addr().String()
+	in.addr, in.handler = ln.Addr().String(), h
 	transport := &http.Transport{}
 	t.Cleanup(transport.CloseIdleConnections)
 	in.client = &http.Client{Transport: transport}

@@ -14,7 +14,7 @@ const redactRounds = 3
 // Tokens are at least 32 random characters, so anywhere one appears it is
 // the token, whatever precedes it.
 func (h *Handler) redact(v string) string {
-	return redactTokens(v, h.plain)
+	return redactTokens(v, h.tokens.Load().redact)
 }
 
 // redactName is redact for a header's name, which net/http has put in
@@ -22,7 +22,7 @@ func (h *Handler) redact(v string) string {
 // the configured one in case alone, so it is found whatever its case.
 func (h *Handler) redactName(name string) string {
 	lower := strings.ToLower(name)
-	if r := redactTokens(lower, h.folded); r != lower {
+	if r := redactTokens(lower, h.tokens.Load().folded); r != lower {
 		return r
 	}
 	return name

@@ -16,6 +16,7 @@ type Metrics struct {
 	retries     prometheus.Counter
 	inFlight    prometheus.Gauge
 	connections prometheus.Counter
+	keyInUse    *prometheus.GaugeVec
 }
 
 // NewMetrics registers the provider-call metrics with reg. Labels common to
@@ -43,9 +44,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "paymentsd_provider_connections_opened_total",
 			Help: "New connections opened to the payment provider; reused ones are not counted.",
 		}),
+		keyInUse: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "paymentsd_provider_api_key_in_use",
+			Help: "One series per provider API key loaded, labelled with its fingerprint (the first 8 hex characters of its SHA-256, never the key): 1 for the key requests carry first, 0 for the other while rotating.",
+		}, []string{"fingerprint"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.retries, m.inFlight, m.connections)
+	reg.MustRegister(m.requests, m.duration, m.retries, m.inFlight, m.connections, m.keyInUse)
 	return m
+}
+
+// setKeys shows the set's keys, and no other.
+func (m *Metrics) setKeys(s *keySet) {
+	m.keyInUse.Reset()
+	for i, k := range s.keys {
+		v := 0.0
+		if i == s.inUse {
+			v = 1
+		}
+		m.keyInUse.WithLabelValues(Fingerprint(k)).Set(v)
+	}
 }
 
 func (m *Metrics) observe(outcome string, d time.Duration) {

@@ -20,8 +20,10 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -67,12 +69,18 @@ var (
 	ErrCircuitOpen = errors.New("provider circuit breaker open")
 )
 
-// Config configures a Client. BaseURL, APIKey and HTTPClient are required.
+// Config configures a Client. BaseURL, HTTPClient, and APIKey or APIKeys
+// are required.
 type Config struct {
 	// BaseURL is the environment's base URL, ending in /v1.
 	BaseURL string
 	// APIKey is the environment's key, sent as x-api-key. It is a password.
 	APIKey string
+	// APIKeys, set instead of APIKey, are the environment's keys: one, or
+	// two while rotating, the one to use first first. A request refused
+	// with 401 or 403 is sent once more with the other key, which then
+	// stays in use if it was not refused. Client.SetKeys replaces them.
+	APIKeys []string
 	// HTTPClient makes the requests. Its transport's pool is what keeps
 	// connections to the provider open between calls.
 	HTTPClient *http.Client
@@ -105,13 +113,13 @@ type Config struct {
 // Client calls the payment provider. It is safe for concurrent use.
 type Client struct {
 	url     string
-	key     string
+	keys    atomic.Pointer[keySet]
+	keyMu   sync.Mutex // orders updates of the key metric
 	http    *http.Client
 	cfg     Config
 	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
 	metrics *Metrics
 	logger  *slog.Logger
-	red     redactor
 }
 
 // New returns a client for cfg. It fails if cfg is incomplete; the error
@@ -120,8 +128,12 @@ func New(cfg Config) (*Client, error) {
 	if cfg.HTTPClient == nil {
 		return nil, errors.New("upstream: no HTTP client")
 	}
-	if cfg.APIKey == "" {
-		return nil, errors.New("upstream: no API key")
+	keys := cfg.APIKeys
+	if cfg.APIKey != "" || len(keys) == 0 {
+		keys = []string{cfg.APIKey}
+	}
+	if err := checkKeys(keys); err != nil {
+		return nil, fmt.Errorf("upstream: %w", err)
 	}
 	// Errors never quote the URL: the key may be where the URL should be,
 	// as when the two are swapped.
@@ -135,13 +147,13 @@ func New(cfg Config) (*Client, error) {
 	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	c := &Client{
 		url:     strings.TrimSuffix(cfg.BaseURL, "/") + Path,
-		key:     cfg.APIKey,
 		http:    &hc,
 		cfg:     cfg,
 		metrics: cfg.Metrics,
 		logger:  cfg.Logger,
-		red:     newRedactor(cfg.APIKey),
 	}
+	c.keys.Store(newKeySet(slices.Clone(keys), 0))
+	c.keysChanged()
 	c.breaker = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:    "provider",
 		Timeout: cfg.BreakerCooldown,
@@ -284,7 +296,9 @@ func (e *Error) Unwrap() error { return e.Err }
 // wait fits in the context's deadline. A request that may still be at the
 // provider (see Error.AtProvider: any other status, or none) is never
 // followed by another: the two would be at the provider at once with one
-// key. On failure the error is an *Error.
+// key. A 401 or 403 with the API key in use is sent once more, at once,
+// with the other key if the client holds two (see Config.APIKeys); that
+// attempt counts like any other. On failure the error is an *Error.
 func (c *Client) CreateMultiCardPayment(ctx context.Context, p Payment) (*Reply, error) {
 	body, err := EncodeRequest(p)
 	if err != nil {
@@ -304,7 +318,18 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 	}
 
 	failure := &Error{}
+	// switched is the key a request was re-sent with after the key in
+	// use was refused; refused, the key that was. From then on the call
+	// keeps the set it switched in, so that the key it sends is always
+	// one the set redacts, even if a reload drops it.
+	var switched, refused string
+	var keys *keySet
 	for {
+		key := switched
+		if switched == "" {
+			keys = c.keys.Load()
+			key = keys.current()
+		}
 		done, err := c.breaker.Allow()
 		if err != nil {
 			c.metrics.observe("circuit_open", 0)
@@ -318,8 +343,11 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 			c.metrics.retry()
 		}
 		failure.LastAttemptStart = time.Now()
-		reply, sent, answered, err := c.attempt(ctx, body)
+		reply, sent, answered, err := c.attempt(ctx, body, keys, key)
 		done(breakerVerdict(err))
+		if switched != "" && answered && !authRefusal(err) {
+			c.promote(switched, refused)
+		}
 		if err == nil {
 			reply.Attempts = failure.Attempts
 			return reply, nil
@@ -327,20 +355,28 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		failure.Err = err
 		failure.MaybeCreated = failure.MaybeCreated || maybeCreated(err, sent)
 		failure.AtProvider = sent && (!answered || mayStillBeWorkedOn(err))
+		if other, ok := keys.other(key); ok && switched == "" && authRefusal(err) {
+			// A 401 or 403 is a refusal before any work: nothing was
+			// created and the provider is done with the request, so the
+			// other key may be tried at once, once.
+			c.logAttempt(ctx, keys, failure.Attempts, err, sent, "0s: with the other API key")
+			switched, refused = other, key
+			continue
+		}
 		switch {
 		case failure.AtProvider:
-			c.logAttempt(ctx, failure.Attempts, err, sent, "none: the request may still be at the provider")
+			c.logAttempt(ctx, keys, failure.Attempts, err, sent, "none: the request may still be at the provider")
 			return nil, failure
 		case !retryable(err) || failure.Attempts >= c.cfg.MaxAttempts:
-			c.logAttempt(ctx, failure.Attempts, err, sent, "none")
+			c.logAttempt(ctx, keys, failure.Attempts, err, sent, "none")
 			return nil, failure
 		}
 		wait := c.backoff(failure.Attempts, err)
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
-			c.logAttempt(ctx, failure.Attempts, err, sent, "none: the deadline is too near")
+			c.logAttempt(ctx, keys, failure.Attempts, err, sent, "none: the deadline is too near")
 			return nil, failure
 		}
-		c.logAttempt(ctx, failure.Attempts, err, sent, wait.String())
+		c.logAttempt(ctx, keys, failure.Attempts, err, sent, wait.String())
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -352,11 +388,18 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 	}
 }
 
+// authRefusal reports whether err is the provider's 401 or 403: the key
+// was refused, before any work.
+func authRefusal(err error) bool {
+	var se *StatusError
+	return errors.As(err, &se) && (se.Status == http.StatusUnauthorized || se.Status == http.StatusForbidden)
+}
+
 // logAttempt logs a failed attempt with its real cause: the provider's
 // status, or the transport's own error text (which names a DNS failure, a
 // refused connection, a certificate problem or an invalid header value,
 // where the caller-facing error says only "unreachable").
-func (c *Client) logAttempt(ctx context.Context, attempt int, err error, sent bool, retry string) {
+func (c *Client) logAttempt(ctx context.Context, keys *keySet, attempt int, err error, sent bool, retry string) {
 	if c.logger == nil || !c.logger.Enabled(ctx, slog.LevelWarn) {
 		return
 	}
@@ -371,7 +414,7 @@ func (c *Client) logAttempt(ctx context.Context, attempt int, err error, sent bo
 	} else {
 		attrs = append(attrs, slog.String("outcome", transportLabel(err)))
 	}
-	attrs = append(attrs, slog.String("cause", c.red.redactString(causeOf(err).Error())))
+	attrs = append(attrs, slog.String("cause", keys.redactString(causeOf(err).Error())))
 	c.logger.LogAttrs(ctx, slog.LevelWarn, "provider attempt failed", attrs...)
 }
 
@@ -402,7 +445,7 @@ func (e *causeError) Unwrap() error { return e.sentinel }
 // attempt makes one request. sent reports that the whole request was
 // written, so the provider may have acted on it; answered, that a status
 // came back, so the provider is done with it.
-func (c *Client) attempt(ctx context.Context, body []byte) (_ *Reply, sent, answered bool, _ error) {
+func (c *Client) attempt(ctx context.Context, body []byte, keys *keySet, key string) (_ *Reply, sent, answered bool, _ error) {
 	var wrote, connected atomic.Bool
 	trace := &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
@@ -422,7 +465,7 @@ func (c *Client) attempt(ctx context.Context, body []byte) (_ *Reply, sent, answ
 		return nil, false, false, fmt.Errorf("build request: %w", err)
 	}
 	req.Header = http.Header{
-		"X-Api-Key":    {c.key},
+		"X-Api-Key":    {key},
 		"Content-Type": {"application/json"},
 		"Accept":       {"application/json"},
 	}
@@ -440,11 +483,11 @@ func (c *Client) attempt(ctx context.Context, body []byte) (_ *Reply, sent, answ
 		// have been written whole just as the context ended, before the
 		// transport reported it: it may be at the provider.
 		sent := wrote.Load() || (ctx.Err() != nil && connected.Load())
-		err = c.transportError(ctx, err, sent)
+		err = c.transportError(ctx, keys, err, sent)
 		c.metrics.observe(transportLabel(err), time.Since(start))
 		return nil, sent, false, err
 	}
-	reply, err := c.readReply(ctx, resp)
+	reply, err := c.readReply(ctx, keys, resp)
 	c.metrics.observe(strconv.Itoa(resp.StatusCode), time.Since(start))
 	return reply, true, true, err
 }
@@ -467,7 +510,7 @@ func mayStillBeWorkedOn(err error) bool {
 // readReply turns a response into a Reply or an error, and always closes
 // the body, draining what is left of it (up to the limit) so the connection
 // can be reused.
-func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, error) {
+func (c *Client) readReply(ctx context.Context, keys *keySet, resp *http.Response) (*Reply, error) {
 	defer func() {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, c.cfg.MaxResponseBytes))
 		resp.Body.Close()
@@ -475,10 +518,10 @@ func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, er
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		// Read past the limit by the longest encoding of the key, so that
 		// a key across the cut is redacted whole rather than left in part.
-		limit := maxErrorBody + int64(maxEncodedKeyByte*len(c.key))
+		limit := maxErrorBody + int64(maxEncodedKeyByte*keys.longest)
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, limit))
 		cut := int64(len(b)) == limit // the body may go on
-		b = c.red.redact(b)
+		b = keys.redact(b)
 		if len(b) > maxErrorBody {
 			b, cut = b[:maxErrorBody], true
 		}
@@ -486,7 +529,7 @@ func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, er
 			// A key that starts just before the end of what was read
 			// (which redacting keys before it may have brought under
 			// the limit) was not seen whole: drop its first part.
-			b = c.red.trimPartial(b)
+			b = keys.trimPartial(b)
 		}
 		return nil, &StatusError{
 			Status:     resp.StatusCode,
@@ -506,7 +549,7 @@ func (c *Client) readReply(ctx context.Context, resp *http.Response) (*Reply, er
 	}
 	// Redact before decoding, so that Payment, decoded from the redacted
 	// body, holds the key nowhere either.
-	b = c.red.redact(b)
+	b = keys.redact(b)
 	payment, err := DecodeReply(b)
 	if err != nil {
 		return nil, err
@@ -537,7 +580,7 @@ func DecodeReply(b []byte) (*structpb.Struct, error) {
 }
 
 // transportError classifies a failed round trip.
-func (c *Client) transportError(ctx context.Context, err error, wrote bool) error {
+func (c *Client) transportError(ctx context.Context, keys *keySet, err error, wrote bool) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
 	}
@@ -553,8 +596,8 @@ func (c *Client) transportError(ctx context.Context, err error, wrote bool) erro
 	}
 	// No transport error is known to quote a header value, but the text
 	// reaches logs and callers, so make sure.
-	if msg := err.Error(); c.red.redactString(msg) != msg {
-		err = errors.New(c.red.redactString(msg))
+	if msg := err.Error(); keys.redactString(msg) != msg {
+		err = errors.New(keys.redactString(msg))
 	}
 	return &causeError{sentinel: sentinel, cause: err}
 }

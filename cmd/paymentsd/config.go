@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -40,11 +39,16 @@ func (secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
 type config struct {
 	Environment string // "sandbox" or "live"
 	BaseURL     string
-	APIKey      secret
-	// APIKeyFrom says where the key came from: a variable's name, or a
-	// variable's name and the file it names.
-	APIKeyFrom string
-	Simulate   bool
+	// APIKeys are the provider keys: one, or two (current, then next)
+	// while rotating.
+	APIKeys []secret
+	// APIKeyFrom says where the keys came from: a variable's name, or a
+	// variable's name and the file it names; APIKeyFile is that file, which
+	// is re-read while serving, and APIKeyFileVar its variable.
+	APIKeyFrom    string
+	APIKeyFile    string
+	APIKeyFileVar string
+	Simulate      bool
 
 	GRPCAddr string
 	HTTPAddr string
@@ -105,7 +109,14 @@ type config struct {
 	// from.
 	WebhookTokens     []secret
 	WebhookTokensFrom string
-	WebhookMaxBytes   int64
+	// WebhookTokenFile, if the tokens came from a file, is re-read while
+	// serving; WebhookTokenFileVar is its variable.
+	WebhookTokenFile    string
+	WebhookTokenFileVar string
+	// SecretReloadInterval is how often the key and token files are
+	// re-read.
+	SecretReloadInterval time.Duration
+	WebhookMaxBytes      int64
 	// WebhookMaxStoredBytes is the inbox's quota; WebhookMaxConnsPerIP
 	// bounds the webhook port's connections from one address (0: none).
 	WebhookMaxStoredBytes int64
@@ -164,10 +175,10 @@ func variables() []variable {
 			"The provider's base URL for the environment, ending in /v1; https in live. Required unless --simulate.",
 			setting{}},
 		{"PAYMENTS_<ENV>_API_KEY_FILE", "",
-			"A file holding the environment's provider API key (a byte-order mark and surrounding whitespace are trimmed). Set this or PAYMENTS_<ENV>_API_KEY unless --simulate.",
+			"A file holding the environment's provider API key, or two, one a line, while rotating: the one to use first, then the next (a byte-order mark, whitespace around each line and blank lines are ignored). Re-read every PAYMENTS_SECRET_RELOAD_INTERVAL; a 401 or 403 with one key is retried once with the other. Set this or PAYMENTS_<ENV>_API_KEY unless --simulate.",
 			setting{}},
 		{"PAYMENTS_<ENV>_API_KEY", "",
-			"The environment's provider API key itself; prefer PAYMENTS_<ENV>_API_KEY_FILE.",
+			"The environment's provider API key itself, read once at start; prefer PAYMENTS_<ENV>_API_KEY_FILE, which can be rotated without a restart.",
 			setting{}},
 		{"PAYMENTS_GRPC_ADDR", ":9090",
 			"The gRPC listen address, host:port or :port.",
@@ -274,11 +285,14 @@ func variables() []variable {
 			"The webhook intake's own listen address. Unset: no intake. Needs PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE or PAYMENTS_<ENV>_WEBHOOK_TOKEN.",
 			addrSetting(func(c *config) *string { return &c.WebhookAddr })},
 		{"PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE", "",
-			"A file holding the environment's webhook URL token: at least 32 of A-Z a-z 0-9 - . _ ~ (openssl rand -hex 32); two, one a line, while rotating.",
+			"A file holding the environment's webhook URL token: at least 32 of A-Z a-z 0-9 - . _ ~ (openssl rand -hex 32); two, one a line, while rotating. Re-read every PAYMENTS_SECRET_RELOAD_INTERVAL.",
 			setting{}},
 		{"PAYMENTS_<ENV>_WEBHOOK_TOKEN", "",
 			"The webhook URL token itself (two, comma-separated, while rotating); prefer PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE.",
 			setting{}},
+		{"PAYMENTS_SECRET_RELOAD_INTERVAL", "10s",
+			"How often PAYMENTS_<ENV>_API_KEY_FILE and PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE are re-read (by content, so a Kubernetes Secret volume's in-place update is seen). A file that becomes unreadable, empty or malformed keeps the last good keys, with a warning and paymentsd_secret_file_ok 0.",
+			durationSetting(func(c *config) *time.Duration { return &c.SecretReloadInterval })},
 		{"PAYMENTS_WEBHOOK_MAX_BYTES", strconv.Itoa(inbox.DefaultMaxBytes),
 			"The largest webhook delivery body accepted (413 beyond); at most 512 KiB, so that any event fits a page a default gRPC client can read within the memory budget.",
 			int64Setting(1024, inbox.LargestMaxBytes, func(c *config) *int64 { return &c.WebhookMaxBytes })},
@@ -435,7 +449,9 @@ func (c *config) LogValue() slog.Value {
 		slog.String("version", version()),
 		slog.String("environment", c.Environment),
 		slog.String("base_url", c.BaseURL),
-		slog.Any("api_key", c.APIKey),
+		slog.Any("api_key", secret("")),
+		slog.Any("api_keys", fingerprints(c.APIKeys)),
+		slog.String("api_key_in_use", apiKeyInUse(c.APIKeys)),
 		slog.String("api_key_from", c.APIKeyFrom),
 		slog.Bool("simulate", c.Simulate),
 		slog.String("database", c.DatabaseShown),
@@ -449,6 +465,15 @@ func (c *config) LogValue() slog.Value {
 		}
 	}
 	return slog.GroupValue(attrs...)
+}
+
+// apiKeyInUse is the fingerprint of the key requests carry first at
+// start, "" if there is none.
+func apiKeyInUse(keys []secret) string {
+	if len(keys) == 0 {
+		return ""
+	}
+	return fingerprints(keys[:1])[0]
 }
 
 // errHelp and errVersion are loadConfig's answers to --help and --version:
@@ -628,28 +653,22 @@ func (c *config) loadProvider(getenv func(string) string, problem func(string, .
 	case key == "" && file == "":
 		problem("%s or %s must be set", keyVar, fileVar)
 	case key != "":
-		c.APIKey, c.APIKeyFrom = secret(strings.TrimSpace(key)), keyVar
+		k := strings.TrimSpace(key)
+		c.APIKeys, c.APIKeyFrom = []secret{secret(k)}, keyVar
 		switch {
-		case c.APIKey == "":
+		case k == "":
 			problem("%s is blank", keyVar)
-		case keyProblem(string(c.APIKey)) != "":
-			problem("%s %s", keyVar, keyProblem(string(c.APIKey)))
+		case keyProblem(k) != "":
+			problem("%s %s", keyVar, keyProblem(k))
 		}
 	default:
-		b, err := os.ReadFile(file)
+		keys, err := readAPIKeys(file)
 		if err != nil {
-			problem("%s: cannot read the file it names: %v", fileVar, fileError(err))
+			problem("%s: %v", fileVar, err)
 			return
 		}
-		// Editors on some systems start a file with a byte-order mark.
-		b = bytes.TrimPrefix(b, []byte("\uFEFF"))
-		c.APIKey, c.APIKeyFrom = secret(strings.TrimSpace(string(b))), fileVar+"="+file
-		switch {
-		case c.APIKey == "":
-			problem("%s names an empty key file", fileVar)
-		case keyProblem(string(c.APIKey)) != "":
-			problem("%s names a file that %s", fileVar, keyProblem(string(c.APIKey)))
-		}
+		c.APIKeys, c.APIKeyFrom = keys, fileVar+"="+file
+		c.APIKeyFile, c.APIKeyFileVar = file, fileVar
 	}
 }
 
@@ -659,50 +678,29 @@ func (c *config) loadWebhookTokens(getenv func(string) string, problem func(stri
 	prefix := "PAYMENTS_" + strings.ToUpper(c.Environment) + "_"
 	tokVar, fileVar := prefix+"WEBHOOK_TOKEN", prefix+"WEBHOOK_TOKEN_FILE"
 	tok, file := getenv(tokVar), getenv(fileVar)
-	var raw, from string
 	switch {
 	case tok != "" && file != "":
 		problem("%s and %s are both set: set one", tokVar, fileVar)
-		return
 	case tok == "" && file == "":
 		if c.WebhookAddr != "" {
 			problem("PAYMENTS_WEBHOOK_ADDR is set, so %s or %s must be set", tokVar, fileVar)
 		}
-		return
 	case tok != "":
-		raw, from = tok, tokVar
-	default:
-		b, err := os.ReadFile(file)
+		tokens, err := parseWebhookTokens(tok)
 		if err != nil {
-			problem("%s: cannot read the token file: %v", fileVar, fileError(err))
+			problem("%s: %v", tokVar, err)
 			return
 		}
-		raw, from = string(b), fileVar+"="+file
-	}
-	var tokens []secret
-	for t := range strings.FieldsFuncSeq(raw, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }) {
-		if t = strings.TrimSpace(t); t != "" {
-			tokens = append(tokens, secret(t))
-		}
-	}
-	switch {
-	case len(tokens) == 0:
-		problem("%s holds no token", from)
-		return
-	case len(tokens) > 2:
-		problem("%s holds %d tokens: want one, or two while rotating", from, len(tokens))
-		return
-	case len(tokens) == 2 && tokens[0] == tokens[1]:
-		problem("%s holds the same token twice", from)
-		return
-	}
-	for _, t := range tokens {
-		if err := inbox.ValidateToken(string(t)); err != nil {
-			problem("%s: %v", from, err)
+		c.WebhookTokens, c.WebhookTokensFrom = tokens, tokVar
+	default:
+		tokens, err := readWebhookTokens(file)
+		if err != nil {
+			problem("%s: %v", fileVar, err)
 			return
 		}
+		c.WebhookTokens, c.WebhookTokensFrom = tokens, fileVar+"="+file
+		c.WebhookTokenFile, c.WebhookTokenFileVar = file, fileVar
 	}
-	c.WebhookTokens, c.WebhookTokensFrom = tokens, from
 }
 
 // loadDatabase reads PAYMENTS_DATABASE_URL or PAYMENTS_DATABASE_URL_FILE.

@@ -111,7 +111,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		sim.KeepRequests(false)
 		key := randomKey()
 		sim.AllowKey(key)
-		cfg.BaseURL, cfg.APIKey, cfg.APIKeyFrom = sim.URL, secret(key), "simulator"
+		cfg.BaseURL, cfg.APIKeys, cfg.APIKeyFrom = sim.URL, []secret{secret(key)}, "simulator"
 	}
 	lifecycle.Info("starting", "config", cfg)
 
@@ -132,7 +132,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	defer httpClient.CloseIdleConnections()
 	client, err := upstream.New(upstream.Config{
 		BaseURL:          cfg.BaseURL,
-		APIKey:           string(cfg.APIKey),
+		APIKeys:          plain(cfg.APIKeys),
 		HTTPClient:       httpClient,
 		MaxAttempts:      cfg.UpstreamMaxAttempts,
 		Timeout:          cfg.UpstreamTimeout,
@@ -145,6 +145,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if err != nil {
 		return err
 	}
+	secretMetrics := newSecretMetrics(registerer)
 	// Simulated payments never share a database with real ones: replayed
 	// later, they would read as real sandbox payments.
 	stamp := cfg.Environment
@@ -266,6 +267,33 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	// (a full volume, a read-only failover) takes no payment.
 	background.Go(func() { srv.WatchStore(bgCtx, records.CheckWrite, storeCheckInterval) })
 	background.Go(func() { hooks.watchUsage(bgCtx) })
+	if cfg.APIKeyFile != "" {
+		f := &secretFile{
+			secret: secretProviderKey, variable: cfg.APIKeyFileVar, path: cfg.APIKeyFile,
+			parse: parseAPIKeys,
+			apply: func(keys []secret) ([]slog.Attr, error) {
+				if err := client.SetKeys(plain(keys)); err != nil {
+					return nil, err
+				}
+				loaded, inUse := client.Keys()
+				return []slog.Attr{slog.String("api_key_in_use", inUse), slog.Any("api_keys", loaded)}, nil
+			},
+		}
+		background.Go(func() { f.watch(bgCtx, cfg.APIKeys, cfg.SecretReloadInterval, secretMetrics, lifecycle) })
+	}
+	if cfg.WebhookTokenFile != "" && hooks.handler != nil {
+		f := &secretFile{
+			secret: secretWebhookTokens, variable: cfg.WebhookTokenFileVar, path: cfg.WebhookTokenFile,
+			parse: func(b []byte) ([]secret, error) { return parseWebhookTokens(string(b)) },
+			apply: func(tokens []secret) ([]slog.Attr, error) {
+				if err := hooks.handler.SetTokens(plain(tokens)); err != nil {
+					return nil, err
+				}
+				return []slog.Attr{slog.Any("webhook_tokens", fingerprints(tokens))}, nil
+			},
+		}
+		background.Go(func() { f.watch(bgCtx, cfg.WebhookTokens, cfg.SecretReloadInterval, secretMetrics, lifecycle) })
+	}
 	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String(), "webhook_addr", hooks.addr(), "metrics_addr", scrape.addr())
 
 	var serveErr error

@@ -578,10 +578,14 @@ func TestConfigRefusals(t *testing.T) {
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "empty-key")
 	os.WriteFile(keyFile, []byte(" \n"), 0o600)
-	// A key file with a second line used to start, report SERVING and
-	// fail every call.
-	twoLines := filepath.Join(dir, "two-lines")
-	os.WriteFile(twoLines, []byte(sandboxKey+"\nsk_sandbox_other\n"), 0o600)
+	// A key file holds one key, or two while rotating; three lines, or
+	// one key twice, is a mistake.
+	threeLines := filepath.Join(dir, "three-lines")
+	os.WriteFile(threeLines, []byte(sandboxKey+"\nsk_sandbox_other\nsk_sandbox_third\n"), 0o600)
+	sameTwice := filepath.Join(dir, "same-twice")
+	os.WriteFile(sameTwice, []byte(sandboxKey+"\n"+sandboxKey+"\n"), 0o600)
+	spaceInside := filepath.Join(dir, "space-inside")
+	os.WriteFile(spaceInside, []byte(sandboxKey+"\nsk_sandbox other\n"), 0o600)
 	bomInside := filepath.Join(dir, "bom-inside")
 	os.WriteFile(bomInside, []byte("sk_sandbox\uFEFF_x"), 0o600)
 	sandbox := map[string]string{
@@ -625,7 +629,9 @@ func TestConfigRefusals(t *testing.T) {
 		{"key with a zero-width space", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", sandboxKey+"\u200b"), nil, "PAYMENTS_SANDBOX_API_KEY"},
 		{"key not UTF-8", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", sandboxKey+"\xff"), nil, "PAYMENTS_SANDBOX_API_KEY"},
 		{"live key with a newline inside", with(live, "PAYMENTS_LIVE_API_KEY", liveKey+"\r\nx"), nil, "PAYMENTS_LIVE_API_KEY"},
-		{"key file with a second line", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "", "PAYMENTS_SANDBOX_API_KEY_FILE", twoLines), nil, "PAYMENTS_SANDBOX_API_KEY_FILE"},
+		{"key file with three lines", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "", "PAYMENTS_SANDBOX_API_KEY_FILE", threeLines), nil, "PAYMENTS_SANDBOX_API_KEY_FILE"},
+		{"key file with one key twice", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "", "PAYMENTS_SANDBOX_API_KEY_FILE", sameTwice), nil, "PAYMENTS_SANDBOX_API_KEY_FILE"},
+		{"key file with a space inside its second key", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "", "PAYMENTS_SANDBOX_API_KEY_FILE", spaceInside), nil, "PAYMENTS_SANDBOX_API_KEY_FILE"},
 		{"key file with a BOM inside", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "", "PAYMENTS_SANDBOX_API_KEY_FILE", bomInside), nil, "PAYMENTS_SANDBOX_API_KEY_FILE"},
 		{"key file a directory", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "", "PAYMENTS_SANDBOX_API_KEY_FILE", dir), nil, "PAYMENTS_SANDBOX_API_KEY_FILE"},
 		{"base URL with a query", with(sandbox, "PAYMENTS_SANDBOX_BASE_URL", "https://sandbox.provider.test/v1?env=x"), nil, "PAYMENTS_SANDBOX_BASE_URL"},

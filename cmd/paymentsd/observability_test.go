@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -317,14 +319,27 @@ func firstKey[K comparable, V any](m map[K]V) K {
 // errors and their details, REST bodies, metrics and spans. The provider
 // even echoes the key in its error and success bodies, plainly,
 // JSON-escaped and percent-encoded.
+//
+// While rotating, with two keys loaded from a file that is reloaded
+// mid-run, the provider echoes both, and neither leaks either.
 func TestKeyNeverLeaks(t *testing.T) {
 	t.Parallel()
+	t.Run("one key", func(t *testing.T) { t.Parallel(); testKeyNeverLeaks(t, false) })
+	t.Run("two keys, reloaded", func(t *testing.T) { t.Parallel(); testKeyNeverLeaks(t, true) })
+}
+
+func testKeyNeverLeaks(t *testing.T, rotate bool) {
 	exporter := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 
 	p := fakeProvider(t, "sandbox")
-	echo := []byte(`{"error":"key ` + sandboxKey + ` is not allowed here"}`)
+	keys := []string{sandboxKey}
+	if rotate {
+		keys = append(keys, nextSandboxKey)
+		p.AllowKey(nextSandboxKey)
+	}
+	echo := []byte(`{"error":"key ` + strings.Join(keys, " or ") + ` is not allowed here"}`)
 	replies := []upstreamtest.Reply{
 		{Status: 400, Body: echo},
 		{Status: 401, Body: echo},
@@ -336,22 +351,44 @@ func TestKeyNeverLeaks(t *testing.T) {
 		{Delay: time.Minute},
 		{},
 	}
-	for _, enc := range keyEncodings(sandboxKey) {
-		for _, status := range []int{200, 201, 400, 409, 502} {
-			body := `{"id":"pay_1","echo":"key ` + enc + `","` + enc + `":["` + enc + `"]}`
-			replies = append(replies, upstreamtest.Reply{Status: status, Body: []byte(body)})
+	// The one-key run covers the first key's encodings; this covers the
+	// second's.
+	for _, key := range keys[len(keys)-1:] {
+		for _, enc := range keyEncodings(key) {
+			for _, status := range []int{200, 201, 400, 409, 502} {
+				body := `{"id":"pay_1","echo":"key ` + enc + `","` + enc + `":["` + enc + `"]}`
+				replies = append(replies, upstreamtest.Reply{Status: status, Body: []byte(body)})
+			}
+			replies = append(replies, upstreamtest.Reply{Status: 500, Body: []byte("<html>key=" + enc + "</html>")})
 		}
-		replies = append(replies, upstreamtest.Reply{Status: 500, Body: []byte("<html>key=" + enc + "</html>")})
 	}
 	p.SetScript(func(n int, _ upstreamtest.Request) upstreamtest.Reply { return replies[(n-1)%len(replies)] })
-	in := startWith(t, with(sandboxEnv(p),
+	env := with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
 		"PAYMENTS_LOG_LEVEL", "debug",
-	), tp)
+	)
+	keyFile := filepath.Join(t.TempDir(), "api-key")
+	if rotate {
+		if err := os.WriteFile(keyFile, []byte(sandboxKey+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		env = with(env, "PAYMENTS_SANDBOX_API_KEY_FILE", keyFile, "PAYMENTS_SECRET_RELOAD_INTERVAL", "20ms")
+		delete(env, "PAYMENTS_SANDBOX_API_KEY")
+	}
+	in := startWith(t, env, tp)
 
 	var out strings.Builder
 	for i := range len(replies) {
+		if rotate && i == 0 {
+			// The next key joins once serving (paymentsd can only redact
+			// a key it holds): from here on a 401 or 403 is re-sent with
+			// the other key.
+			if err := os.WriteFile(keyFile, []byte(sandboxKey+"\n"+nextSandboxKey+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			in.logs.waitLines(t, "secret file reloaded", 1)
+		}
 		_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest(fmt.Sprint("k-leak-", i)))
 		if st, ok := status.FromError(err); ok && err != nil {
 			b, _ := protojson.Marshal(st.Proto())
@@ -362,6 +399,23 @@ func TestKeyNeverLeaks(t *testing.T) {
 	for i := range len(replies) {
 		out.Write(in.rest(t, validBody(fmt.Sprint("k-leak-rest-", i)), nil).raw)
 	}
+	if rotate {
+		// The old key is revoked, and the provider echoes both keys in
+		// the refusal and in the reply to the re-send with the new one.
+		p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+			if r.Header.Get("X-Api-Key") == sandboxKey {
+				return upstreamtest.Reply{Status: 403, Body: echo}
+			}
+			return upstreamtest.Reply{Status: 200, Body: []byte(`{"id":"pay_2","echo":"` + sandboxKey + ` ` + nextSandboxKey + `"}`)}
+		})
+		resp, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-leak-switch"))
+		if err != nil {
+			t.Fatalf("CreateMultiCardPayment after the revocation = %v, want OK with the new key", err)
+		}
+		b, _ := protojson.Marshal(resp)
+		out.Write(b)
+		out.Write(in.rest(t, validBody("k-leak-switch-rest"), nil).raw)
+	}
 	_, raw := scrape(t, in)
 	out.WriteString(raw)
 	if err := in.stop(); err != nil {
@@ -370,8 +424,13 @@ func TestKeyNeverLeaks(t *testing.T) {
 	out.WriteString(in.logs.String())
 	out.WriteString(fmt.Sprintf("%+v", exporter.GetSpans()))
 
-	if holdsKey(out.String(), sandboxKey) {
-		t.Errorf("the API key appears in paymentsd's output, in some encoding")
+	for _, key := range keys {
+		if holdsKey(out.String(), key) {
+			t.Errorf("an API key (%d bytes) appears in paymentsd's output, in some encoding", len(key))
+		}
+	}
+	if rotate && !strings.Contains(out.String(), "provider API key switched") {
+		t.Errorf("no 401 or 403 moved requests to the other key: the test did not exercise the re-send")
 	}
 	if !strings.Contains(out.String(), "[REDACTED]") {
 		t.Errorf("the provider's echo of the key was not passed through redacted")

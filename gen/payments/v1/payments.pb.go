@@ -282,8 +282,8 @@ type CreateMultiCardPaymentResponse struct {
 	// provider sent, and nothing else. Its shape is not documented by the
 	// provider.
 	//
-	// This deployment's API key is replaced with [REDACTED] wherever the
-	// provider echoes it, plainly, JSON-escaped or percent-encoded; if it
+	// This deployment's API keys are replaced with [REDACTED] wherever the
+	// provider echoes one, plainly, JSON-escaped or percent-encoded; if one
 	// can't be removed while keeping a JSON object, the call fails with
 	// UNKNOWN and PAYMENT_OUTCOME_UNKNOWN instead.
 	//
@@ -303,7 +303,7 @@ type CreateMultiCardPaymentResponse struct {
 	// provider again; false when the provider answered this call.
 	Replayed bool `protobuf:"varint,4,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	// payment_json is the provider's reply body exactly as received (with
-	// this deployment's API key redacted, should the provider echo it): a
+	// this deployment's API keys redacted, should the provider echo them): a
 	// JSON object, UTF-8. Unlike payment, it keeps every number exact.
 	PaymentJson   []byte `protobuf:"bytes,5,opt,name=payment_json,json=paymentJson,proto3" json:"payment_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -637,7 +637,7 @@ type ProviderError struct {
 	HttpStatus int32 `protobuf:"varint,1,opt,name=http_status,json=httpStatus,proto3" json:"http_status,omitempty"`
 	// body is the provider's reply body (its shape is not documented), up to
 	// 8 KiB, as text. Invalid UTF-8 is replaced with U+FFFD, and this
-	// deployment's API key with [REDACTED] wherever it appears: plainly,
+	// deployment's API keys with [REDACTED] wherever they appear: plainly,
 	// JSON-escaped or percent-encoded.
 	Body string `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
 	// environment is the provider environment that answered.

@@ -157,6 +157,10 @@ type PaymentsServiceClient interface {
 	//     API key is missing, unknown or revoked. An operator must fix it.
 	//   - PERMISSION_DENIED (403): the provider answered 403: the key is not
 	//     permitted, for example because it belongs to the other environment.
+	//     While two keys are loaded for a rotation, a 401 or 403 with one is
+	//     re-sent at once with the other, and these codes mean both were
+	//     refused; a call the other key got through answers as that request
+	//     did, and its attempts count both.
 	//   - NOT_FOUND (404), ABORTED (409): the provider answered 404 or 409.
 	//   - RESOURCE_EXHAUSTED (429): the provider answered 429 to every attempt.
 	//   - UNAVAILABLE (503): the provider could not be reached or the
@@ -376,6 +380,10 @@ type PaymentsServiceServer interface {
 	//     API key is missing, unknown or revoked. An operator must fix it.
 	//   - PERMISSION_DENIED (403): the provider answered 403: the key is not
 	//     permitted, for example because it belongs to the other environment.
+	//     While two keys are loaded for a rotation, a 401 or 403 with one is
+	//     re-sent at once with the other, and these codes mean both were
+	//     refused; a call the other key got through answers as that request
+	//     did, and its attempts count both.
 	//   - NOT_FOUND (404), ABORTED (409): the provider answered 404 or 409.
 	//   - RESOURCE_EXHAUSTED (429): the provider answered 429 to every attempt.
 	//   - UNAVAILABLE (503): the provider could not be reached or the

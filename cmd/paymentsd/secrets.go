@@ -1,0 +1,232 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"example.com/paymentsd/inbox"
+	"example.com/paymentsd/upstream"
+)
+
+// maxSecretFile bounds how much of a key or token file is read: two keys
+// or tokens are a few hundred bytes.
+const maxSecretFile = 64 << 10
+
+// readSecretFile reads a key or token file. Its error names the path only
+// where fileError does, and never quotes the contents.
+func readSecretFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		return nil, fmt.Errorf("names a directory, %s: want a file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+	}
+	if len(b) > maxSecretFile {
+		return nil, fmt.Errorf("names a file over %d bytes: want one or two lines", maxSecretFile)
+	}
+	return b, nil
+}
+
+// secretLines is a secret file's lines: a byte-order mark, whitespace
+// around each line and blank lines are ignored.
+func secretLines(b []byte) []string {
+	b = bytes.TrimPrefix(b, []byte("\uFEFF"))
+	var lines []string
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if line = strings.TrimSpace(line); line != "" {
+			lines = append(lines, line)
+		}
+	}
+	return lines
+}
+
+// parseAPIKeys reads a key file's contents: one key, or two while
+// rotating, one a line. The error never quotes them.
+func parseAPIKeys(b []byte) ([]secret, error) {
+	lines := secretLines(b)
+	switch {
+	case len(lines) == 0:
+		return nil, errors.New("names an empty key file: want the key, or two keys one a line while rotating")
+	case len(lines) > 2:
+		return nil, fmt.Errorf("names a file of %d lines: want one key, or two (current, then next) while rotating", len(lines))
+	case len(lines) == 2 && lines[0] == lines[1]:
+		return nil, errors.New("names a file holding the same key twice")
+	}
+	keys := make([]secret, len(lines))
+	for i, k := range lines {
+		if p := keyProblem(k); p != "" {
+			return nil, fmt.Errorf("names a file whose line %d %s", i+1, p)
+		}
+		keys[i] = secret(k)
+	}
+	return keys, nil
+}
+
+func readAPIKeys(path string) ([]secret, error) {
+	b, err := readSecretFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return parseAPIKeys(b)
+}
+
+// parseWebhookTokens reads one or two webhook tokens, separated by commas
+// or newlines. The error never quotes them.
+func parseWebhookTokens(raw string) ([]secret, error) {
+	var tokens []secret
+	raw = strings.TrimPrefix(raw, "\uFEFF")
+	for t := range strings.FieldsFuncSeq(raw, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }) {
+		if t = strings.TrimSpace(t); t != "" {
+			tokens = append(tokens, secret(t))
+		}
+	}
+	switch {
+	case len(tokens) == 0:
+		return nil, errors.New("holds no token")
+	case len(tokens) > 2:
+		return nil, fmt.Errorf("holds %d tokens: want one, or two while rotating", len(tokens))
+	case len(tokens) == 2 && tokens[0] == tokens[1]:
+		return nil, errors.New("holds the same token twice")
+	}
+	for _, t := range tokens {
+		if err := inbox.ValidateToken(string(t)); err != nil {
+			return nil, err
+		}
+	}
+	return tokens, nil
+}
+
+func readWebhookTokens(path string) ([]secret, error) {
+	b, err := readSecretFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return parseWebhookTokens(string(b))
+}
+
+// Values of the secret label.
+const (
+	secretProviderKey   = "provider_api_key"
+	secretWebhookTokens = "webhook_tokens"
+)
+
+// secretMetrics are the reloads of key and token files.
+type secretMetrics struct {
+	ok      *prometheus.GaugeVec
+	reloads *prometheus.CounterVec
+}
+
+func newSecretMetrics(reg prometheus.Registerer) *secretMetrics {
+	m := &secretMetrics{
+		ok: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "paymentsd_secret_file_ok",
+			Help: "1 if the secret's file (provider_api_key, webhook_tokens) was readable and well formed when last read; 0 if not, and the last good secrets are in use.",
+		}, []string{"secret"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paymentsd_secret_reloads_total",
+			Help: "Changes seen in a secret's file, by result: ok (new secrets in use), unreadable (missing, a directory, no permission) or invalid (empty or malformed); a file that stays broken counts once.",
+		}, []string{"secret", "result"}),
+	}
+	reg.MustRegister(m.ok, m.reloads)
+	return m
+}
+
+// secretFile is a key or token file that is re-read while serving.
+type secretFile struct {
+	secret   string // the metric label
+	variable string // the variable naming the file
+	path     string
+	// parse reads the file's contents; apply puts its secrets in use and
+	// returns what to log of them (fingerprints).
+	parse func([]byte) ([]secret, error)
+	apply func([]secret) ([]slog.Attr, error)
+}
+
+// watch re-reads f every interval until ctx ends. New contents are put in
+// use; a file that can't be read or parsed leaves the last good secrets in
+// use, said once in the log and in paymentsd_secret_file_ok until it is
+// good again. Contents are compared, not the file's inode or time: a
+// Kubernetes Secret volume swaps a symlink, and editors replace files.
+func (f *secretFile) watch(ctx context.Context, good []secret, interval time.Duration, m *secretMetrics, logger *slog.Logger) {
+	m.ok.WithLabelValues(f.secret).Set(1)
+	for _, r := range []string{"ok", "unreadable", "invalid"} {
+		m.reloads.WithLabelValues(f.secret, r)
+	}
+	broken := "" // the last problem reported, until the file is good again
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var secrets []secret
+		var attrs []slog.Attr
+		result := "unreadable"
+		b, err := readSecretFile(f.path)
+		if err == nil {
+			result = "invalid"
+			secrets, err = f.parse(b)
+		}
+		if err == nil && !slices.Equal(secrets, good) {
+			attrs, err = f.apply(secrets)
+		}
+		if err != nil {
+			if err.Error() != broken {
+				broken = err.Error()
+				m.ok.WithLabelValues(f.secret).Set(0)
+				m.reloads.WithLabelValues(f.secret, result).Inc()
+				logger.Warn("secret file not reloaded: the last good secrets stay in use until it is fixed",
+					"secret", f.secret, "variable", f.variable, "result", result, "error", err.Error())
+			}
+			continue
+		}
+		if broken != "" {
+			broken = ""
+			m.ok.WithLabelValues(f.secret).Set(1)
+			if attrs == nil {
+				logger.Info("secret file good again, unchanged", "secret", f.secret, "variable", f.variable)
+			}
+		}
+		if attrs != nil {
+			good = secrets
+			m.reloads.WithLabelValues(f.secret, "ok").Inc()
+			logger.LogAttrs(ctx, slog.LevelInfo, "secret file reloaded",
+				append([]slog.Attr{slog.String("secret", f.secret), slog.String("variable", f.variable)}, attrs...)...)
+		}
+	}
+}
+
+// fingerprints names secrets by upstream.Fingerprint.
+func fingerprints(secrets []secret) []string {
+	out := make([]string, len(secrets))
+	for i, s := range secrets {
+		out[i] = upstream.Fingerprint(string(s))
+	}
+	return out
+}
+
+func plain(secrets []secret) []string {
+	out := make([]string, len(secrets))
+	for i, s := range secrets {
+		out[i] = string(s)
+	}
+	return out
+}
