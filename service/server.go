@@ -125,6 +125,18 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	allowed := newAllowlist(opts.AllowedCallers)
 	s := &Server{health: health.NewServer(), storeOK: true}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
+	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "paymentsd_ready",
+		Help: "1 while this replica is ready (serving and its record store writes), 0 while it is not (starting, draining, or the store failing): what /readyz answers.",
+	}, func() float64 {
+		if s.ready.Load() {
+			return 1
+		}
+		return 0
+	})
+	if err := opts.Registerer.Register(ready); err != nil {
+		return nil, fmt.Errorf("register readiness metric: %w", err)
+	}
 
 	// Outermost first: metrics and the access log see the final code,
 	// including Internal from a recovered panic; the caller's identity is

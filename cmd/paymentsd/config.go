@@ -18,6 +18,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/inbox"
 	"example.com/paymentsd/service"
@@ -110,6 +112,10 @@ type config struct {
 
 	// testHooks are a test binary's changes; none in production builds.
 	testHooks testHooks
+	// registry, if set, holds the metrics instead of a new registry, so a
+	// test can read the description of every metric paymentsd registers,
+	// even those with no series yet. Never set from the environment.
+	registry *prometheus.Registry
 }
 
 // A variable is one PAYMENTS_* setting. The table of them (variables) is

@@ -115,7 +115,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	}
 	lifecycle.Info("starting", "config", cfg)
 
-	registry := prometheus.NewRegistry()
+	registry := cfg.registry
+	if registry == nil {
+		registry = prometheus.NewRegistry()
+	}
 	registerer := prometheus.WrapRegistererWith(prometheus.Labels{"environment": cfg.Environment}, registry)
 	registerer.MustRegister(
 		collectors.NewGoCollector(),
