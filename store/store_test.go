@@ -1031,6 +1031,8 @@ func testStore(t *testing.T, b backend) {
 	testQuiet(t, fresh)
 	testClockAndReads(t, fresh)
 	testRetention(t, b, fresh)
+	testList(t, fresh)
+	testResolve(t, fresh)
 	testInbox(t, b)
 }
 
