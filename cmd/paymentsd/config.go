@@ -296,6 +296,11 @@ func variables() []variable {
 var ignoredVariables = map[string]string{
 	"PAYMENTS_TEST_POSTGRES_URL": "the tests' PostgreSQL server (bash .ci/postgres sets it)",
 	"PAYMENTS_BENCH_CPUPROFILE":  "paymentsbench's CPU profile, read only by a binary built with -tags=benchprofile",
+	envCLIAddr:                   "paymentsd payments' --addr",
+	envCLICA:                     "paymentsd payments' --tls-ca",
+	envCLICert:                   "paymentsd payments' --tls-cert",
+	envCLIKey:                    "paymentsd payments' --tls-key",
+	envCLIServerName:             "paymentsd payments' --server-name",
 }
 
 // environments are the provider environments, as <ENV> is written.

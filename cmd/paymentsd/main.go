@@ -56,7 +56,7 @@ func main() {
 	}
 	if err := run(context.Background(), os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "paymentsd: %v\n", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -67,6 +67,14 @@ func main() {
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+
+	// 'paymentsd payments …' is the operators' CLI, a client of a running
+	// paymentsd: it reads none of the server's configuration. Its
+	// questions (resolve's evidence and confirmation) are read from the
+	// terminal.
+	if len(args) > 1 && args[1] == "payments" {
+		return runPayments(ctx, args[2:], environ, os.Stdin, stdout, stderr)
+	}
 
 	cfg, err := loadConfig(args, environ)
 	switch {
