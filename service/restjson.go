@@ -37,6 +37,8 @@ func (m restMarshaler) Marshal(v any) ([]byte, error) {
 		b = append(b, resp.GetEnvironment().String()...)
 		b = append(b, `","replayed":`...)
 		b = strconv.AppendBool(b, resp.GetReplayed())
+		b = append(b, `,"resolved":`...)
+		b = strconv.AppendBool(b, resp.GetResolved())
 		b = append(b, '}')
 		return b, nil
 	case *paymentsv1.GetMultiCardPaymentResponse:

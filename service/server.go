@@ -247,14 +247,11 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, trackGatewayCall(dropEmptyQuery(rest)))))
 	// The lookup route takes keys with slashes ({idempotency_key=**}),
-	// which would also match the bare collection with an empty key; there
-	// is no list, so only POST is allowed there.
-	collection := func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", http.MethodPost)
-		refuse(w, r, http.StatusMethodNotAllowed, codes.Unimplemented, "only POST is allowed on /v1/multi-card-payments", 0)
-	}
-	mux.HandleFunc("GET /v1/multi-card-payments", collection)
-	mux.HandleFunc("GET /v1/multi-card-payments/{$}", collection)
+	// which would also match the collection with a trailing slash and an
+	// empty key: that is no lookup, and no list either.
+	mux.HandleFunc("GET /v1/multi-card-payments/{$}", func(w http.ResponseWriter, r *http.Request) {
+		refuse(w, r, http.StatusNotFound, codes.NotFound, "no idempotency key in the path: look one up with GET /v1/multi-card-payments/{idempotency_key}, or list with GET /v1/multi-card-payments", 0)
+	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})

@@ -90,6 +90,9 @@ type config struct {
 	// AllowedCallers, when set, are the mTLS identities (URI or DNS SANs)
 	// that may call the payments services.
 	AllowedCallers []string
+	// AdminCallers are the mTLS identities that may list every caller's
+	// payments and resolve payments in doubt.
+	AdminCallers []string
 
 	TLSCertFile     string
 	TLSKeyFile      string
@@ -258,7 +261,12 @@ func variables() []variable {
 			fileSetting(func(c *config) *string { return &c.TLSClientCAFile })},
 		{"PAYMENTS_ALLOWED_CALLERS", "",
 			"Comma-separated mTLS identities (URI or DNS SANs) that may call the payments and provider-events services; needs PAYMENTS_TLS_CLIENT_CA_FILE. Unset: every caller with a trusted certificate.",
-			setting{parse: parseCallers, show: func(c *config) slog.Value { return slog.AnyValue(c.AllowedCallers) }}},
+			setting{parse: func(c *config, v string) error { return parseCallers(&c.AllowedCallers, v) },
+				show: func(c *config) slog.Value { return slog.AnyValue(c.AllowedCallers) }}},
+		{"PAYMENTS_ADMIN_CALLERS", "",
+			"Comma-separated mTLS identities (URI or DNS SANs) that may list every caller's payments and resolve payments in doubt; needs PAYMENTS_TLS_CLIENT_CA_FILE. They may call even when not in PAYMENTS_ALLOWED_CALLERS. Unset: nobody (but everyone under --simulate).",
+			setting{parse: func(c *config, v string) error { return parseCallers(&c.AdminCallers, v) },
+				show: func(c *config) slog.Value { return slog.AnyValue(c.AdminCallers) }}},
 		{"PAYMENTS_LOG_LEVEL", "info",
 			"The lowest level logged: debug, info, warn or error. The start-up and shutdown lines are always logged.",
 			setting{
@@ -405,7 +413,8 @@ func fileSetting(field func(*config) *string) setting {
 	}
 }
 
-func parseCallers(c *config, callers string) error {
+// parseCallers parses a comma-separated list of identities into list.
+func parseCallers(list *[]string, callers string) error {
 	var problems []error
 	for i, caller := range strings.Split(callers, ",") {
 		caller = strings.TrimSpace(caller)
@@ -414,12 +423,12 @@ func parseCallers(c *config, callers string) error {
 		case strings.ContainsFunc(caller, func(r rune) bool { return r <= ' ' || r == 0x7f }):
 			problems = append(problems, fmt.Errorf("identity %d in the list has spaces or control characters; an identity has none", i+1))
 		default:
-			c.AllowedCallers = append(c.AllowedCallers, caller)
+			*list = append(*list, caller)
 		}
 	}
-	if callers != "" && len(c.AllowedCallers) == 0 && len(problems) == 0 {
-		// Set, yet empty, it would turn the allowlist off: every caller
-		// with a trusted certificate could call.
+	if callers != "" && len(*list) == 0 && len(problems) == 0 {
+		// Set, yet empty, it would turn the allowlist off (every caller
+		// with a trusted certificate could call), or name no admin.
 		return errors.New("set but holds no identity: want a comma-separated list of URI or DNS SANs, or leave it unset for no allowlist")
 	}
 	return errors.Join(problems...)
@@ -538,6 +547,9 @@ func loadConfig(args, environ []string) (*config, error) {
 		// Without client certificates no caller has an identity, and the
 		// allowlist would refuse everyone.
 		problem("PAYMENTS_ALLOWED_CALLERS needs PAYMENTS_TLS_CLIENT_CA_FILE: callers are identified by their client certificates")
+	}
+	if len(c.AdminCallers) > 0 && c.TLSClientCAFile == "" {
+		problem("PAYMENTS_ADMIN_CALLERS needs PAYMENTS_TLS_CLIENT_CA_FILE: admins are identified by their client certificates")
 	}
 
 	c.loadDatabase(getenv, problem)

@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -183,6 +184,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		RetentionInterval:  cfg.testHooks.retentionInterval,
 		Now:                cfg.testHooks.clock,
 		MaxSends:           cfg.MaxInFlight,
+		AdminCallers:       cfg.AdminCallers,
+		// A newcomer trying paymentsd out may list and resolve; simulated
+		// payments move no money.
+		EveryoneAdmin: cfg.Simulate,
 	})
 	// The webhook inbox's reader; its events are deleted with the records
 	// after PAYMENTS_RECORD_RETENTION.
@@ -205,7 +210,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		Events:          events,
 		MaxInFlight:     cfg.MaxInFlight,
 		ReadTimeout:     cfg.HTTPReadTimeout,
-		AllowedCallers:  cfg.AllowedCallers,
+		AllowedCallers:  allowedCallers(cfg),
 	}
 	if tlsConfig != nil {
 		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(tlsConfig)))
@@ -462,4 +467,14 @@ func randomKey() string {
 	var b [24]byte
 	rand.Read(b[:])
 	return "sim_" + hex.EncodeToString(b[:])
+}
+
+// allowedCallers is the connection allowlist: PAYMENTS_ALLOWED_CALLERS and,
+// when it is set, the admins too, who need not be listed twice. Unset, it
+// admits every trusted certificate, admins among them.
+func allowedCallers(cfg *config) []string {
+	if len(cfg.AllowedCallers) == 0 {
+		return nil
+	}
+	return append(slices.Clip(cfg.AllowedCallers), cfg.AdminCallers...)
 }
