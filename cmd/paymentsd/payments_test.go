@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -146,16 +149,36 @@ func waitGaveUp(t *testing.T, in *instance, n int) {
 	}
 }
 
+// unsettled reads paymentsd_records_unsettled from /metrics, over mTLS.
+func (d *mtlsDeployment) unsettled(t *testing.T, in *instance) float64 {
+	t.Helper()
+	transport := &http.Transport{TLSClientConfig: &tls.Config{
+		RootCAs: d.serverCA.pool, Certificates: []tls.Certificate{d.checkoutTLS}, MinVersion: tls.VersionTLS12,
+	}}
+	defer transport.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: transport}).Get("https://" + in.httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("/metrics is not Prometheus text: %v", err)
+	}
+	v, _ := sample(families, "paymentsd_records_unsettled", nil)
+	return v
+}
+
 // waitUnsettled waits until paymentsd_records_unsettled reads want. The
 // gauge is a periodic count, so this polls /metrics until a deadline.
-func waitUnsettled(t *testing.T, in *instance, want float64) {
+func (d *mtlsDeployment) waitUnsettled(t *testing.T, in *instance, want float64) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		families, _ := scrape(t, in)
-		got, _ := sample(families, "paymentsd_records_unsettled", nil)
+		got := d.unsettled(t, in)
 		if got == want {
 			return
 		}
@@ -192,7 +215,7 @@ func TestPaymentsCLIOnCall(t *testing.T) {
 		shop.CreateMultiCardPayment(t.Context(), validRequest(key))
 	}
 	waitGaveUp(t, in, 2)
-	waitUnsettled(t, in, 2)
+	d.waitUnsettled(t, in, 2)
 	admin, notAdmin := d.admin(in), d.notAdmin(in)
 
 	// Find every payment in doubt.
@@ -223,9 +246,13 @@ func TestPaymentsCLIOnCall(t *testing.T) {
 	if r := cli(t, "", "resolve", admin, "k-doubt-2", "--outcome", "not-created", "--evidence", "seen"); r.code != exitDeclined {
 		t.Errorf("resolve with no answer to the question:\n%v\nwant exit %d", r, exitDeclined)
 	}
-	// A caller that is not an admin is refused.
-	if r := cli(t, "", "list", notAdmin, "--in-doubt"); r.code != exitDenied || !strings.Contains(r.stderr, "CALLER_NOT_ADMIN") {
-		t.Errorf("list as a non-admin:\n%v\nwant exit %d, CALLER_NOT_ADMIN", r, exitDenied)
+	// A caller that is not an admin sees only its own payments, and is
+	// refused anything else.
+	if r := cli(t, "", "list", notAdmin, "--in-doubt"); r.code != 0 || !strings.Contains(r.stdout, "k-doubt-1") {
+		t.Errorf("list of its own payments as a non-admin:\n%v\nwant exit 0 and its payments", r)
+	}
+	if r := cli(t, "", "list", notAdmin, "--in-doubt", "--caller", oncall); r.code != exitDenied || !strings.Contains(r.stderr, "CALLER_NOT_ADMIN") {
+		t.Errorf("list of another caller's payments as a non-admin:\n%v\nwant exit %d, CALLER_NOT_ADMIN", r, exitDenied)
 	}
 	if r := cli(t, "", "resolve", notAdmin, "k-doubt-2", "--outcome", "not-created", "--evidence", "x", "--yes"); r.code != exitDenied || !strings.Contains(r.stderr, "CALLER_NOT_ADMIN") {
 		t.Errorf("resolve as a non-admin:\n%v\nwant exit %d, CALLER_NOT_ADMIN", r, exitDenied)
@@ -256,7 +283,7 @@ func TestPaymentsCLIOnCall(t *testing.T) {
 	if r := cli(t, "", "get", admin, "k-doubt-1"); r.code != 0 || !strings.Contains(r.stdout, oncall) || !strings.Contains(r.stdout, "pay_7Hq2") {
 		t.Errorf("get k-doubt-1 (table):\n%v\nwant the audit trail with the actor and the evidence", r)
 	}
-	waitUnsettled(t, in, 1)
+	d.waitUnsettled(t, in, 1)
 
 	// A resolved payment is not resolved again; the calling service now
 	// gets the replay.
