@@ -110,7 +110,11 @@ func (s *Store) listRecords(ctx context.Context, q ListQuery) (Page, error) {
 	if q.ByCaller {
 		where = append(where, "caller = "+args.add(q.Caller))
 	}
-	if !q.CreatedAfter.IsZero() {
+	// Past the first page the cursor is the lower bound: it is at or after
+	// CreatedAfter, and a second lower bound on created_at makes SQLite
+	// seek to CreatedAfter and scan every earlier page again, so each
+	// page of a long time range took longer than the last.
+	if !q.CreatedAfter.IsZero() && (q.After == nil || q.After.CreatedAt.Before(q.CreatedAfter)) {
 		where = append(where, "created_at >= "+args.add(d.t(q.CreatedAfter)))
 	}
 	if !q.CreatedBefore.IsZero() {
