@@ -114,6 +114,10 @@ type PaymentsServiceClient interface {
 	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
 	//     deployment's allowlist; this call sent nothing (like
 	//     REQUEST_NOT_SENT, it says nothing of earlier calls).
+	//   - IDEMPOTENCY_KEY_NOT_OWNED: with mTLS, the key's record was created
+	//     by another caller (or before callers had identities). Nothing was
+	//     sent, and nothing of that record is told: use a new key. A key is
+	//     only ever replayed to the caller that created it.
 	//
 	// Of the provider's answers, only the refusals that prove the request was
 	// not acted on are PAYMENT_NOT_CREATED: 400, 401, 403, 404, 405, 406,
@@ -173,7 +177,8 @@ type PaymentsServiceClient interface {
 	//     nothing was sent by this call (REQUEST_NOT_SENT, or
 	//     PAYMENT_OUTCOME_UNKNOWN or PAYMENT_IN_PROGRESS, as above).
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
-	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
+	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED);
+	//     with IDEMPOTENCY_KEY_NOT_OWNED: another caller's key.
 	//   - RESOURCE_EXHAUSTED (429) with REQUEST_NOT_SENT and a RetryInfo:
 	//     paymentsd has too many calls in progress; retry shortly with the
 	//     same key.
@@ -187,6 +192,12 @@ type PaymentsServiceClient interface {
 	//
 	// REST: GET /v1/multi-card-payments/{idempotency_key}, with the key
 	// percent-encoded as a path segment.
+	//
+	// With mTLS, a caller that is not an admin (PAYMENTS_ADMIN_CALLERS) sees
+	// only the records it created: another caller's key, or a key whose
+	// record is gone (its tombstone keeps no caller), is the plain NOT_FOUND
+	// of a key never used. The response's audit_entries list what people
+	// changed (ResolveMultiCardPayment).
 	//
 	// Codes: NOT_FOUND (404) when paymentsd has no record of the key: never
 	// used with this deployment's environment, or deleted by retention, in
@@ -410,6 +421,10 @@ type PaymentsServiceServer interface {
 	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
 	//     deployment's allowlist; this call sent nothing (like
 	//     REQUEST_NOT_SENT, it says nothing of earlier calls).
+	//   - IDEMPOTENCY_KEY_NOT_OWNED: with mTLS, the key's record was created
+	//     by another caller (or before callers had identities). Nothing was
+	//     sent, and nothing of that record is told: use a new key. A key is
+	//     only ever replayed to the caller that created it.
 	//
 	// Of the provider's answers, only the refusals that prove the request was
 	// not acted on are PAYMENT_NOT_CREATED: 400, 401, 403, 404, 405, 406,
@@ -469,7 +484,8 @@ type PaymentsServiceServer interface {
 	//     nothing was sent by this call (REQUEST_NOT_SENT, or
 	//     PAYMENT_OUTCOME_UNKNOWN or PAYMENT_IN_PROGRESS, as above).
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
-	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
+	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED);
+	//     with IDEMPOTENCY_KEY_NOT_OWNED: another caller's key.
 	//   - RESOURCE_EXHAUSTED (429) with REQUEST_NOT_SENT and a RetryInfo:
 	//     paymentsd has too many calls in progress; retry shortly with the
 	//     same key.
@@ -483,6 +499,12 @@ type PaymentsServiceServer interface {
 	//
 	// REST: GET /v1/multi-card-payments/{idempotency_key}, with the key
 	// percent-encoded as a path segment.
+	//
+	// With mTLS, a caller that is not an admin (PAYMENTS_ADMIN_CALLERS) sees
+	// only the records it created: another caller's key, or a key whose
+	// record is gone (its tombstone keeps no caller), is the plain NOT_FOUND
+	// of a key never used. The response's audit_entries list what people
+	// changed (ResolveMultiCardPayment).
 	//
 	// Codes: NOT_FOUND (404) when paymentsd has no record of the key: never
 	// used with this deployment's environment, or deleted by retention, in
