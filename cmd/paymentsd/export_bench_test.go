@@ -22,7 +22,7 @@ import (
 func BenchmarkExport(b *testing.B) {
 	const n = 100_000
 	dbPath := filepath.Join(b.TempDir(), "records.db")
-	d := newMTLSDeployment(b, with(sandboxEnv(fakeProvider(b, "sandbox")), "PAYMENTS_DATABASE_URL", "sqlite:"+dbPath))
+	d := newCLIDeployment(b, with(sandboxEnv(fakeProvider(b, "sandbox")), "PAYMENTS_DATABASE_URL", "sqlite:"+dbPath))
 	in := start(b, d.env)
 	from := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
 	seedSQLiteBulk(b, dbPath, n, from)

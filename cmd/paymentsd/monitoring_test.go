@@ -272,7 +272,8 @@ func TestMonitoringQueriesUseExportedMetrics(t *testing.T) {
 	// The areas the issue asks the dashboard to show.
 	for _, want := range []string{
 		"grpc_server_handled_total", "grpc_server_handling_seconds_bucket", "paymentsd_provider_requests_total",
-		"paymentsd_records", "paymentsd_records_unsettled", "paymentsd_settlement_attempts_total", "paymentsd_webhook_deliveries_total",
+		"paymentsd_records", "paymentsd_records_unsettled", "paymentsd_settlement_attempts_total", "paymentsd_resolutions_total",
+		"paymentsd_webhook_deliveries_total",
 	} {
 		if !slices.ContainsFunc(dash, func(q query) bool { return strings.Contains(q.expr, want+"{") }) {
 			t.Errorf("the dashboard does not query %s", want)

@@ -31,16 +31,13 @@ import (
 	"example.com/paymentsd/upstream/upstreamtest"
 )
 
-const (
-	oncall = "spiffe://corp.example/ns/ops/sa/oncall"
-	// gaveUpLine is the log line of a settlement give-up.
-	gaveUpLine = "settlement window closed with the payment's outcome unknown; check the provider's dashboard"
-)
+// gaveUpLine is the log line of a settlement give-up.
+const gaveUpLine = "settlement window closed with the payment's outcome unknown; check the provider's dashboard"
 
-// mtlsDeployment is a paymentsd serving mTLS, with the files its callers
+// cliDeployment is a paymentsd serving mTLS, with the files its callers
 // use: one identity that is an admin (oncall) and one that is not
 // (checkout).
-type mtlsDeployment struct {
+type cliDeployment struct {
 	serverCA, clientCA        *testCA
 	env                       map[string]string
 	caFile                    string
@@ -49,9 +46,9 @@ type mtlsDeployment struct {
 	checkoutTLS               tls.Certificate
 }
 
-func newMTLSDeployment(t testing.TB, base map[string]string) *mtlsDeployment {
+func newCLIDeployment(t testing.TB, base map[string]string) *cliDeployment {
 	t.Helper()
-	d := &mtlsDeployment{serverCA: newTestCA(t, "server CA"), clientCA: newTestCA(t, "client CA")}
+	d := &cliDeployment{serverCA: newTestCA(t, "server CA"), clientCA: newTestCA(t, "client CA")}
 	certFile, keyFile := writePEMFiles(t, d.serverCA.issue(t, x509.ExtKeyUsageServerAuth))
 	clientCAFile := filepath.Join(t.TempDir(), "client-ca.pem")
 	os.WriteFile(clientCAFile, d.clientCA.pem, 0o600)
@@ -69,7 +66,7 @@ func newMTLSDeployment(t testing.TB, base map[string]string) *mtlsDeployment {
 }
 
 // checkoutClient is the calling service's gRPC client.
-func (d *mtlsDeployment) checkoutClient(t *testing.T, in *instance) paymentsv1.PaymentsServiceClient {
+func (d *cliDeployment) checkoutClient(t *testing.T, in *instance) paymentsv1.PaymentsServiceClient {
 	t.Helper()
 	conn, err := grpc.NewClient(in.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
 		RootCAs: d.serverCA.pool, Certificates: []tls.Certificate{d.checkoutTLS}, MinVersion: tls.VersionTLS12,
@@ -82,11 +79,11 @@ func (d *mtlsDeployment) checkoutClient(t *testing.T, in *instance) paymentsv1.P
 }
 
 // admin and notAdmin are the CLI's connection flags for each identity.
-func (d *mtlsDeployment) admin(in *instance) []string {
+func (d *cliDeployment) admin(in *instance) []string {
 	return []string{"--addr", in.grpcAddr, "--tls-ca", d.caFile, "--tls-cert", d.adminCert, "--tls-key", d.adminKey}
 }
 
-func (d *mtlsDeployment) notAdmin(in *instance) []string {
+func (d *cliDeployment) notAdmin(in *instance) []string {
 	return []string{"--addr", in.grpcAddr, "--tls-ca", d.caFile, "--tls-cert", d.checkoutCert, "--tls-key", d.checkoutKey}
 }
 
@@ -150,7 +147,7 @@ func waitGaveUp(t *testing.T, in *instance, n int) {
 }
 
 // unsettled reads paymentsd_records_unsettled from /metrics, over mTLS.
-func (d *mtlsDeployment) unsettled(t *testing.T, in *instance) float64 {
+func (d *cliDeployment) unsettled(t *testing.T, in *instance) float64 {
 	t.Helper()
 	transport := &http.Transport{TLSClientConfig: &tls.Config{
 		RootCAs: d.serverCA.pool, Certificates: []tls.Certificate{d.checkoutTLS}, MinVersion: tls.VersionTLS12,
@@ -172,7 +169,7 @@ func (d *mtlsDeployment) unsettled(t *testing.T, in *instance) float64 {
 
 // waitUnsettled waits until paymentsd_records_unsettled reads want. The
 // gauge is a periodic count, so this polls /metrics until a deadline.
-func (d *mtlsDeployment) waitUnsettled(t *testing.T, in *instance, want float64) {
+func (d *cliDeployment) waitUnsettled(t *testing.T, in *instance, want float64) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -202,7 +199,7 @@ func TestPaymentsCLIOnCall(t *testing.T) {
 		}
 		return upstreamtest.Reply{}
 	})
-	d := newMTLSDeployment(t, with(sandboxEnv(p),
+	d := newCLIDeployment(t, with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
 		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
@@ -348,7 +345,7 @@ func TestPaymentsExportYesterdayCSV(t *testing.T) {
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	yesterday := today.AddDate(0, 0, -1)
 	dbPath := filepath.Join(t.TempDir(), "records.db")
-	d := newMTLSDeployment(t, with(sandboxEnv(fakeProvider(t, "sandbox")), "PAYMENTS_DATABASE_URL", "sqlite:"+dbPath))
+	d := newCLIDeployment(t, with(sandboxEnv(fakeProvider(t, "sandbox")), "PAYMENTS_DATABASE_URL", "sqlite:"+dbPath))
 	in := start(t, d.env)
 	seeds := []seedRecord{
 		{"k-day-before", 1, yesterday.Add(-time.Microsecond), `{"id":"pay_0"}`},
