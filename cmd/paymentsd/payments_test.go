@@ -28,6 +28,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/store/storetest"
 	"example.com/paymentsd/upstream/upstreamtest"
 )
 
@@ -192,6 +193,21 @@ func (d *cliDeployment) waitUnsettled(t *testing.T, in *instance, want float64) 
 // is refused, and nothing is changed without evidence and confirmation.
 func TestPaymentsCLIOnCall(t *testing.T) {
 	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		db   func(t testing.TB) string
+	}{
+		{"sqlite", storetest.SQLiteURL},
+		{"postgres", storetest.PostgresURL},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			testPaymentsCLIOnCall(t, tt.db(t))
+		})
+	}
+}
+
+func testPaymentsCLIOnCall(t *testing.T, db string) {
 	p := idempotentProvider(t)
 	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
 		if strings.HasPrefix(idempotencyKey(r.Body), "k-doubt") {
@@ -205,6 +221,7 @@ func TestPaymentsCLIOnCall(t *testing.T) {
 		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
 		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
 		"PAYMENTS_PROVIDER_QUIET_PERIOD", "1s",
+		"PAYMENTS_DATABASE_URL", db,
 	))
 	in := start(t, d.env)
 	shop := d.checkoutClient(t, in)
