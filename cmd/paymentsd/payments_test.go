@@ -324,11 +324,23 @@ type seedRecord struct {
 	reply   string
 }
 
-// seedSQLite writes records into the SQLite file of a running paymentsd,
-// as the store's own benchmark does: the API can only create records now.
-func seedSQLite(tb testing.TB, path string, rs []seedRecord) {
+// seedRecords writes records into the record store of a running
+// paymentsd (SQLite or PostgreSQL), as the store's own list benchmark does:
+// the API can only create records now.
+func seedRecords(tb testing.TB, dbURL string, rs []seedRecord) {
 	tb.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
+	driver, dsn, insert := "pgx", dbURL, `INSERT INTO records (key, key_hash, body, body_sha256, currency, amount, state,
+		provider_status, reply, request_id, trace_id, caller, created_at, updated_at, settle_by, next_settle_at,
+		lease_expires_at, gave_up)
+		VALUES ($1::text, sha256(convert_to($1::text, 'UTF8')), NULL, sha256(''::bytea), 'EUR', $2, 2, 201, $3, '', '', $4,
+		$5::timestamptz, $5::timestamptz, $5::timestamptz + interval '1 day', $5::timestamptz, $5::timestamptz, false)`
+	if path, ok := strings.CutPrefix(dbURL, "sqlite:"); ok {
+		driver, dsn, insert = "sqlite", "file:"+path+"?_pragma=busy_timeout(10000)", `INSERT INTO records (key, body, body_sha256,
+		currency, amount, state, provider_status, reply, request_id, trace_id, caller, created_at, updated_at, settle_by,
+		next_settle_at, lease_expires_at, gave_up)
+		VALUES (?1, NULL, zeroblob(32), 'EUR', ?2, 2, 201, ?3, '', '', ?4, ?5, ?5, ?5 + 86400000000, 0, 0, 0)`
+	}
+	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -338,14 +350,12 @@ func seedSQLite(tb testing.TB, path string, rs []seedRecord) {
 		tb.Fatal(err)
 	}
 	defer tx.Rollback()
-	stmt, err := tx.Prepare(`INSERT INTO records (key, body, body_sha256, currency, amount, state, provider_status, reply,
-		request_id, trace_id, caller, created_at, updated_at, settle_by, next_settle_at, lease_expires_at, gave_up)
-		VALUES (?1, NULL, zeroblob(32), 'EUR', ?2, 2, 201, ?3, '', '', ?4, ?5, ?5, ?5 + 86400000000, 0, 0, 0)`)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	for _, r := range rs {
-		if _, err := stmt.Exec(r.key, r.amount, []byte(r.reply), checkout, r.created.UnixMicro()); err != nil {
+		var created any = r.created
+		if driver == "sqlite" {
+			created = r.created.UnixMicro()
+		}
+		if _, err := tx.Exec(insert, r.key, r.amount, []byte(r.reply), checkout, created); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -359,10 +369,24 @@ func seedSQLite(tb testing.TB, path string, rs []seedRecord) {
 // payments created yesterday, oldest first, with the provider's replies.
 func TestPaymentsExportYesterdayCSV(t *testing.T) {
 	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		db   func(t testing.TB) string
+	}{
+		{"sqlite", storetest.SQLiteURL},
+		{"postgres", storetest.PostgresURL},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			testPaymentsExportYesterdayCSV(t, tt.db(t))
+		})
+	}
+}
+
+func testPaymentsExportYesterdayCSV(t *testing.T, db string) {
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	yesterday := today.AddDate(0, 0, -1)
-	dbPath := filepath.Join(t.TempDir(), "records.db")
-	d := newCLIDeployment(t, with(sandboxEnv(fakeProvider(t, "sandbox")), "PAYMENTS_DATABASE_URL", "sqlite:"+dbPath))
+	d := newCLIDeployment(t, with(sandboxEnv(fakeProvider(t, "sandbox")), "PAYMENTS_DATABASE_URL", db))
 	in := start(t, d.env)
 	seeds := []seedRecord{
 		{"k-day-before", 1, yesterday.Add(-time.Microsecond), `{"id":"pay_0"}`},
@@ -371,7 +395,7 @@ func TestPaymentsExportYesterdayCSV(t *testing.T) {
 		{"k-last", 4, today.Add(-time.Microsecond), `{"id":"pay_3"}`},
 		{"k-today", 5, today, `{"id":"pay_4"}`},
 	}
-	seedSQLite(t, dbPath, seeds)
+	seedRecords(t, db, seeds)
 	want := seeds[1:4]
 	// And one made through the API, now (today).
 	if _, err := d.checkoutClient(t, in).CreateMultiCardPayment(t.Context(), validRequest("k-now")); err != nil {
