@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -121,7 +122,7 @@ func paymentsExport(ctx context.Context, args []string, env func(string) string,
 	conn.register(fs, env)
 	filters.register(fs, "from", "to")
 	format := fs.String("format", "csv", "csv or jsonl")
-	output := fs.String("output", "", "write to this file instead of stdout (replaced if it exists)")
+	output := fs.String("output", "", "write to this file instead of stdout (replaced, once the export is whole)")
 	rest, err := parseArgs(fs, args, stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -147,14 +148,21 @@ func paymentsExport(ctx context.Context, args []string, env func(string) string,
 	}
 	defer closeConn()
 
+	// --output is written under a temporary name and renamed once the
+	// export is whole, so a file by that name is never a partial export.
+	// Like the temporary file, it is readable by its owner only: it holds
+	// every payment of the range.
 	out := stdout
 	var file *os.File
 	if *output != "" {
-		file, err = os.Create(*output)
+		file, err = os.CreateTemp(filepath.Dir(*output), "."+filepath.Base(*output)+".partial-*")
 		if err != nil {
 			return usageError("--output: %w", fileError(err))
 		}
-		defer file.Close()
+		defer func() {
+			file.Close()
+			os.Remove(file.Name()) // fails once renamed
+		}()
 		out = file
 	}
 	start := time.Now()
@@ -165,7 +173,13 @@ func paymentsExport(ctx context.Context, args []string, env func(string) string,
 		return err
 	}
 	if file != nil {
+		if err := file.Sync(); err != nil {
+			return fmt.Errorf("--output: %w", err)
+		}
 		if err := file.Close(); err != nil {
+			return fmt.Errorf("--output: %w", err)
+		}
+		if err := os.Rename(file.Name(), *output); err != nil {
 			return fmt.Errorf("--output: %w", err)
 		}
 	}

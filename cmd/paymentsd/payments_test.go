@@ -410,6 +410,12 @@ func testPaymentsExportYesterdayCSV(t *testing.T, db string) {
 	if r.code != 0 || r.stdout != "" {
 		t.Fatalf("export --from yesterday --to yesterday:\n%v\nwant exit 0 and the data in --output", r)
 	}
+	if entries, _ := os.ReadDir(filepath.Dir(out)); len(entries) != 1 {
+		t.Errorf("--output's directory holds %v, want the export alone (no partial file left)", entries)
+	}
+	if fi, err := os.Stat(out); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("--output file mode = %v, %v; want -rw------- (it holds every payment of the day)", fi.Mode(), err)
+	}
 	f, err := os.Open(out)
 	if err != nil {
 		t.Fatal(err)
