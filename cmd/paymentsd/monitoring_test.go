@@ -226,6 +226,9 @@ func TestMonitoringQueriesUseExportedMetrics(t *testing.T) {
 		t.Fatalf("webhook delivery = %d %s, want 200", status, reply)
 	}
 	families, _ := scrape(t, in)
+	if v, ok := sample(families, "paymentsd_ready", nil); !ok || v != 1 {
+		t.Errorf("paymentsd_ready while serving = %v (present %v), want 1", v, ok)
+	}
 	exp := exportedBy(t, reg, families)
 	// The description route must see what /metrics does not: a vector
 	// with no series yet.
