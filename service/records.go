@@ -545,13 +545,13 @@ func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 	case errors.Is(err, store.ErrNotFound):
 		ts, terr := s.store.Tombstone(ctx, key)
 		switch {
-		case terr == nil && !s.scoped(ctx):
+		case terr == nil && (!s.scoped(ctx) || (ts.CallerKnown && ts.Caller == CallerFromContext(ctx))):
 			return nil, s.expiredError(codes.NotFound, key, ts)
 		case terr != nil && !errors.Is(terr, store.ErrNotFound):
 			return nil, s.lookupError(ctx, terr)
 		}
-		// A tombstone does not keep its record's caller: a caller that
-		// sees only its own records is not told of one.
+		// A caller that sees only its own records is not told of another
+		// caller's tombstone, nor of one that does not know its caller.
 		return nil, s.noRecordError(key)
 	case err != nil:
 		return nil, s.lookupError(ctx, err)

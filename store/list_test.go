@@ -449,4 +449,29 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		same.OwnKeysOnly = true
 		begin(t, s, same, store.Replay)
 	})
+
+	t.Run("NotOwnedTombstone", func(t *testing.T) {
+		t.Parallel()
+		s, clk := fresh(t)
+		c := claim("gone", `{"amount":1}`, "a")
+		begin(t, s, c, store.Acquired)
+		finish(t, s, store.Finish{Key: c.Key, Owner: "a", State: store.StateSucceeded, ProviderStatus: 200, Reply: []byte(`{}`)})
+		clk.Add(keep + time.Hour)
+		deleteAll(t, s, store.Retention{Records: keep, Tombstones: keepTombstones}, 10)
+		clk.Add(store.TombstoneGrace + time.Hour)
+		deleteAll(t, s, store.Retention{Records: keep, Tombstones: keepTombstones}, 10)
+		if _, err := s.Get(ctx, c.Key); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Get(deleted) error = %v", err)
+		}
+		other := claim("gone", `{"amount":1}`, "b")
+		other.OwnKeysOnly = true
+		if b := begin(t, s, other, store.NotOwned); b.Tombstone != (store.Tombstone{}) {
+			t.Errorf("Begin(another's tombstone) leaks %+v", b.Tombstone)
+		}
+		same := c
+		same.OwnKeysOnly = true
+		if b := begin(t, s, same, store.Expired); b.Tombstone.Caller != c.Caller || !b.Tombstone.CallerKnown {
+			t.Errorf("Begin(own tombstone) tombstone caller %q (known %v), want %q", b.Tombstone.Caller, b.Tombstone.CallerKnown, c.Caller)
+		}
+	})
 }

@@ -39,3 +39,8 @@ CREATE TRIGGER audit_entries_append_only BEFORE UPDATE OR DELETE ON audit_entrie
 	FOR EACH ROW EXECUTE FUNCTION audit_entries_append_only();
 CREATE TRIGGER audit_entries_no_truncate BEFORE TRUNCATE ON audit_entries
 	FOR EACH STATEMENT EXECUTE FUNCTION audit_entries_append_only();
+
+-- A tombstone keeps the caller of its record, so that with caller
+-- identities on, another caller's expired key tells nothing of it. NULL for
+-- tombstones written before this migration: caller unknown.
+ALTER TABLE tombstones ADD COLUMN caller TEXT;

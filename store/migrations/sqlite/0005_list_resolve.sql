@@ -36,3 +36,8 @@ END;
 CREATE TRIGGER audit_entries_no_delete BEFORE DELETE ON audit_entries BEGIN
 	SELECT RAISE(ABORT, 'audit entries are append-only');
 END;
+
+-- A tombstone keeps the caller of its record, so that with caller
+-- identities on, another caller's expired key tells nothing of it. NULL for
+-- tombstones written before this migration: caller unknown.
+ALTER TABLE tombstones ADD COLUMN caller TEXT;
