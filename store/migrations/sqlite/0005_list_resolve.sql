@@ -1,10 +1,12 @@
 -- Listing records, and resolving payments in doubt.
 --
 -- records_list_state and records_list_caller answer ListRecords: one range
--- scan per (state, gave_up) pair asked for, already in page order
+-- scan per (state, gave_up) pair asked for, of the index alone (it holds
+-- every column the scan reads; tombstoned_at trails so that tombstoned
+-- records are skipped without reading the table), already in page order
 -- (created_at, then key), optionally within one caller's records.
-CREATE INDEX records_list_state ON records (state, gave_up, created_at, key);
-CREATE INDEX records_list_caller ON records (caller, state, gave_up, created_at, key);
+CREATE INDEX records_list_state ON records (state, gave_up, created_at, key, tombstoned_at);
+CREATE INDEX records_list_caller ON records (caller, state, gave_up, created_at, key, tombstoned_at);
 
 -- resolved_at is when a person last resolved the record (NULL: never).
 ALTER TABLE records ADD COLUMN resolved_at INTEGER;
