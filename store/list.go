@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -59,10 +58,10 @@ type Page struct {
 const listOverhead = 160
 
 // ListRecords returns a page of the records q asks for (never tombstoned
-// ones). It reads the page's positions from the indexes alone, then the
-// records' sizes, then only the records that fit, all in one read-only
-// snapshot, so a page never holds more than q.MaxBytes (or its first
-// record).
+// ones). It reads the page's positions from the indexes alone, then (with
+// replies) the records' sizes, then only the records that fit, all in one
+// read-only snapshot, so a page never holds more than q.MaxBytes (or its
+// first record).
 //
 // Each (state, GaveUp) pair asked for is read as its own range scan of an
 // index ordered like the page (records_list_state, or
@@ -155,10 +154,7 @@ func (s *Store) listRecords(ctx context.Context, q ListQuery) (Page, error) {
 	}
 	positions := strings.Join(arms, "\nUNION ALL\n") + "\nORDER BY created_at, tie LIMIT " + limit
 
-	size := d.bytesOf("key") + " + " + d.bytesOf("caller") + " + " + d.bytesOf("last_error")
-	if q.WithReply {
-		size += " + " + d.bytesOf("reply")
-	}
+	size := d.bytesOf("key") + " + " + d.bytesOf("caller") + " + " + d.bytesOf("last_error") + " + " + d.bytesOf("reply")
 	reply := "NULL"
 	if q.WithReply {
 		reply = "reply"
@@ -196,90 +192,83 @@ func (s *Store) listRecords(ctx context.Context, q ListQuery) (Page, error) {
 			page.More = true
 			ps = ps[:q.Limit]
 		}
-		var in listArgs
-		marks := make([]string, len(ps))
-		for i, p := range ps {
-			marks[i] = in.add(d.tie(p.tie))
+		inList := func() (string, listArgs) {
+			var in listArgs
+			marks := make([]string, len(ps))
+			for i, p := range ps {
+				marks[i] = in.add(d.tie(p.tie))
+			}
+			return d.keyCol + ` IN (` + strings.Join(marks, ", ") + `)`, in
 		}
-		inList := d.keyCol + ` IN (` + strings.Join(marks, ", ") + `)`
 
-		// Their sizes, to cut the page by bytes before reading a reply.
-		sizes := make(map[string]int64, len(ps))
-		rows, err = tx.QueryContext(ctx, d.q(`SELECT `+d.keyCol+`, `+size+` FROM records WHERE `+inList), in...)
-		if err != nil {
-			return err
-		}
-		err = func() error {
-			defer rows.Close()
-			for rows.Next() {
-				var tie []byte
-				var n int64
-				if err := rows.Scan(&tie, &n); err != nil {
-					return err
+		if q.WithReply {
+			// Their sizes, to cut the page by bytes before reading a
+			// reply.
+			list, in := inList()
+			sizes := make(map[string]int64, len(ps))
+			rows, err = tx.QueryContext(ctx, d.q(`SELECT `+d.keyCol+`, `+size+` FROM records WHERE `+list), in...)
+			if err != nil {
+				return err
+			}
+			err = func() error {
+				defer rows.Close()
+				for rows.Next() {
+					var tie []byte
+					var n int64
+					if err := rows.Scan(&tie, &n); err != nil {
+						return err
+					}
+					sizes[string(tie)] = n
 				}
-				sizes[string(tie)] = n
+				return rows.Err()
+			}()
+			if err != nil {
+				return err
 			}
-			return rows.Err()
-		}()
-		if err != nil {
-			return err
-		}
-		var total int64
-		for i, p := range ps {
-			cost := sizes[string(p.tie)] + listOverhead
-			if i > 0 && q.MaxBytes > 0 && total+cost > q.MaxBytes {
-				page.More = true
-				ps = ps[:i]
-				break
+			var total int64
+			for i, p := range ps {
+				cost := sizes[string(p.tie)] + listOverhead
+				if i > 0 && q.MaxBytes > 0 && total+cost > q.MaxBytes {
+					page.More = true
+					ps = ps[:i]
+					break
+				}
+				total += cost
 			}
-			total += cost
 		}
-		page.Next = &Cursor{CreatedAt: ps[len(ps)-1].at, Tie: ps[len(ps)-1].tie}
 
-		// The records that fit, and only those.
-		order := make(map[string]int, len(ps))
-		in, marks = in[:0], marks[:len(ps)]
-		for i, p := range ps {
-			order[string(p.tie)] = i
-			marks[i] = in.add(d.tie(p.tie))
-		}
-		inList = d.keyCol + ` IN (` + strings.Join(marks, ", ") + `)`
-		rows, err = tx.QueryContext(ctx, d.q(`SELECT `+cols+`, `+d.keyCol+` FROM records WHERE `+inList), in...)
+		// The records, in page order. Without replies, a record's size is
+		// what is read anyway (its key, caller and last error), so the
+		// page is cut by bytes as they are read.
+		list, in := inList()
+		rows, err = tx.QueryContext(ctx, d.q(`SELECT `+cols+`, `+d.keyCol+` FROM records WHERE `+list+
+			` ORDER BY created_at, `+d.keyCol), in...)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		page.Records = make([]Record, 0, len(ps))
-		idx := make([]int, 0, len(ps))
+		var total int64
 		for rows.Next() {
 			var tie []byte
 			r, err := scanRecord(rows, &tie)
 			if err != nil {
 				return err
 			}
+			if !q.WithReply {
+				cost := int64(len(r.Key)+len(r.Caller)+len(r.LastError)) + listOverhead
+				if len(page.Records) > 0 && q.MaxBytes > 0 && total+cost > q.MaxBytes {
+					page.More = true
+					break
+				}
+				total += cost
+			}
 			page.Records = append(page.Records, r)
-			idx = append(idx, order[string(tie)])
+			page.Next = &Cursor{CreatedAt: r.CreatedAt, Tie: tie}
 		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		sort.Sort(byIndex{page.Records, idx})
-		return nil
+		return rows.Err()
 	})
 	return page, err
-}
-
-// byIndex sorts records by their position in the first query.
-type byIndex struct {
-	rs  []Record
-	idx []int
-}
-
-func (b byIndex) Len() int           { return len(b.rs) }
-func (b byIndex) Less(i, j int) bool { return b.idx[i] < b.idx[j] }
-func (b byIndex) Swap(i, j int) {
-	b.rs[i], b.rs[j] = b.rs[j], b.rs[i]
-	b.idx[i], b.idx[j] = b.idx[j], b.idx[i]
 }
 
 // readSnapshot runs fn in a read-only transaction on the readers, whose
