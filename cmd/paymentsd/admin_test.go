@@ -216,6 +216,10 @@ func TestResolveEndToEnd(t *testing.T) {
 			if r.status != http.StatusOK {
 				t.Fatalf("REST resolve by on call = %d %s, want 200", r.status, r.raw)
 			}
+			// Over REST the record's payment is the recorded reply, exactly.
+			if !strings.Contains(string(r.raw), `"payment":{"id":"pay_123","amount":12345678901234567890}`) || !strings.Contains(string(r.raw), `"auditEntry":{`) {
+				t.Errorf("REST resolve reply = %s; want the exact payment and the audit entry", r.raw)
+			}
 			if v := admin.metric(t, "paymentsd_records_unsettled", nil); v != 1 {
 				t.Errorf("paymentsd_records_unsettled = %v right after a resolution, want 1", v)
 			}
