@@ -519,3 +519,15 @@ func TestListPageTokens(t *testing.T) {
 		}
 	}
 }
+
+func TestAdminCallersNeedClientCA(t *testing.T) {
+	t.Parallel()
+	for name, v := range map[string]string{"set": oncall, "only commas": " , ,"} {
+		env := with(map[string]string{"PAYMENTS_SANDBOX_BASE_URL": "http://127.0.0.1:1/v1", "PAYMENTS_SANDBOX_API_KEY": sandboxKey},
+			"PAYMENTS_ADMIN_CALLERS", v)
+		_, err := loadConfig([]string{"paymentsd"}, envList(env))
+		if err == nil || !strings.Contains(err.Error(), "PAYMENTS_ADMIN_CALLERS") {
+			t.Errorf("%s: loadConfig(PAYMENTS_ADMIN_CALLERS without PAYMENTS_TLS_CLIENT_CA_FILE) = %v, want an error naming it", name, err)
+		}
+	}
+}
