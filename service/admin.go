@@ -79,7 +79,7 @@ func (s *Service) notAdminError(ctx context.Context, what string) error {
 // nothing of that record: not its state, amount or caller.
 func (s *Service) notOwnedError() error {
 	return withDetails(status.New(codes.PermissionDenied,
-		"this idempotency key is already used by another caller; nothing was sent: use a new key for this payment"),
+		"this idempotency key belongs to another caller identity; nothing was sent. Use a new key for this payment, unless this service may have created it under another certificate identity: then ask the payments team to look the key up before paying again"),
 		s.errorInfo(ReasonKeyNotOwned, nil))
 }
 

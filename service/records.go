@@ -104,6 +104,11 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 			return nil, s.quietError(began.Record)
 		case store.Expired:
 			s.metrics.expired.Inc()
+			if claim.OwnKeysOnly && !began.Tombstone.CallerKnown {
+				// A tombstone from before tombstones kept their caller:
+				// it may be another caller's, so nothing of it is told.
+				return nil, s.expiredUntoldError(key)
+			}
 			return nil, s.expiredError(codes.FailedPrecondition, key, began.Tombstone)
 		case store.Replay:
 			return s.replay(ctx, began.Record)
@@ -545,13 +550,13 @@ func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 	case errors.Is(err, store.ErrNotFound):
 		ts, terr := s.store.Tombstone(ctx, key)
 		switch {
-		case terr == nil && !s.scoped(ctx):
+		case terr == nil && (!s.scoped(ctx) || (ts.CallerKnown && ts.Caller == CallerFromContext(ctx))):
 			return nil, s.expiredError(codes.NotFound, key, ts)
 		case terr != nil && !errors.Is(terr, store.ErrNotFound):
 			return nil, s.lookupError(ctx, terr)
 		}
-		// A tombstone does not keep its record's caller: a caller that
-		// sees only its own records is not told of one.
+		// A caller that sees only its own records is not told of another
+		// caller's tombstone, nor of one that does not know its caller.
 		return nil, s.noRecordError(key)
 	case err != nil:
 		return nil, s.lookupError(ctx, err)
@@ -790,6 +795,13 @@ func (s *Service) expiredError(code codes.Code, key string, ts store.Tombstone) 
 		msg = fmt.Sprintf("idempotency key %s belongs to a payment whose record expired and was deleted after the retention period (it ended in state %s); nothing was sent: a key can't be used again after its record expires. Use a new key only for a new payment, and check the provider's dashboard for the old one", quoteKey(key), state)
 	}
 	return withDetails(status.New(code, msg), s.errorInfo(ReasonKeyExpired, meta))
+}
+
+// expiredUntoldError is expiredError for a caller that may not own the
+// key's tombstone: it says nothing of how the record ended.
+func (s *Service) expiredUntoldError(key string) error {
+	msg := fmt.Sprintf("idempotency key %s belongs to a payment whose record expired and was deleted after the retention period; nothing was sent: a key can't be used again after its record expires. Use a new key only for a new payment, and check the provider's dashboard for the old one", quoteKey(key))
+	return withDetails(status.New(codes.FailedPrecondition, msg), s.errorInfo(ReasonKeyExpired, nil))
 }
 
 func (s *Service) reusedError(key string) error {

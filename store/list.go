@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -59,9 +58,10 @@ type Page struct {
 const listOverhead = 160
 
 // ListRecords returns a page of the records q asks for (never tombstoned
-// ones). Each record's size is read first, and then only the records that
-// fit, in one read-only snapshot, so a page never holds more than
-// q.MaxBytes (or its first record).
+// ones). It reads the page's positions from the indexes alone, then (with
+// replies) the records' sizes, then only the records that fit, all in one
+// read-only snapshot, so a page never holds more than q.MaxBytes (or its
+// first record).
 //
 // Each (state, GaveUp) pair asked for is read as its own range scan of an
 // index ordered like the page (records_list_state, or
@@ -134,10 +134,6 @@ func (s *Store) listRecords(ctx context.Context, q ListQuery) (Page, error) {
 	if q.GaveUp != nil {
 		gaveUps = []bool{*q.GaveUp}
 	}
-	size := d.bytesOf("key") + " + " + d.bytesOf("caller") + " + " + d.bytesOf("last_error")
-	if q.WithReply {
-		size += " + " + d.bytesOf("reply")
-	}
 	var arms []string
 	seen := map[State]bool{}
 	for _, st := range states {
@@ -155,43 +151,40 @@ func (s *Store) listRecords(ctx context.Context, q ListQuery) (Page, error) {
 			}
 			// SQLite takes ORDER BY and LIMIT in a compound SELECT's
 			// members only inside a subquery.
-			arms = append(arms, `SELECT * FROM (SELECT created_at, `+d.keyCol+` AS tie, `+size+` AS size FROM records
+			arms = append(arms, `SELECT * FROM (SELECT created_at, `+d.keyCol+` AS tie FROM records
 				WHERE state = `+strconv.Itoa(int(st))+` AND gave_up = `+gv+` AND `+strings.Join(where, " AND ")+`
 				ORDER BY created_at, `+d.keyCol+` LIMIT `+limit+`) AS arm`+strconv.Itoa(len(arms)))
 		}
 	}
-	sizes := strings.Join(arms, "\nUNION ALL\n") + "\nORDER BY created_at, tie LIMIT " + limit
+	positions := strings.Join(arms, "\nUNION ALL\n") + "\nORDER BY created_at, tie LIMIT " + limit
+
+	size := d.bytesOf("key") + " + " + d.bytesOf("caller") + " + " + d.bytesOf("last_error") + " + " + d.bytesOf("reply")
+	reply := "NULL"
+	if q.WithReply {
+		reply = "reply"
+	}
+	cols := strings.Replace(recordColumns, "key, body,", "key, NULL,", 1)
+	cols = strings.Replace(cols, "reply,", reply+",", 1)
 
 	var page Page
 	err := s.readSnapshot(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, d.q(sizes), args...)
+		// The page's positions, from the indexes alone.
+		rows, err := tx.QueryContext(ctx, d.q(positions), args...)
 		if err != nil {
 			return err
 		}
 		type pos struct {
-			at   time.Time
-			tie  []byte
-			size int64
+			at  time.Time
+			tie []byte
 		}
 		var ps []pos
-		var total int64
 		err = func() error {
 			defer rows.Close()
 			for rows.Next() {
 				var p pos
-				if err := rows.Scan(timeCol{&p.at}, &p.tie, &p.size); err != nil {
+				if err := rows.Scan(timeCol{&p.at}, &p.tie); err != nil {
 					return err
 				}
-				if len(ps) == q.Limit {
-					page.More = true
-					break
-				}
-				cost := p.size + listOverhead
-				if len(ps) > 0 && q.MaxBytes > 0 && total+cost > q.MaxBytes {
-					page.More = true
-					break
-				}
-				total += cost
 				ps = append(ps, p)
 			}
 			return rows.Err()
@@ -199,57 +192,87 @@ func (s *Store) listRecords(ctx context.Context, q ListQuery) (Page, error) {
 		if err != nil || len(ps) == 0 {
 			return err
 		}
-		page.Next = &Cursor{CreatedAt: ps[len(ps)-1].at, Tie: ps[len(ps)-1].tie}
+		if len(ps) > q.Limit {
+			page.More = true
+			ps = ps[:q.Limit]
+		}
+		inList := func() (string, listArgs) {
+			var in listArgs
+			marks := make([]string, len(ps))
+			for i, p := range ps {
+				marks[i] = in.add(d.tie(p.tie))
+			}
+			return d.keyCol + ` IN (` + strings.Join(marks, ", ") + `)`, in
+		}
 
-		var in listArgs
-		marks := make([]string, len(ps))
-		order := make(map[string]int, len(ps))
-		for i, p := range ps {
-			marks[i] = in.add(d.tie(p.tie))
-			order[string(p.tie)] = i
-		}
-		reply := "NULL"
 		if q.WithReply {
-			reply = "reply"
+			// Their sizes, to cut the page by bytes before reading a
+			// reply.
+			list, in := inList()
+			sizes := make(map[string]int64, len(ps))
+			rows, err = tx.QueryContext(ctx, d.q(`SELECT `+d.keyCol+`, `+size+` FROM records WHERE `+list), in...)
+			if err != nil {
+				return err
+			}
+			err = func() error {
+				defer rows.Close()
+				for rows.Next() {
+					var tie []byte
+					var n int64
+					if err := rows.Scan(&tie, &n); err != nil {
+						return err
+					}
+					sizes[string(tie)] = n
+				}
+				return rows.Err()
+			}()
+			if err != nil {
+				return err
+			}
+			var total int64
+			for i, p := range ps {
+				cost := sizes[string(p.tie)] + listOverhead
+				if i > 0 && q.MaxBytes > 0 && total+cost > q.MaxBytes {
+					page.More = true
+					ps = ps[:i]
+					break
+				}
+				total += cost
+			}
 		}
-		cols := strings.Replace(recordColumns, "key, body,", "key, NULL,", 1)
-		cols = strings.Replace(cols, "reply,", reply+",", 1)
-		rows, err = tx.QueryContext(ctx, d.q(`SELECT `+cols+`, `+d.keyCol+` FROM records WHERE `+d.keyCol+` IN (`+strings.Join(marks, ", ")+`)`), in...)
+
+		// The records, in page order. Without replies, a record's size is
+		// what is read anyway (its key, caller and last error), so the
+		// page is cut by bytes as they are read.
+		list, in := inList()
+		rows, err = tx.QueryContext(ctx, d.q(`SELECT `+cols+`, `+d.keyCol+` FROM records WHERE `+list+
+			` ORDER BY created_at, `+d.keyCol), in...)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		page.Records = make([]Record, 0, len(ps))
-		idx := make([]int, 0, len(ps))
+		var total int64
 		for rows.Next() {
 			var tie []byte
 			r, err := scanRecord(rows, &tie)
 			if err != nil {
 				return err
 			}
+			if !q.WithReply {
+				cost := int64(len(r.Key)+len(r.Caller)+len(r.LastError)) + listOverhead
+				if len(page.Records) > 0 && q.MaxBytes > 0 && total+cost > q.MaxBytes {
+					page.More = true
+					break
+				}
+				total += cost
+			}
 			page.Records = append(page.Records, r)
-			idx = append(idx, order[string(tie)])
+			page.Next = &Cursor{CreatedAt: r.CreatedAt, Tie: tie}
 		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		sort.Sort(byIndex{page.Records, idx})
-		return nil
+		return rows.Err()
 	})
 	return page, err
-}
-
-// byIndex sorts records by their position in the first query.
-type byIndex struct {
-	rs  []Record
-	idx []int
-}
-
-func (b byIndex) Len() int           { return len(b.rs) }
-func (b byIndex) Less(i, j int) bool { return b.idx[i] < b.idx[j] }
-func (b byIndex) Swap(i, j int) {
-	b.rs[i], b.rs[j] = b.rs[j], b.rs[i]
-	b.idx[i], b.idx[j] = b.idx[j], b.idx[i]
 }
 
 // readSnapshot runs fn in a read-only transaction on the readers, whose

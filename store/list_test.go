@@ -406,6 +406,19 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 			}()
 			go func() {
 				defer wg.Done()
+				if i%2 == 1 {
+					// A caller's retry with the key races the resolution.
+					b, err := s.Begin(ctx, claim(fmt.Sprintf("race-%d", i), `{}`, "a"))
+					if err != nil {
+						t.Errorf("Begin error = %v", err)
+					}
+					if b.Outcome == store.Acquired {
+						mu.Lock()
+						claimed = append(claimed, b.Record)
+						mu.Unlock()
+					}
+					return
+				}
 				rs, err := s.ClaimDue(ctx, fmt.Sprintf("settler-%d", i), lease, 0, 1)
 				if err != nil {
 					t.Errorf("ClaimDue error = %v", err)
@@ -417,8 +430,25 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		}
 		wg.Wait()
 		got := keys(claimed)
+		prior := map[string]store.State{}
+		for _, r := range claimed {
+			prior[r.Key] = r.PriorState
+		}
 		for i := range n {
 			k := fmt.Sprintf("race-%d", i)
+			if i%2 == 1 {
+				// The caller's call always goes ahead: before the
+				// resolution (which is then refused), or after it, as a
+				// new attempt on a NOT_CREATED record.
+				want := store.StateOutcomeUnknown
+				if resolved[i] {
+					want = store.StateNotCreated
+				}
+				if got[k] != 1 || prior[k] != want {
+					t.Errorf("%s: resolved %v, sent %d times after %v; want once, after %v", k, resolved[i], got[k], prior[k], want)
+				}
+				continue
+			}
 			if resolved[i] == (got[k] == 1) {
 				t.Errorf("%s: resolved %v, claimed by settlement %d times; want exactly one", k, resolved[i], got[k])
 			}
@@ -448,5 +478,30 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		same := c
 		same.OwnKeysOnly = true
 		begin(t, s, same, store.Replay)
+	})
+
+	t.Run("NotOwnedTombstone", func(t *testing.T) {
+		t.Parallel()
+		s, clk := fresh(t)
+		c := claim("gone", `{"amount":1}`, "a")
+		begin(t, s, c, store.Acquired)
+		finish(t, s, store.Finish{Key: c.Key, Owner: "a", State: store.StateSucceeded, ProviderStatus: 200, Reply: []byte(`{}`)})
+		clk.Add(keep + time.Hour)
+		deleteAll(t, s, store.Retention{Records: keep, Tombstones: keepTombstones}, 10)
+		clk.Add(store.TombstoneGrace + time.Hour)
+		deleteAll(t, s, store.Retention{Records: keep, Tombstones: keepTombstones}, 10)
+		if _, err := s.Get(ctx, c.Key); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Get(deleted) error = %v", err)
+		}
+		other := claim("gone", `{"amount":1}`, "b")
+		other.OwnKeysOnly = true
+		if b := begin(t, s, other, store.NotOwned); b.Tombstone != (store.Tombstone{}) {
+			t.Errorf("Begin(another's tombstone) leaks %+v", b.Tombstone)
+		}
+		same := c
+		same.OwnKeysOnly = true
+		if b := begin(t, s, same, store.Expired); b.Tombstone.Caller != c.Caller || !b.Tombstone.CallerKnown {
+			t.Errorf("Begin(own tombstone) tombstone caller %q (known %v), want %q", b.Tombstone.Caller, b.Tombstone.CallerKnown, c.Caller)
+		}
 	})
 }

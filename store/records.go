@@ -176,6 +176,10 @@ const (
 )
 
 // Began is the result of Begin.
+//
+// With Claim.OwnKeysOnly, a tombstone whose caller is known and another's
+// is NotOwned too; one whose caller is unknown (written before migration
+// 5) is Expired.
 type Began struct {
 	Outcome Outcome
 	// Record is the record after Begin: as found, or as acquired.
@@ -371,6 +375,9 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim, now time.Time) (
 		if errors.Is(err, ErrNotFound) {
 			ts, err := s.tombstoneTx(ctx, tx, keySum)
 			if err == nil {
+				if c.OwnKeysOnly && ts.CallerKnown && ts.Caller != c.Caller {
+					return Began{Outcome: NotOwned}, nil
+				}
 				return Began{Outcome: Expired, Tombstone: ts}, nil
 			}
 			if !errors.Is(err, ErrNotFound) {
@@ -399,7 +406,7 @@ func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record, now t
 			// The tombstone has expired already (a tombstone retention
 			// shorter than the grace period): the record says the same.
 			ts = Tombstone{KeySHA256: keySHA256(c.Key), BodySHA256: r.BodySHA256, State: r.State, GaveUp: r.GaveUp,
-				CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiredAt: r.TombstonedAt}
+				CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiredAt: r.TombstonedAt, Caller: r.Caller, CallerKnown: true}
 		} else if err != nil {
 			return Began{}, fmt.Errorf("tombstone of a tombstoned record: %w", err)
 		}

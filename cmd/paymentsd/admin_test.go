@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/service"
@@ -214,6 +216,10 @@ func TestResolveEndToEnd(t *testing.T) {
 			if r.status != http.StatusOK {
 				t.Fatalf("REST resolve by on call = %d %s, want 200", r.status, r.raw)
 			}
+			// Over REST the record's payment is the recorded reply, exactly.
+			if !strings.Contains(string(r.raw), `"payment":{"id":"pay_123","amount":12345678901234567890}`) || !strings.Contains(string(r.raw), `"auditEntry":{`) {
+				t.Errorf("REST resolve reply = %s; want the exact payment and the audit entry", r.raw)
+			}
 			if v := admin.metric(t, "paymentsd_records_unsettled", nil); v != 1 {
 				t.Errorf("paymentsd_records_unsettled = %v right after a resolution, want 1", v)
 			}
@@ -405,6 +411,123 @@ func TestResolveValidation(t *testing.T) {
 		_, err := sim.client.ResolveMultiCardPayment(t.Context(), req)
 		if status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: ResolveMultiCardPayment = %v, want INVALID_ARGUMENT", name, err)
+		}
+	}
+}
+
+// TestResolveRefusedWhileInFlight: a person never races paymentsd's own
+// sender. While a request with the key is at the provider, a resolution is
+// ABORTED with PAYMENT_IN_PROGRESS and changes nothing; once the provider
+// has answered 2xx, there is nothing left to resolve.
+func TestResolveRefusedWhileInFlight(t *testing.T) {
+	t.Parallel()
+	p := idempotentProvider(t)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+		once.Do(func() { close(arrived) })
+		return upstreamtest.Reply{Wait: release}
+	})
+	_, ps := mtlsDeployment(t, sandboxEnv(p))
+	co, admin := ps["checkout"], ps["oncall"]
+	done := make(chan error, 1)
+	go func() {
+		_, err := co.client.CreateMultiCardPayment(t.Context(), validRequest("k-flight"))
+		done <- err
+	}()
+	<-arrived
+	for _, outcome := range []paymentsv1.ResolutionOutcome{paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_SUCCEEDED} {
+		_, err := admin.client.ResolveMultiCardPayment(t.Context(), &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-flight",
+			Outcome: outcome, Evidence: "not on the dashboard yet"})
+		checkCode(t, "ResolveMultiCardPayment while the request is at the provider", err, codes.Aborted, service.ReasonInProgress)
+		if d := retryDelay(status.Convert(err)); d <= 0 {
+			t.Errorf("ResolveMultiCardPayment while in flight: RetryInfo %v, want a delay", d)
+		}
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("CreateMultiCardPayment = %v, want the provider's answer", err)
+	}
+	_, err := admin.client.ResolveMultiCardPayment(t.Context(), &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-flight",
+		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "too late"})
+	checkCode(t, "ResolveMultiCardPayment after a 2xx", err, codes.FailedPrecondition, service.ReasonRecordNotUnknown)
+	got, err := admin.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-flight"})
+	if err != nil || got.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED || len(got.GetAuditEntries()) != 0 {
+		t.Errorf("GetMultiCardPayment = %v with %d audit entries, %v; want SUCCEEDED and none", got.GetState(), len(got.GetAuditEntries()), err)
+	}
+	if n := len(p.Requests()); n != 1 {
+		t.Errorf("provider got %d requests, want 1", n)
+	}
+}
+
+// TestListPageTokens: tokens are opaque, bound to their filters, and a
+// tampered one is refused rather than misread.
+func TestListPageTokens(t *testing.T) {
+	t.Parallel()
+	sim := start(t, nil, "--simulate")
+	for _, k := range []string{"k-a", "k-b", "k-c"} {
+		if _, err := sim.client.CreateMultiCardPayment(t.Context(), validRequest(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var keys []string
+	req := &paymentsv1.ListMultiCardPaymentsRequest{PageSize: 2}
+	for pages := 0; ; pages++ {
+		resp, err := sim.client.ListMultiCardPayments(t.Context(), req)
+		if err != nil {
+			t.Fatalf("ListMultiCardPayments(%v) = %v", req, err)
+		}
+		keys = append(keys, listKeys(resp)...)
+		if resp.GetNextPageToken() == "" {
+			break
+		}
+		if pages > 3 {
+			t.Fatal("no end to the pages")
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+	if strings.Join(keys, ",") != "k-a,k-b,k-c" {
+		t.Errorf("pages = %v, want k-a,k-b,k-c", keys)
+	}
+	first, err := sim.client.ListMultiCardPayments(t.Context(), &paymentsv1.ListMultiCardPaymentsRequest{PageSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := first.GetNextPageToken()
+	for name, req := range map[string]*paymentsv1.ListMultiCardPaymentsRequest{
+		"other view":   {PageSize: 1, PageToken: tok, View: paymentsv1.ListView_LIST_VIEW_FULL},
+		"other state":  {PageSize: 1, PageToken: tok, State: []paymentsv1.PaymentState{paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED}},
+		"other caller": {PageSize: 1, PageToken: tok, Caller: "someone"},
+		"not base64":   {PageSize: 1, PageToken: "!!!"},
+		"truncated":    {PageSize: 1, PageToken: tok[:10]},
+	} {
+		_, err := sim.client.ListMultiCardPayments(t.Context(), req)
+		checkCode(t, "ListMultiCardPayments with "+name+" token", err, codes.InvalidArgument, service.ReasonPageTokenInvalid)
+	}
+	// Another page size is the same filter.
+	if _, err := sim.client.ListMultiCardPayments(t.Context(), &paymentsv1.ListMultiCardPaymentsRequest{PageSize: 5, PageToken: tok}); err != nil {
+		t.Errorf("ListMultiCardPayments with another page size = %v", err)
+	}
+	for name, req := range map[string]*paymentsv1.ListMultiCardPaymentsRequest{
+		"page size over 1000": {PageSize: 1001},
+		"unspecified state":   {State: []paymentsv1.PaymentState{paymentsv1.PaymentState_PAYMENT_STATE_UNSPECIFIED}},
+		"empty time range":    {CreatedAfter: timestamppb.Now(), CreatedBefore: timestamppb.New(time.Now().Add(-time.Hour))},
+	} {
+		_, err := sim.client.ListMultiCardPayments(t.Context(), req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("ListMultiCardPayments(%s) = %v, want INVALID_ARGUMENT", name, err)
+		}
+	}
+}
+
+func TestAdminCallersNeedClientCA(t *testing.T) {
+	t.Parallel()
+	for name, v := range map[string]string{"set": oncall, "only commas": " , ,"} {
+		env := with(map[string]string{"PAYMENTS_SANDBOX_BASE_URL": "http://127.0.0.1:1/v1", "PAYMENTS_SANDBOX_API_KEY": sandboxKey},
+			"PAYMENTS_ADMIN_CALLERS", v)
+		_, err := loadConfig([]string{"paymentsd"}, envList(env))
+		if err == nil || !strings.Contains(err.Error(), "PAYMENTS_ADMIN_CALLERS") {
+			t.Errorf("%s: loadConfig(PAYMENTS_ADMIN_CALLERS without PAYMENTS_TLS_CLIENT_CA_FILE) = %v, want an error naming it", name, err)
 		}
 	}
 }

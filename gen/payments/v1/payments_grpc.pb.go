@@ -116,8 +116,11 @@ type PaymentsServiceClient interface {
 	//     REQUEST_NOT_SENT, it says nothing of earlier calls).
 	//   - IDEMPOTENCY_KEY_NOT_OWNED: with mTLS, the key's record was created
 	//     by another caller (or before callers had identities). Nothing was
-	//     sent, and nothing of that record is told: use a new key. A key is
-	//     only ever replayed to the caller that created it.
+	//     sent, and nothing of that record is told: use a new key, unless
+	//     this service may have made the payment under another certificate
+	//     identity (a caller's identity must be the same on all its
+	//     instances). A key is only ever replayed to the caller that created
+	//     it.
 	//
 	// Of the provider's answers, only the refusals that prove the request was
 	// not acted on are PAYMENT_NOT_CREATED: 400, 401, 403, 404, 405, 406,
@@ -423,8 +426,11 @@ type PaymentsServiceServer interface {
 	//     REQUEST_NOT_SENT, it says nothing of earlier calls).
 	//   - IDEMPOTENCY_KEY_NOT_OWNED: with mTLS, the key's record was created
 	//     by another caller (or before callers had identities). Nothing was
-	//     sent, and nothing of that record is told: use a new key. A key is
-	//     only ever replayed to the caller that created it.
+	//     sent, and nothing of that record is told: use a new key, unless
+	//     this service may have made the payment under another certificate
+	//     identity (a caller's identity must be the same on all its
+	//     instances). A key is only ever replayed to the caller that created
+	//     it.
 	//
 	// Of the provider's answers, only the refusals that prove the request was
 	// not acted on are PAYMENT_NOT_CREATED: 400, 401, 403, 404, 405, 406,

@@ -1,10 +1,12 @@
 -- Listing records, and resolving payments in doubt.
 --
 -- records_list_state and records_list_caller answer ListRecords: one range
--- scan per (state, gave_up) pair asked for, already in page order
+-- scan per (state, gave_up) pair asked for, of the index alone (it holds
+-- every column the scan reads; tombstoned_at trails so that tombstoned
+-- records are skipped without reading the table), already in page order
 -- (created_at, then key_hash), optionally within one caller's records.
-CREATE INDEX records_list_state ON records (state, gave_up, created_at, key_hash);
-CREATE INDEX records_list_caller ON records (caller, state, gave_up, created_at, key_hash);
+CREATE INDEX records_list_state ON records (state, gave_up, created_at, key_hash, tombstoned_at);
+CREATE INDEX records_list_caller ON records (caller, state, gave_up, created_at, key_hash, tombstoned_at);
 
 -- resolved_at is when a person last resolved the record (NULL: never).
 ALTER TABLE records ADD COLUMN resolved_at timestamptz;
@@ -39,3 +41,8 @@ CREATE TRIGGER audit_entries_append_only BEFORE UPDATE OR DELETE ON audit_entrie
 	FOR EACH ROW EXECUTE FUNCTION audit_entries_append_only();
 CREATE TRIGGER audit_entries_no_truncate BEFORE TRUNCATE ON audit_entries
 	FOR EACH STATEMENT EXECUTE FUNCTION audit_entries_append_only();
+
+-- A tombstone keeps the caller of its record, so that with caller
+-- identities on, another caller's expired key tells nothing of it. NULL for
+-- tombstones written before this migration: caller unknown.
+ALTER TABLE tombstones ADD COLUMN caller TEXT;

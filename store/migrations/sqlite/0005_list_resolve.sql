@@ -1,10 +1,12 @@
 -- Listing records, and resolving payments in doubt.
 --
 -- records_list_state and records_list_caller answer ListRecords: one range
--- scan per (state, gave_up) pair asked for, already in page order
+-- scan per (state, gave_up) pair asked for, of the index alone (it holds
+-- every column the scan reads; tombstoned_at trails so that tombstoned
+-- records are skipped without reading the table), already in page order
 -- (created_at, then key), optionally within one caller's records.
-CREATE INDEX records_list_state ON records (state, gave_up, created_at, key);
-CREATE INDEX records_list_caller ON records (caller, state, gave_up, created_at, key);
+CREATE INDEX records_list_state ON records (state, gave_up, created_at, key, tombstoned_at);
+CREATE INDEX records_list_caller ON records (caller, state, gave_up, created_at, key, tombstoned_at);
 
 -- resolved_at is when a person last resolved the record (NULL: never).
 ALTER TABLE records ADD COLUMN resolved_at INTEGER;
@@ -36,3 +38,8 @@ END;
 CREATE TRIGGER audit_entries_no_delete BEFORE DELETE ON audit_entries BEGIN
 	SELECT RAISE(ABORT, 'audit entries are append-only');
 END;
+
+-- A tombstone keeps the caller of its record, so that with caller
+-- identities on, another caller's expired key tells nothing of it. NULL for
+-- tombstones written before this migration: caller unknown.
+ALTER TABLE tombstones ADD COLUMN caller TEXT;
