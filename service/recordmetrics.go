@@ -23,6 +23,7 @@ type recordMetrics struct {
 	clockOffset prometheus.Gauge
 	quietWaits  prometheus.Counter
 	expired     prometheus.Counter
+	resolutions *prometheus.CounterVec
 }
 
 func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
@@ -33,7 +34,7 @@ func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
 		}, []string{"state"}),
 		unsettled: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paymentsd_records_unsettled",
-			Help: "Records whose outcome is still unknown after their settlement window closed: alert on any.",
+			Help: "Records whose outcome is still unknown after their settlement window closed: alert on any, and resolve them (ResolveMultiCardPayment). It counts the whole record store, so replicas sharing one PostgreSQL all report the same number: aggregate with max(), not sum().",
 		}),
 		gaveUp: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paymentsd_settlement_gave_up_total",
@@ -76,11 +77,15 @@ func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
 			Name: "paymentsd_idempotency_key_expired_total",
 			Help: "Calls refused because their key's record was deleted by retention (its tombstone refuses the key).",
 		}),
+		resolutions: resolutionsCounter(),
 	}
-	reg.MustRegister(m.records, m.unsettled, m.gaveUp, m.replays, m.reuses, m.waits, m.settlements, m.storeTime, m.storeErrors,
+	reg.MustRegister(m.resolutions, m.records, m.unsettled, m.gaveUp, m.replays, m.reuses, m.waits, m.settlements, m.storeTime, m.storeErrors,
 		m.clockOffset, m.quietWaits, m.expired)
 	for _, outcome := range []string{"succeeded", "unknown"} {
 		m.settlements.WithLabelValues(outcome)
+	}
+	for _, outcome := range []string{"succeeded", "not_created"} {
+		m.resolutions.WithLabelValues(outcome)
 	}
 	return m
 }

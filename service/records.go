@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -68,9 +69,12 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		Currency:   money.GetCurrency(),
 		Amount:     money.GetAmount(),
 		Caller:     CallerFromContext(ctx),
-		LeaseTTL:   s.leaseTTL,
-		Window:     s.window,
-		Quiet:      s.quiet,
+		// A caller with an identity may use only keys it created: another
+		// caller's key is refused, saying nothing of its record.
+		OwnKeysOnly: CallerFromContext(ctx) != "",
+		LeaseTTL:    s.leaseTTL,
+		Window:      s.window,
+		Quiet:       s.quiet,
 	}
 	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
 		claim.RequestID = ci.requestID
@@ -100,12 +104,19 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 			return nil, s.quietError(began.Record)
 		case store.Expired:
 			s.metrics.expired.Inc()
+			if claim.OwnKeysOnly && !began.Tombstone.CallerKnown {
+				// A tombstone from before tombstones kept their caller:
+				// it may be another caller's, so nothing of it is told.
+				return nil, s.expiredUntoldError(key)
+			}
 			return nil, s.expiredError(codes.FailedPrecondition, key, began.Tombstone)
 		case store.Replay:
 			return s.replay(ctx, began.Record)
 		case store.Reused:
 			s.metrics.reuses.Inc()
 			return nil, s.reusedError(key)
+		case store.NotOwned:
+			return nil, s.notOwnedError()
 		case store.PastWindow:
 			return nil, s.recordedError(began.Record)
 		case store.Busy:
@@ -446,8 +457,20 @@ func (s *Service) outcome(reply *upstream.Reply, err error, maybeBefore bool) st
 
 // replay answers a call from a Succeeded record, without calling the
 // provider.
+//
+// A record a person resolved SUCCEEDED (provider status 0) replays their
+// resolution: the reply they recorded, or an empty object, with resolved
+// set.
 func (s *Service) replay(ctx context.Context, rec store.Record) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
-	payment, err := upstream.DecodeReply(rec.Reply)
+	resolved := rec.ProviderStatus == 0
+	reply := rec.Reply
+	var payment *structpb.Struct
+	var err error
+	if resolved {
+		payment, reply, err = resolvedPayment(rec.Reply)
+	} else {
+		payment, err = upstream.DecodeReply(rec.Reply)
+	}
 	if err != nil {
 		// The payment exists; of the reasons, only "unknown" never leads a
 		// caller to pay again under a new key.
@@ -458,10 +481,11 @@ func (s *Service) replay(ctx context.Context, rec store.Record) (*paymentsv1.Cre
 	noteReplayed(ctx)
 	return &paymentsv1.CreateMultiCardPaymentResponse{
 		Payment:            payment,
-		PaymentJson:        rec.Reply,
+		PaymentJson:        reply,
 		ProviderHttpStatus: int32(rec.ProviderStatus),
 		Environment:        s.env,
 		Replayed:           true,
+		Resolved:           resolved,
 	}, nil
 }
 
@@ -518,21 +542,47 @@ func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 	start := time.Now()
 	rec, err := s.store.Get(ctx, key)
 	s.metrics.storeOp("get", start, err)
+	if err == nil && s.scoped(ctx) && rec.Caller != CallerFromContext(ctx) {
+		// Another caller's record: answered as if there were none.
+		return nil, s.noRecordError(key)
+	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		ts, terr := s.store.Tombstone(ctx, key)
 		switch {
-		case terr == nil:
+		case terr == nil && (!s.scoped(ctx) || (ts.CallerKnown && ts.Caller == CallerFromContext(ctx))):
 			return nil, s.expiredError(codes.NotFound, key, ts)
-		case !errors.Is(terr, store.ErrNotFound):
+		case terr != nil && !errors.Is(terr, store.ErrNotFound):
 			return nil, s.lookupError(ctx, terr)
 		}
-		return nil, status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment (never used here, or its record and tombstone are both past retention)", quoteKey(key), envName(s.env))
+		// A caller that sees only its own records is not told of another
+		// caller's tombstone, nor of one that does not know its caller.
+		return nil, s.noRecordError(key)
 	case err != nil:
 		return nil, s.lookupError(ctx, err)
 	}
+	resp := s.record(rec)
+	if !rec.ResolvedAt.IsZero() {
+		start := time.Now()
+		entries, err := s.store.AuditEntries(ctx, rec)
+		s.metrics.storeOp("audit", start, err)
+		if err != nil {
+			return nil, s.lookupError(ctx, err)
+		}
+		resp.AuditEntries = auditEntries(entries)
+	}
+	return resp, nil
+}
+
+func (s *Service) noRecordError(key string) error {
+	return status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment (never used here, or its record and tombstone are both past retention)", quoteKey(key), envName(s.env))
+}
+
+// record is the API's view of rec (without its audit entries).
+func (s *Service) record(rec store.Record) *paymentsv1.GetMultiCardPaymentResponse {
 	resp := &paymentsv1.GetMultiCardPaymentResponse{
-		State: paymentState(rec.State),
+		IdempotencyKey: rec.Key,
+		State:          paymentState(rec.State),
 		Request: &paymentsv1.CreateMultiCardPaymentRequest{
 			AmountMoney:    &paymentsv1.Money{Currency: rec.Currency, Amount: rec.Amount},
 			IdempotencyKey: rec.Key,
@@ -559,11 +609,13 @@ func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 		resp.ProviderQuietUntil = timestamppb.New(rec.QuietUntil)
 	}
 	if rec.State == store.StateSucceeded {
-		if p, err := upstream.DecodeReply(rec.Reply); err == nil {
+		if rec.ProviderStatus == 0 {
+			resp.Payment, resp.PaymentJson, _ = resolvedPayment(rec.Reply)
+		} else if p, err := upstream.DecodeReply(rec.Reply); err == nil {
 			resp.Payment = p
 		}
 	}
-	return resp, nil
+	return resp
 }
 
 func paymentState(st store.State) paymentsv1.PaymentState {
@@ -743,6 +795,13 @@ func (s *Service) expiredError(code codes.Code, key string, ts store.Tombstone) 
 		msg = fmt.Sprintf("idempotency key %s belongs to a payment whose record expired and was deleted after the retention period (it ended in state %s); nothing was sent: a key can't be used again after its record expires. Use a new key only for a new payment, and check the provider's dashboard for the old one", quoteKey(key), state)
 	}
 	return withDetails(status.New(code, msg), s.errorInfo(ReasonKeyExpired, meta))
+}
+
+// expiredUntoldError is expiredError for a caller that may not own the
+// key's tombstone: it says nothing of how the record ended.
+func (s *Service) expiredUntoldError(key string) error {
+	msg := fmt.Sprintf("idempotency key %s belongs to a payment whose record expired and was deleted after the retention period; nothing was sent: a key can't be used again after its record expires. Use a new key only for a new payment, and check the provider's dashboard for the old one", quoteKey(key))
+	return withDetails(status.New(codes.FailedPrecondition, msg), s.errorInfo(ReasonKeyExpired, nil))
 }
 
 func (s *Service) reusedError(key string) error {

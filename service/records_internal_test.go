@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -411,5 +412,33 @@ func TestCallerSendEndsWithTheWindow(t *testing.T) {
 	}
 	if n := len(f.p.Requests()) - sent; n != 0 {
 		t.Errorf("retry sent %d requests with a second of the window left, want none", n)
+	}
+}
+
+// TestExpiredUntoldSaysNothingOfTheRecord: the refusal of a key whose
+// tombstone may be another caller's carries the reason and nothing of
+// the record.
+func TestExpiredUntoldSaysNothingOfTheRecord(t *testing.T) {
+	s := &Service{env: paymentsv1.Environment_ENVIRONMENT_SANDBOX}
+	st := status.Convert(s.expiredUntoldError("k"))
+	if st.Code() != codes.FailedPrecondition {
+		t.Fatalf("code = %v, want FAILED_PRECONDITION", st.Code())
+	}
+	for _, d := range st.Details() {
+		info, ok := d.(*errdetails.ErrorInfo)
+		if !ok {
+			continue
+		}
+		if info.GetReason() != ReasonKeyExpired {
+			t.Errorf("reason = %q, want %s", info.GetReason(), ReasonKeyExpired)
+		}
+		for k := range info.GetMetadata() {
+			if k != "environment" {
+				t.Errorf("metadata %q tells of the record", k)
+			}
+		}
+	}
+	if strings.Contains(st.Message(), "STATE") {
+		t.Errorf("message %q tells the record's state", st.Message())
 	}
 }

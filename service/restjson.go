@@ -37,8 +37,26 @@ func (m restMarshaler) Marshal(v any) ([]byte, error) {
 		b = append(b, resp.GetEnvironment().String()...)
 		b = append(b, `","replayed":`...)
 		b = strconv.AppendBool(b, resp.GetReplayed())
+		b = append(b, `,"resolved":`...)
+		b = strconv.AppendBool(b, resp.GetResolved())
 		b = append(b, '}')
 		return b, nil
+	case *paymentsv1.ResolveMultiCardPaymentResponse:
+		// The record as a lookup shows it over REST, exactly.
+		payment, err := m.Marshal(resp.GetPayment())
+		if err != nil {
+			return nil, err
+		}
+		entry, err := m.JSONPb.Marshal(resp.GetAuditEntry())
+		if err != nil {
+			return nil, err
+		}
+		b := make([]byte, 0, len(payment)+len(entry)+32)
+		b = append(b, `{"payment":`...)
+		b = append(b, payment...)
+		b = append(b, `,"auditEntry":`...)
+		b = append(b, entry...)
+		return append(b, '}'), nil
 	case *paymentsv1.GetMultiCardPaymentResponse:
 		rest := proto.CloneOf(resp)
 		rest.Payment, rest.PaymentJson = nil, nil

@@ -125,6 +125,18 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	allowed := newAllowlist(opts.AllowedCallers)
 	s := &Server{health: health.NewServer(), storeOK: true}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
+	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "paymentsd_ready",
+		Help: "1 while this replica is ready (serving and its record store writes), 0 while it is not (starting, draining, or the store failing): what /readyz answers.",
+	}, func() float64 {
+		if s.ready.Load() {
+			return 1
+		}
+		return 0
+	})
+	if err := opts.Registerer.Register(ready); err != nil {
+		return nil, fmt.Errorf("register readiness metric: %w", err)
+	}
 
 	// Outermost first: metrics and the access log see the final code,
 	// including Internal from a recovered panic; the caller's identity is
@@ -234,16 +246,17 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, trackGatewayCall(dropEmptyQuery(rest)))))
+	v1 := limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, trackGatewayCall(dropEmptyQuery(rest))))
+	mux.Handle("/v1/", v1)
+	// The list, named on its own: otherwise the pattern below would have
+	// ServeMux redirect it to the collection with a trailing slash.
+	mux.Handle("GET /v1/multi-card-payments", v1)
 	// The lookup route takes keys with slashes ({idempotency_key=**}),
-	// which would also match the bare collection with an empty key; there
-	// is no list, so only POST is allowed there.
-	collection := func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", http.MethodPost)
-		refuse(w, r, http.StatusMethodNotAllowed, codes.Unimplemented, "only POST is allowed on /v1/multi-card-payments", 0)
-	}
-	mux.HandleFunc("GET /v1/multi-card-payments", collection)
-	mux.HandleFunc("GET /v1/multi-card-payments/{$}", collection)
+	// which would also match the collection with a trailing slash and an
+	// empty key: that is no lookup, and no list either.
+	mux.HandleFunc("GET /v1/multi-card-payments/{$}", func(w http.ResponseWriter, r *http.Request) {
+		refuse(w, r, http.StatusNotFound, codes.NotFound, "no idempotency key in the path: look one up with GET /v1/multi-card-payments/{idempotency_key}, or list with GET /v1/multi-card-payments", 0)
+	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})
@@ -343,8 +356,10 @@ type chained struct {
 }
 
 var (
-	createInfo = &grpc.UnaryServerInfo{FullMethod: paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName}
-	getInfo    = &grpc.UnaryServerInfo{FullMethod: paymentsv1.PaymentsService_GetMultiCardPayment_FullMethodName}
+	createInfo  = &grpc.UnaryServerInfo{FullMethod: paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName}
+	getInfo     = &grpc.UnaryServerInfo{FullMethod: paymentsv1.PaymentsService_GetMultiCardPayment_FullMethodName}
+	listInfo    = &grpc.UnaryServerInfo{FullMethod: paymentsv1.PaymentsService_ListMultiCardPayments_FullMethodName}
+	resolveInfo = &grpc.UnaryServerInfo{FullMethod: paymentsv1.PaymentsService_ResolveMultiCardPayment_FullMethodName}
 )
 
 func (c *chained) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
@@ -359,6 +374,14 @@ func (c *chained) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 
 func (c *chained) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMultiCardPaymentRequest) (*paymentsv1.GetMultiCardPaymentResponse, error) {
 	return callChain(ctx, c.chain, getInfo, req, c.svc.GetMultiCardPayment)
+}
+
+func (c *chained) ListMultiCardPayments(ctx context.Context, req *paymentsv1.ListMultiCardPaymentsRequest) (*paymentsv1.ListMultiCardPaymentsResponse, error) {
+	return callChain(ctx, c.chain, listInfo, req, c.svc.ListMultiCardPayments)
+}
+
+func (c *chained) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.ResolveMultiCardPaymentRequest) (*paymentsv1.ResolveMultiCardPaymentResponse, error) {
+	return callChain(ctx, c.chain, resolveInfo, req, c.svc.ResolveMultiCardPayment)
 }
 
 // callChain calls method through chain, as the gRPC server would.
@@ -391,7 +414,7 @@ func (c *chainedEvents) ListProviderEvents(ctx context.Context, req *paymentsv1.
 // restError is the gateway's error handler with two changes: a reused or
 // expired idempotency key is 422 Unprocessable Content, as the IETF
 // Idempotency-Key draft has it, rather than FAILED_PRECONDITION's usual
-// 400; and the
+// 400 (and so is a resolution of a record that is not in doubt); and the
 // gateway's own refusal of a CreateMultiCardPayment call (a body it could
 // not decode) carries ErrorInfo REQUEST_NOT_SENT, as paymentsd's other
 // refusals do.
@@ -401,7 +424,7 @@ func restError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, 
 			err = withInfo.Err()
 		}
 	}
-	if hasReason(err, ReasonKeyReused) || (hasReason(err, ReasonKeyExpired) && createsPayment(r)) {
+	if hasReason(err, ReasonKeyReused) || hasReason(err, ReasonRecordNotUnknown) || (hasReason(err, ReasonKeyExpired) && createsPayment(r)) {
 		w = statusOverride{ResponseWriter: w, status: http.StatusUnprocessableEntity}
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)

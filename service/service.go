@@ -106,6 +106,9 @@ type Service struct {
 	retentionEvery     time.Duration
 	settleEvery        time.Duration
 	settleBase         time.Duration
+
+	admins        allowlist
+	everyoneAdmin bool
 }
 
 // Config configures New. Client, Store and Environment are required.
@@ -147,6 +150,13 @@ type Config struct {
 	// including those whose callers have gone; past it a call sends
 	// nothing (RESOURCE_EXHAUSTED). Default 1000.
 	MaxSends int
+	// AdminCallers are the caller identities (mTLS client certificate URI
+	// or DNS SANs, matched exactly, as for the allowlist) that may list
+	// every caller's records and resolve payments in doubt.
+	AdminCallers []string
+	// EveryoneAdmin makes every caller an admin, identity or not: for
+	// --simulate only, so that a newcomer can try the admin calls.
+	EveryoneAdmin bool
 }
 
 // New returns a Service for cfg.
@@ -165,6 +175,8 @@ func New(cfg Config) *Service {
 		tombstoneRetention: cfg.TombstoneRetention,
 		retentionEvery:     cfg.RetentionInterval,
 		settleEvery:        cfg.SettleInterval,
+		admins:             newAllowlist(cfg.AdminCallers),
+		everyoneAdmin:      cfg.EveryoneAdmin,
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)

@@ -135,6 +135,10 @@ func (s *Service) giveUp(ctx context.Context) {
 				slog.String("last_error", rec.LastError),
 			)...)
 	}
+	if len(recs) > 0 {
+		// The unsettled gauge rises now, not at the next count.
+		s.updateStats(ctx)
+	}
 }
 
 func (s *Service) updateStats(ctx context.Context) {

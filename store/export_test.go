@@ -12,3 +12,10 @@ func CountRows(ctx context.Context, s *Store, table string) (int64, error) {
 	err := s.w.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+table).Scan(&n)
 	return n, err
 }
+
+// Exec runs a statement on the writer, as a person with database access
+// would.
+func Exec(ctx context.Context, s *Store, query string) error {
+	_, err := s.w.ExecContext(ctx, query)
+	return err
+}

@@ -103,6 +103,9 @@ type Record struct {
 	// tombstone: the key has expired, and the record is about to be
 	// deleted. Get no longer returns it, and Begin answers Expired.
 	TombstonedAt time.Time
+	// ResolvedAt, if set, is when a person last resolved the record
+	// (Resolve); its AuditEntries say how.
+	ResolvedAt time.Time
 
 	// ReadAt is the store's clock when the record was read or written: the
 	// time its other times are to be compared with (for PostgreSQL the
@@ -122,6 +125,9 @@ type Claim struct {
 	RequestID  string
 	TraceID    string
 	Caller     string
+	// OwnKeysOnly: the key may be used only by the caller that created its
+	// record (Record.Caller == Caller); Begin answers NotOwned otherwise.
+	OwnKeysOnly bool
 	// Owner identifies the claimant (process and call) for the lease.
 	Owner string
 	// LeaseTTL is how long the lease lasts if acquired: the claimant must
@@ -162,9 +168,18 @@ const (
 	// Expired: the key's record was deleted by retention; its tombstone
 	// (Began.Tombstone) remains, and nothing may be sent for the key again.
 	Expired
+	// NotOwned: the claim has OwnKeysOnly and the key's record was
+	// created by another caller (or by a call without an identity, when
+	// Claim.Caller is not empty); nothing changed, and Began.Record is empty, so that
+	// nothing of the other caller's record can leak.
+	NotOwned
 )
 
 // Began is the result of Begin.
+//
+// With Claim.OwnKeysOnly, a tombstone whose caller is known and another's
+// is NotOwned too; one whose caller is unknown (written before migration
+// 5) is Expired.
 type Began struct {
 	Outcome Outcome
 	// Record is the record after Begin: as found, or as acquired.
@@ -253,7 +268,7 @@ const recordColumns = `key, body, body_sha256, currency, amount, state, attempts
 	provider_status, reply, last_error, code, request_id, trace_id, caller,
 	created_at, updated_at, settle_by, next_settle_at, settle_attempts,
 	lease_owner, lease_expires_at, gave_up, quiet_until, attempt_started_at,
-	prior_state, tombstoned_at`
+	prior_state, tombstoned_at, resolved_at`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -264,7 +279,7 @@ func scanRecord(row scanner, extra ...any) (Record, error) {
 		&r.ProviderStatus, &r.Reply, &r.LastError, &r.Code, &r.RequestID, &r.TraceID, &r.Caller,
 		timeCol{&r.CreatedAt}, timeCol{&r.UpdatedAt}, timeCol{&r.SettleBy}, timeCol{&r.NextSettleAt}, &r.SettleAttempts,
 		&r.LeaseOwner, timeCol{&r.LeaseExpiresAt}, &r.GaveUp, timeCol{&r.QuietUntil}, timeCol{&r.AttemptStartedAt},
-		&prior, timeCol{&r.TombstonedAt}}
+		&prior, timeCol{&r.TombstonedAt}, timeCol{&r.ResolvedAt}}
 	err := row.Scan(append(dest, extra...)...)
 	r.State, r.PriorState = State(state), State(prior)
 	return r, err
@@ -291,6 +306,7 @@ func scanRecords(rows *sql.Rows, now time.Time) ([]Record, error) {
 //     window → Acquired;
 //   - no record but a tombstone, or a record retention has tombstoned and
 //     is about to delete → Expired;
+//   - a record another caller created, with c.OwnKeysOnly → NotOwned;
 //   - a record with another BodySHA256 → Reused;
 //   - Succeeded → Replay;
 //   - InProgress with an unexpired lease → Busy;
@@ -359,6 +375,9 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim, now time.Time) (
 		if errors.Is(err, ErrNotFound) {
 			ts, err := s.tombstoneTx(ctx, tx, keySum)
 			if err == nil {
+				if c.OwnKeysOnly && ts.CallerKnown && ts.Caller != c.Caller {
+					return Began{Outcome: NotOwned}, nil
+				}
 				return Began{Outcome: Expired, Tombstone: ts}, nil
 			}
 			if !errors.Is(err, ErrNotFound) {
@@ -378,13 +397,16 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim, now time.Time) (
 // decide applies Begin's rules to the existing, locked record r.
 func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record, now time.Time) (Began, error) {
 	d := s.d
+	if c.OwnKeysOnly && r.Caller != c.Caller {
+		return Began{Outcome: NotOwned}, nil
+	}
 	if !r.TombstonedAt.IsZero() {
 		ts, err := s.tombstoneTx(ctx, tx, keySHA256(c.Key))
 		if errors.Is(err, ErrNotFound) {
 			// The tombstone has expired already (a tombstone retention
 			// shorter than the grace period): the record says the same.
 			ts = Tombstone{KeySHA256: keySHA256(c.Key), BodySHA256: r.BodySHA256, State: r.State, GaveUp: r.GaveUp,
-				CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiredAt: r.TombstonedAt}
+				CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiredAt: r.TombstonedAt, Caller: r.Caller, CallerKnown: true}
 		} else if err != nil {
 			return Began{}, fmt.Errorf("tombstone of a tombstoned record: %w", err)
 		}

@@ -101,7 +101,7 @@ func (s *Store) tombstoneRecords(keep time.Duration, limit int) func(context.Con
 	d := s.d
 	return func(ctx context.Context, tx *sql.Tx, now time.Time) (int64, error) {
 		rows, err := tx.QueryContext(ctx, d.q(`
-			SELECT key, body_sha256, state, gave_up, created_at, updated_at FROM records
+			SELECT key, body_sha256, state, gave_up, created_at, updated_at, caller FROM records
 			WHERE updated_at < $1 AND state <> $2 AND tombstoned_at IS NULL
 			ORDER BY updated_at LIMIT $3 `+d.skipLocked),
 			d.t(now.Add(-keep)), int(StateInProgress), limit)
@@ -119,10 +119,10 @@ func (s *Store) tombstoneRecords(keep time.Duration, limit int) func(context.Con
 				var e expiring
 				var state int
 				if err = rows.Scan(&e.key, shaCol{&e.t.BodySHA256}, &state, &e.t.GaveUp,
-					timeCol{&e.t.CreatedAt}, timeCol{&e.t.UpdatedAt}); err != nil {
+					timeCol{&e.t.CreatedAt}, timeCol{&e.t.UpdatedAt}, &e.t.Caller); err != nil {
 					return
 				}
-				e.t.State, e.t.KeySHA256, e.t.ExpiredAt = State(state), keySHA256(e.key), now
+				e.t.State, e.t.KeySHA256, e.t.ExpiredAt, e.t.CallerKnown = State(state), keySHA256(e.key), now, true
 				es = append(es, e)
 			}
 			err = rows.Err()
@@ -133,11 +133,11 @@ func (s *Store) tombstoneRecords(keep time.Duration, limit int) func(context.Con
 		for _, e := range es {
 			t := e.t
 			if _, err := tx.ExecContext(ctx, d.q(`
-				INSERT INTO tombstones (`+tombstoneColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7)
+				INSERT INTO tombstones (`+tombstoneRead+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 				ON CONFLICT (key_sha256) DO UPDATE SET body_sha256 = excluded.body_sha256,
 					state = excluded.state, gave_up = excluded.gave_up, created_at = excluded.created_at,
-					updated_at = excluded.updated_at, expired_at = excluded.expired_at`),
-				t.KeySHA256[:], t.BodySHA256[:], int(t.State), t.GaveUp, d.t(t.CreatedAt), d.t(t.UpdatedAt), d.t(t.ExpiredAt)); err != nil {
+					updated_at = excluded.updated_at, expired_at = excluded.expired_at, caller = excluded.caller`),
+				t.KeySHA256[:], t.BodySHA256[:], int(t.State), t.GaveUp, d.t(t.CreatedAt), d.t(t.UpdatedAt), d.t(t.ExpiredAt), t.Caller); err != nil {
 				return 0, fmt.Errorf("write tombstone: %w", err)
 			}
 			if _, err := tx.ExecContext(ctx, d.q(`UPDATE records SET tombstoned_at = $2 WHERE `+d.keyCol+` = $1`),

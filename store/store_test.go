@@ -1031,6 +1031,8 @@ func testStore(t *testing.T, b backend) {
 	testQuiet(t, fresh)
 	testClockAndReads(t, fresh)
 	testRetention(t, b, fresh)
+	testList(t, fresh)
+	testResolve(t, fresh)
 	testInbox(t, b)
 }
 
@@ -1411,7 +1413,7 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 					t.Errorf("DeleteExpired past retention (-want +got):\n%s", diff)
 				}
 				want := store.Tombstone{KeySHA256: sha256.Sum256([]byte("k")), BodySHA256: c.BodySHA256, State: tc.state, GaveUp: tc.gaveUp,
-					CreatedAt: us(t0), UpdatedAt: last.UpdatedAt, ExpiredAt: us(marked)}
+					CreatedAt: us(t0), UpdatedAt: last.UpdatedAt, ExpiredAt: us(marked), Caller: c.Caller, CallerKnown: true}
 				expired := func(when string) {
 					t.Helper()
 					if _, err := s.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {

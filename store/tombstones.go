@@ -28,6 +28,10 @@ type Tombstone struct {
 	CreatedAt time.Time
 	UpdatedAt time.Time
 	ExpiredAt time.Time
+	// Caller is the record's caller, when CallerKnown (tombstones written
+	// before migration 5 don't know it).
+	Caller      string
+	CallerKnown bool
 }
 
 // keySHA256 is the SHA-256 of a key's bytes, the tombstones' key (and
@@ -36,11 +40,16 @@ func keySHA256(key string) [32]byte { return sha256.Sum256([]byte(key)) }
 
 const tombstoneColumns = `key_sha256, body_sha256, state, gave_up, created_at, updated_at, expired_at`
 
+// tombstoneRead is what scanTombstone reads.
+const tombstoneRead = tombstoneColumns + `, caller`
+
 func scanTombstone(row scanner) (Tombstone, error) {
 	var t Tombstone
 	var state int
+	var caller sql.NullString
 	err := row.Scan(shaCol{&t.KeySHA256}, shaCol{&t.BodySHA256}, &state, &t.GaveUp,
-		timeCol{&t.CreatedAt}, timeCol{&t.UpdatedAt}, timeCol{&t.ExpiredAt})
+		timeCol{&t.CreatedAt}, timeCol{&t.UpdatedAt}, timeCol{&t.ExpiredAt}, &caller)
+	t.Caller, t.CallerKnown = caller.String, caller.Valid
 	if errors.Is(err, sql.ErrNoRows) {
 		return Tombstone{}, ErrNotFound
 	}
@@ -53,7 +62,7 @@ func scanTombstone(row scanner) (Tombstone, error) {
 // expired).
 func (s *Store) Tombstone(ctx context.Context, key string) (Tombstone, error) {
 	sum := keySHA256(key)
-	st, err := s.prepared(ctx, s.r, s.d.q(`SELECT `+tombstoneColumns+` FROM tombstones WHERE key_sha256 = $1`))
+	st, err := s.prepared(ctx, s.r, s.d.q(`SELECT `+tombstoneRead+` FROM tombstones WHERE key_sha256 = $1`))
 	if err != nil {
 		return Tombstone{}, s.wrap(fmt.Errorf("tombstone %.64q: %w", key, err))
 	}
@@ -65,5 +74,5 @@ func (s *Store) Tombstone(ctx context.Context, key string) (Tombstone, error) {
 }
 
 func (s *Store) tombstoneTx(ctx context.Context, tx *sql.Tx, sum [32]byte) (Tombstone, error) {
-	return scanTombstone(tx.QueryRowContext(ctx, s.d.q(`SELECT `+tombstoneColumns+` FROM tombstones WHERE key_sha256 = $1`), sum[:]))
+	return scanTombstone(tx.QueryRowContext(ctx, s.d.q(`SELECT `+tombstoneRead+` FROM tombstones WHERE key_sha256 = $1`), sum[:]))
 }

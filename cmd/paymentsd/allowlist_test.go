@@ -29,7 +29,7 @@ import (
 
 // issueClient returns a client certificate with the given URI and DNS
 // SANs, signed by the CA.
-func (ca *testCA) issueClient(t *testing.T, uris, dnsNames []string) tls.Certificate {
+func (ca *testCA) issueClient(t testing.TB, uris, dnsNames []string) tls.Certificate {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{

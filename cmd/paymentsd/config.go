@@ -17,6 +17,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/inbox"
 	"example.com/paymentsd/service"
@@ -95,6 +97,9 @@ type config struct {
 	// AllowedCallers, when set, are the mTLS identities (URI or DNS SANs)
 	// that may call the payments services.
 	AllowedCallers []string
+	// AdminCallers are the mTLS identities that may list every caller's
+	// payments and resolve payments in doubt.
+	AdminCallers []string
 
 	TLSCertFile     string
 	TLSKeyFile      string
@@ -124,6 +129,10 @@ type config struct {
 
 	// testHooks are a test binary's changes; none in production builds.
 	testHooks testHooks
+	// registry, if set, holds the metrics instead of a new registry, so a
+	// test can read the description of every metric paymentsd registers,
+	// even those with no series yet. Never set from the environment.
+	registry *prometheus.Registry
 }
 
 // A variable is one PAYMENTS_* setting. The table of them (variables) is
@@ -269,7 +278,12 @@ func variables() []variable {
 			fileSetting(func(c *config) *string { return &c.TLSClientCAFile })},
 		{"PAYMENTS_ALLOWED_CALLERS", "",
 			"Comma-separated mTLS identities (URI or DNS SANs) that may call the payments and provider-events services; needs PAYMENTS_TLS_CLIENT_CA_FILE. Unset: every caller with a trusted certificate.",
-			setting{parse: parseCallers, show: func(c *config) slog.Value { return slog.AnyValue(c.AllowedCallers) }}},
+			setting{parse: func(c *config, v string) error { return parseCallers(&c.AllowedCallers, v) },
+				show: func(c *config) slog.Value { return slog.AnyValue(c.AllowedCallers) }}},
+		{"PAYMENTS_ADMIN_CALLERS", "",
+			"Comma-separated mTLS identities (URI or DNS SANs) that may list every caller's payments and resolve payments in doubt; needs PAYMENTS_TLS_CLIENT_CA_FILE. They may call even when not in PAYMENTS_ALLOWED_CALLERS. Unset: nobody (but everyone under --simulate).",
+			setting{parse: func(c *config, v string) error { return parseCallers(&c.AdminCallers, v) },
+				show: func(c *config) slog.Value { return slog.AnyValue(c.AdminCallers) }}},
 		{"PAYMENTS_LOG_LEVEL", "info",
 			"The lowest level logged: debug, info, warn or error. The start-up and shutdown lines are always logged.",
 			setting{
@@ -310,6 +324,11 @@ func variables() []variable {
 var ignoredVariables = map[string]string{
 	"PAYMENTS_TEST_POSTGRES_URL": "the tests' PostgreSQL server (bash .ci/postgres sets it)",
 	"PAYMENTS_BENCH_CPUPROFILE":  "paymentsbench's CPU profile, read only by a binary built with -tags=benchprofile",
+	envCLIAddr:                   "paymentsd payments' --addr",
+	envCLICA:                     "paymentsd payments' --tls-ca",
+	envCLICert:                   "paymentsd payments' --tls-cert",
+	envCLIKey:                    "paymentsd payments' --tls-key",
+	envCLIServerName:             "paymentsd payments' --server-name",
 }
 
 // environments are the provider environments, as <ENV> is written.
@@ -414,7 +433,8 @@ func fileSetting(field func(*config) *string) setting {
 	}
 }
 
-func parseCallers(c *config, callers string) error {
+// parseCallers parses a comma-separated list of identities into list.
+func parseCallers(list *[]string, callers string) error {
 	var problems []error
 	for i, caller := range strings.Split(callers, ",") {
 		caller = strings.TrimSpace(caller)
@@ -423,12 +443,12 @@ func parseCallers(c *config, callers string) error {
 		case strings.ContainsFunc(caller, func(r rune) bool { return r <= ' ' || r == 0x7f }):
 			problems = append(problems, fmt.Errorf("identity %d in the list has spaces or control characters; an identity has none", i+1))
 		default:
-			c.AllowedCallers = append(c.AllowedCallers, caller)
+			*list = append(*list, caller)
 		}
 	}
-	if callers != "" && len(c.AllowedCallers) == 0 && len(problems) == 0 {
-		// Set, yet empty, it would turn the allowlist off: every caller
-		// with a trusted certificate could call.
+	if callers != "" && len(*list) == 0 && len(problems) == 0 {
+		// Set, yet empty, it would turn the allowlist off (every caller
+		// with a trusted certificate could call), or name no admin.
 		return errors.New("set but holds no identity: want a comma-separated list of URI or DNS SANs, or leave it unset for no allowlist")
 	}
 	return errors.Join(problems...)
@@ -558,6 +578,9 @@ func loadConfig(args, environ []string) (*config, error) {
 		// Without client certificates no caller has an identity, and the
 		// allowlist would refuse everyone.
 		problem("PAYMENTS_ALLOWED_CALLERS needs PAYMENTS_TLS_CLIENT_CA_FILE: callers are identified by their client certificates")
+	}
+	if len(c.AdminCallers) > 0 && c.TLSClientCAFile == "" {
+		problem("PAYMENTS_ADMIN_CALLERS needs PAYMENTS_TLS_CLIENT_CA_FILE: admins are identified by their client certificates")
 	}
 
 	c.loadDatabase(getenv, problem)

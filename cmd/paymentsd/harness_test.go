@@ -77,7 +77,7 @@ func (l *logBuffer) lines(msg string) []map[string]any {
 }
 
 // waitFor waits until a line with msg has been logged, or done fires.
-func (l *logBuffer) waitFor(t *testing.T, msg string, done <-chan error) map[string]any {
+func (l *logBuffer) waitFor(t testing.TB, msg string, done <-chan error) map[string]any {
 	t.Helper()
 	timeout := time.After(30 * time.Second)
 	for {
@@ -110,21 +110,21 @@ type instance struct {
 
 // start runs paymentsd with env (on top of loopback listeners on port 0)
 // and waits until it serves. It stops when the test ends.
-func start(t *testing.T, env map[string]string, args ...string) *instance {
+func start(t testing.TB, env map[string]string, args ...string) *instance {
 	t.Helper()
 	return startWith(t, env, nil, args...)
 }
 
 // startWith is start with a tracer provider; it calls serve, as run does
 // once it has read OTEL_* into a tracer provider.
-func startWith(t *testing.T, env map[string]string, tp trace.TracerProvider, args ...string) *instance {
+func startWith(t testing.TB, env map[string]string, tp trace.TracerProvider, args ...string) *instance {
 	t.Helper()
 	return startConfigured(t, env, tp, nil, args...)
 }
 
 // startConfigured is startWith with a change to the loaded configuration,
 // for states the configuration's own checks refuse.
-func startConfigured(t *testing.T, env map[string]string, tp trace.TracerProvider, change func(*config), args ...string) *instance {
+func startConfigured(t testing.TB, env map[string]string, tp trace.TracerProvider, change func(*config), args ...string) *instance {
 	t.Helper()
 	full := map[string]string{
 		"PAYMENTS_GRPC_ADDR": "127.0.0.1:0",
@@ -228,7 +228,7 @@ func runRefused(t *testing.T, env map[string]string, args ...string) (stdout, st
 // fakeProvider starts a fake provider that knows both keys: each is
 // permitted in its own environment and forbidden in the other, as the
 // provider's documentation says.
-func fakeProvider(t *testing.T, env string) *upstreamtest.Server {
+func fakeProvider(t testing.TB, env string) *upstreamtest.Server {
 	t.Helper()
 	var p *upstreamtest.Server
 	if env == "live" {

@@ -21,6 +21,9 @@ environment variables below; an unset or empty one takes its default. A
 PAYMENTS_* variable not listed here is refused at start, so a misspelt name
 is never silently ignored.
 
+The operators' CLI, a client of a running paymentsd (list, get, resolve and
+export payments): paymentsd payments --help
+
 Flags:
   --simulate  Serve against a built-in simulated provider (sandbox only): no
               base URL or key is needed, and records are kept in memory.

@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -56,7 +57,7 @@ func main() {
 	}
 	if err := run(context.Background(), os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "paymentsd: %v\n", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -67,6 +68,14 @@ func main() {
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+
+	// 'paymentsd payments …' is the operators' CLI, a client of a running
+	// paymentsd: it reads none of the server's configuration. Its
+	// questions (resolve's evidence and confirmation) are read from the
+	// terminal.
+	if len(args) > 1 && args[1] == "payments" {
+		return runPayments(ctx, args[2:], environ, os.Stdin, stdout, stderr)
+	}
 
 	cfg, err := loadConfig(args, environ)
 	switch {
@@ -115,7 +124,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	}
 	lifecycle.Info("starting", "config", cfg)
 
-	registry := prometheus.NewRegistry()
+	registry := cfg.registry
+	if registry == nil {
+		registry = prometheus.NewRegistry()
+	}
 	registerer := prometheus.WrapRegistererWith(prometheus.Labels{"environment": cfg.Environment}, registry)
 	registerer.MustRegister(
 		collectors.NewGoCollector(),
@@ -173,6 +185,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		RetentionInterval:  cfg.testHooks.retentionInterval,
 		Now:                cfg.testHooks.clock,
 		MaxSends:           cfg.MaxInFlight,
+		AdminCallers:       cfg.AdminCallers,
+		// A newcomer trying paymentsd out may list and resolve; simulated
+		// payments move no money.
+		EveryoneAdmin: cfg.Simulate,
 	})
 	// The webhook inbox's reader; its events are deleted with the records
 	// after PAYMENTS_RECORD_RETENTION.
@@ -195,7 +211,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		Events:          events,
 		MaxInFlight:     cfg.MaxInFlight,
 		ReadTimeout:     cfg.HTTPReadTimeout,
-		AllowedCallers:  cfg.AllowedCallers,
+		AllowedCallers:  allowedCallers(cfg),
 	}
 	if tlsConfig != nil {
 		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(tlsConfig)))
@@ -488,4 +504,14 @@ func randomKey() string {
 	var b [24]byte
 	rand.Read(b[:])
 	return "sim_" + hex.EncodeToString(b[:])
+}
+
+// allowedCallers is the connection allowlist: PAYMENTS_ALLOWED_CALLERS and,
+// when it is set, the admins too, who need not be listed twice. Unset, it
+// admits every trusted certificate, admins among them.
+func allowedCallers(cfg *config) []string {
+	if len(cfg.AllowedCallers) == 0 {
+		return nil
+	}
+	return append(slices.Clip(cfg.AllowedCallers), cfg.AdminCallers...)
 }

@@ -176,6 +176,11 @@ func TestReadyzWhileDraining(t *testing.T) {
 	if got := get("/healthz"); got != http.StatusOK {
 		t.Errorf("GET /healthz while draining = %d, want 200", got)
 	}
+	// What the not-ready alerts read.
+	families, _ := scrape(t, in)
+	if v, ok := sample(families, "paymentsd_ready", nil); !ok || v != 0 {
+		t.Errorf("paymentsd_ready while draining = %v (present %v), want 0", v, ok)
+	}
 	health := healthpb.NewHealthClient(in.conn)
 	if resp, err := health.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("gRPC health while draining = %v, %v, want NOT_SERVING", resp.GetStatus(), err)

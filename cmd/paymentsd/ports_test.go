@@ -178,7 +178,8 @@ func TestStrictREST(t *testing.T) {
 		{"two objects", "POST", "application/json", body + body, http.StatusBadRequest},
 		{"object then junk", "POST", "application/json", body + " x", http.StatusBadRequest},
 		{"object then brace", "POST", "application/json", body + "}", http.StatusBadRequest},
-		{"GET", "GET", "-", "", http.StatusMethodNotAllowed},
+		// GET is the list, an admin call: without mTLS, refused.
+		{"GET", "GET", "-", "", http.StatusForbidden},
 		{"PUT", "PUT", "application/json", body, http.StatusMethodNotAllowed},
 		{"DELETE", "DELETE", "-", "", http.StatusMethodNotAllowed},
 		{"PATCH", "PATCH", "application/json", body, http.StatusMethodNotAllowed},
@@ -211,8 +212,8 @@ func TestStrictREST(t *testing.T) {
 			if !strings.Contains(resp.Header.Get("Content-Type"), "application/json") || !strings.Contains(string(r.raw), `"code"`) || !strings.Contains(string(r.raw), `"message"`) {
 				t.Errorf("error body %s (%s) is not a google.rpc.Status", r.raw, resp.Header.Get("Content-Type"))
 			}
-			if tt.want == http.StatusMethodNotAllowed && resp.Header.Get("Allow") != "POST" {
-				t.Errorf("Allow = %q, want POST", resp.Header.Get("Allow"))
+			if tt.want == http.StatusMethodNotAllowed && resp.Header.Get("Allow") != "GET, POST" {
+				t.Errorf("Allow = %q, want GET, POST", resp.Header.Get("Allow"))
 			}
 		})
 	}
@@ -307,7 +308,7 @@ func TestSlowBodyCutOffOnEveryPath(t *testing.T) {
 	}{
 		{"payment", "POST", "/v1/multi-card-payments", 1000, http.StatusRequestTimeout},
 		{"payment over the size limit", "POST", "/v1/multi-card-payments", 100000, http.StatusRequestEntityTooLarge},
-		{"payments collection", "GET", "/v1/multi-card-payments", 1000, http.StatusMethodNotAllowed},
+		{"payments list", "GET", "/v1/multi-card-payments", 1000, http.StatusRequestTimeout},
 		{"healthz", "GET", "/healthz", 1000, http.StatusOK},
 		{"readyz", "GET", "/readyz", 1000, http.StatusOK},
 		{"metrics", "POST", "/metrics", 1000, http.StatusMethodNotAllowed},

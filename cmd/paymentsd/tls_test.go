@@ -31,7 +31,7 @@ type testCA struct {
 	pem  []byte
 }
 
-func newTestCA(t *testing.T, name string) *testCA {
+func newTestCA(t testing.TB, name string) *testCA {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
@@ -54,7 +54,7 @@ func newTestCA(t *testing.T, name string) *testCA {
 }
 
 // issue returns a leaf certificate for 127.0.0.1 signed by the CA.
-func (ca *testCA) issue(t *testing.T, usage x509.ExtKeyUsage) tls.Certificate {
+func (ca *testCA) issue(t testing.TB, usage x509.ExtKeyUsage) tls.Certificate {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
@@ -73,7 +73,7 @@ func (ca *testCA) issue(t *testing.T, usage x509.ExtKeyUsage) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
-func writePEMFiles(t *testing.T, c tls.Certificate) (certFile, keyFile string) {
+func writePEMFiles(t testing.TB, c tls.Certificate) (certFile, keyFile string) {
 	t.Helper()
 	dir := t.TempDir()
 	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")

@@ -27,6 +27,116 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ListView chooses the fields of MultiCardPaymentSummary that are filled.
+type ListView int32
+
+const (
+	// LIST_VIEW_UNSPECIFIED is LIST_VIEW_BASIC.
+	ListView_LIST_VIEW_UNSPECIFIED ListView = 0
+	// LIST_VIEW_BASIC leaves payment_json empty, keeping pages small.
+	ListView_LIST_VIEW_BASIC ListView = 1
+	// LIST_VIEW_FULL also fills payment_json, the provider's last reply
+	// (which holds the provider's own payment ID), for reconciliation.
+	ListView_LIST_VIEW_FULL ListView = 2
+)
+
+// Enum value maps for ListView.
+var (
+	ListView_name = map[int32]string{
+		0: "LIST_VIEW_UNSPECIFIED",
+		1: "LIST_VIEW_BASIC",
+		2: "LIST_VIEW_FULL",
+	}
+	ListView_value = map[string]int32{
+		"LIST_VIEW_UNSPECIFIED": 0,
+		"LIST_VIEW_BASIC":       1,
+		"LIST_VIEW_FULL":        2,
+	}
+)
+
+func (x ListView) Enum() *ListView {
+	p := new(ListView)
+	*p = x
+	return p
+}
+
+func (x ListView) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ListView) Descriptor() protoreflect.EnumDescriptor {
+	return file_payments_v1_payments_proto_enumTypes[0].Descriptor()
+}
+
+func (ListView) Type() protoreflect.EnumType {
+	return &file_payments_v1_payments_proto_enumTypes[0]
+}
+
+func (x ListView) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ListView.Descriptor instead.
+func (ListView) EnumDescriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{0}
+}
+
+// ResolutionOutcome is what a person found out about a payment.
+type ResolutionOutcome int32
+
+const (
+	// RESOLUTION_OUTCOME_UNSPECIFIED is refused.
+	ResolutionOutcome_RESOLUTION_OUTCOME_UNSPECIFIED ResolutionOutcome = 0
+	// RESOLUTION_OUTCOME_SUCCEEDED: the provider created the payment. The
+	// record becomes PAYMENT_STATE_SUCCEEDED and calls with the key replay.
+	ResolutionOutcome_RESOLUTION_OUTCOME_SUCCEEDED ResolutionOutcome = 1
+	// RESOLUTION_OUTCOME_NOT_CREATED: the provider certainly has no payment
+	// for the key. The record becomes PAYMENT_STATE_NOT_CREATED and the next
+	// call with the key makes a new attempt.
+	ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED ResolutionOutcome = 2
+)
+
+// Enum value maps for ResolutionOutcome.
+var (
+	ResolutionOutcome_name = map[int32]string{
+		0: "RESOLUTION_OUTCOME_UNSPECIFIED",
+		1: "RESOLUTION_OUTCOME_SUCCEEDED",
+		2: "RESOLUTION_OUTCOME_NOT_CREATED",
+	}
+	ResolutionOutcome_value = map[string]int32{
+		"RESOLUTION_OUTCOME_UNSPECIFIED": 0,
+		"RESOLUTION_OUTCOME_SUCCEEDED":   1,
+		"RESOLUTION_OUTCOME_NOT_CREATED": 2,
+	}
+)
+
+func (x ResolutionOutcome) Enum() *ResolutionOutcome {
+	p := new(ResolutionOutcome)
+	*p = x
+	return p
+}
+
+func (x ResolutionOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ResolutionOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_payments_v1_payments_proto_enumTypes[1].Descriptor()
+}
+
+func (ResolutionOutcome) Type() protoreflect.EnumType {
+	return &file_payments_v1_payments_proto_enumTypes[1]
+}
+
+func (x ResolutionOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ResolutionOutcome.Descriptor instead.
+func (ResolutionOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{1}
+}
+
 // PaymentState is what paymentsd's record says about a payment's money.
 type PaymentState int32
 
@@ -80,11 +190,11 @@ func (x PaymentState) String() string {
 }
 
 func (PaymentState) Descriptor() protoreflect.EnumDescriptor {
-	return file_payments_v1_payments_proto_enumTypes[0].Descriptor()
+	return file_payments_v1_payments_proto_enumTypes[2].Descriptor()
 }
 
 func (PaymentState) Type() protoreflect.EnumType {
-	return &file_payments_v1_payments_proto_enumTypes[0]
+	return &file_payments_v1_payments_proto_enumTypes[2]
 }
 
 func (x PaymentState) Number() protoreflect.EnumNumber {
@@ -93,7 +203,7 @@ func (x PaymentState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PaymentState.Descriptor instead.
 func (PaymentState) EnumDescriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{0}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{2}
 }
 
 // Environment is a provider environment. Each has its own base URL and keys.
@@ -133,11 +243,11 @@ func (x Environment) String() string {
 }
 
 func (Environment) Descriptor() protoreflect.EnumDescriptor {
-	return file_payments_v1_payments_proto_enumTypes[1].Descriptor()
+	return file_payments_v1_payments_proto_enumTypes[3].Descriptor()
 }
 
 func (Environment) Type() protoreflect.EnumType {
-	return &file_payments_v1_payments_proto_enumTypes[1]
+	return &file_payments_v1_payments_proto_enumTypes[3]
 }
 
 func (x Environment) Number() protoreflect.EnumNumber {
@@ -146,7 +256,7 @@ func (x Environment) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Environment.Descriptor instead.
 func (Environment) EnumDescriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{1}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{3}
 }
 
 // Money is an amount in a currency, as the provider defines it.
@@ -305,7 +415,12 @@ type CreateMultiCardPaymentResponse struct {
 	// payment_json is the provider's reply body exactly as received (with
 	// this deployment's API keys redacted, should the provider echo them): a
 	// JSON object, UTF-8. Unlike payment, it keeps every number exact.
-	PaymentJson   []byte `protobuf:"bytes,5,opt,name=payment_json,json=paymentJson,proto3" json:"payment_json,omitempty"`
+	PaymentJson []byte `protobuf:"bytes,5,opt,name=payment_json,json=paymentJson,proto3" json:"payment_json,omitempty"`
+	// resolved is true when the answer is a replay of a person's resolution
+	// (ResolveMultiCardPayment, RESOLUTION_OUTCOME_SUCCEEDED) rather than of
+	// the provider's reply: payment is the reply the person recorded, or an
+	// empty object when they recorded none, and provider_http_status is 0.
+	Resolved      bool `protobuf:"varint,6,opt,name=resolved,proto3" json:"resolved,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -373,6 +488,13 @@ func (x *CreateMultiCardPaymentResponse) GetPaymentJson() []byte {
 		return x.PaymentJson
 	}
 	return nil
+}
+
+func (x *CreateMultiCardPaymentResponse) GetResolved() bool {
+	if x != nil {
+		return x.Resolved
+	}
+	return false
 }
 
 // GetMultiCardPaymentRequest names a payment by its idempotency key.
@@ -476,8 +598,14 @@ type GetMultiCardPaymentResponse struct {
 	// settlement_gave_up is true when the settlement window closed with the
 	// outcome still unknown: a person must check the provider's dashboard.
 	SettlementGaveUp bool `protobuf:"varint,17,opt,name=settlement_gave_up,json=settlementGaveUp,proto3" json:"settlement_gave_up,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// audit_entries are the record's resolutions (ResolveMultiCardPayment),
+	// oldest first. Entries are append-only: nothing changes or deletes them
+	// while the record is kept.
+	AuditEntries []*AuditEntry `protobuf:"bytes,18,rep,name=audit_entries,json=auditEntries,proto3" json:"audit_entries,omitempty"`
+	// idempotency_key is the record's key, exactly.
+	IdempotencyKey string `protobuf:"bytes,19,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GetMultiCardPaymentResponse) Reset() {
@@ -629,6 +757,618 @@ func (x *GetMultiCardPaymentResponse) GetSettlementGaveUp() bool {
 	return false
 }
 
+func (x *GetMultiCardPaymentResponse) GetAuditEntries() []*AuditEntry {
+	if x != nil {
+		return x.AuditEntries
+	}
+	return nil
+}
+
+func (x *GetMultiCardPaymentResponse) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+// ListMultiCardPaymentsRequest filters and pages paymentsd's records. All
+// filters given must match.
+type ListMultiCardPaymentsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state: only records in one of these states; empty means every state.
+	// REST: repeat the parameter (state=A&state=B).
+	State []PaymentState `protobuf:"varint,1,rep,packed,name=state,proto3,enum=payments.v1.PaymentState" json:"state,omitempty"`
+	// created_after: only records created at or after this time.
+	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
+	// created_before: only records created before this time.
+	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
+	// caller: only records created by this caller identity (see
+	// GetMultiCardPaymentResponse.caller). Non-admins may give only their
+	// own identity, or leave it empty.
+	Caller string `protobuf:"bytes,4,opt,name=caller,proto3" json:"caller,omitempty"`
+	// settlement_gave_up, when set: only records whose settlement window
+	// closed with the outcome unknown (true), or only the others (false).
+	SettlementGaveUp *bool `protobuf:"varint,5,opt,name=settlement_gave_up,json=settlementGaveUp,proto3,oneof" json:"settlement_gave_up,omitempty"`
+	// page_size is the most records to return: 1 to 1000; 0 means 100.
+	PageSize int32 `protobuf:"varint,6,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is the previous page's next_page_token; empty for the first
+	// page. It is opaque, and only valid with the same filters and view.
+	PageToken string `protobuf:"bytes,7,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// view chooses how much of each record to return: LIST_VIEW_BASIC (the
+	// default) or LIST_VIEW_FULL.
+	View          ListView `protobuf:"varint,8,opt,name=view,proto3,enum=payments.v1.ListView" json:"view,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMultiCardPaymentsRequest) Reset() {
+	*x = ListMultiCardPaymentsRequest{}
+	mi := &file_payments_v1_payments_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMultiCardPaymentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMultiCardPaymentsRequest) ProtoMessage() {}
+
+func (x *ListMultiCardPaymentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMultiCardPaymentsRequest.ProtoReflect.Descriptor instead.
+func (*ListMultiCardPaymentsRequest) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ListMultiCardPaymentsRequest) GetState() []PaymentState {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *ListMultiCardPaymentsRequest) GetCreatedAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAfter
+	}
+	return nil
+}
+
+func (x *ListMultiCardPaymentsRequest) GetCreatedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedBefore
+	}
+	return nil
+}
+
+func (x *ListMultiCardPaymentsRequest) GetCaller() string {
+	if x != nil {
+		return x.Caller
+	}
+	return ""
+}
+
+func (x *ListMultiCardPaymentsRequest) GetSettlementGaveUp() bool {
+	if x != nil && x.SettlementGaveUp != nil {
+		return *x.SettlementGaveUp
+	}
+	return false
+}
+
+func (x *ListMultiCardPaymentsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListMultiCardPaymentsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListMultiCardPaymentsRequest) GetView() ListView {
+	if x != nil {
+		return x.View
+	}
+	return ListView_LIST_VIEW_UNSPECIFIED
+}
+
+// ListMultiCardPaymentsResponse is one page of records.
+type ListMultiCardPaymentsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// payments are ordered by create_time, then by a tie-break on the key.
+	Payments []*MultiCardPaymentSummary `protobuf:"bytes,1,rep,name=payments,proto3" json:"payments,omitempty"`
+	// next_page_token fetches the next page; empty when there are no more
+	// records matching the filters (as of this page's read).
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMultiCardPaymentsResponse) Reset() {
+	*x = ListMultiCardPaymentsResponse{}
+	mi := &file_payments_v1_payments_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMultiCardPaymentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMultiCardPaymentsResponse) ProtoMessage() {}
+
+func (x *ListMultiCardPaymentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMultiCardPaymentsResponse.ProtoReflect.Descriptor instead.
+func (*ListMultiCardPaymentsResponse) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ListMultiCardPaymentsResponse) GetPayments() []*MultiCardPaymentSummary {
+	if x != nil {
+		return x.Payments
+	}
+	return nil
+}
+
+func (x *ListMultiCardPaymentsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// MultiCardPaymentSummary is one record in a list: what an operator needs
+// to find a payment in doubt, without its request body.
+type MultiCardPaymentSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// idempotency_key is the record's key, exactly.
+	IdempotencyKey string `protobuf:"bytes,1,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// state is what the record says about the money.
+	State PaymentState `protobuf:"varint,2,opt,name=state,proto3,enum=payments.v1.PaymentState" json:"state,omitempty"`
+	// amount_money is the amount recorded for the key.
+	AmountMoney *Money `protobuf:"bytes,3,opt,name=amount_money,json=amountMoney,proto3" json:"amount_money,omitempty"`
+	// caller is the identity of the service whose call created the record;
+	// empty when it was created without mTLS.
+	Caller string `protobuf:"bytes,4,opt,name=caller,proto3" json:"caller,omitempty"`
+	// create_time and update_time are when the record was first written and
+	// last changed.
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// provider_http_status is the provider's last HTTP status; 0 when it
+	// never answered (or the record was resolved SUCCEEDED by a person).
+	ProviderHttpStatus int32 `protobuf:"varint,7,opt,name=provider_http_status,json=providerHttpStatus,proto3" json:"provider_http_status,omitempty"`
+	// attempts is how many requests paymentsd has sent for this key.
+	Attempts int32 `protobuf:"varint,8,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// settlement_gave_up is true when the settlement window closed with the
+	// outcome unknown.
+	SettlementGaveUp bool `protobuf:"varint,9,opt,name=settlement_gave_up,json=settlementGaveUp,proto3" json:"settlement_gave_up,omitempty"`
+	// settlement_window_end_time is when the settlement window closes (or
+	// closed).
+	SettlementWindowEndTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=settlement_window_end_time,json=settlementWindowEndTime,proto3" json:"settlement_window_end_time,omitempty"`
+	// last_error says why the last attempt failed; empty after a success.
+	LastError string `protobuf:"bytes,11,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// resolved is true when a person resolved the record
+	// (ResolveMultiCardPayment); GetMultiCardPayment shows the audit entry.
+	Resolved bool `protobuf:"varint,12,opt,name=resolved,proto3" json:"resolved,omitempty"`
+	// payment_json, in LIST_VIEW_FULL only, is as in
+	// GetMultiCardPaymentResponse: the provider's last reply body exactly
+	// (or the reply a person recorded when resolving).
+	PaymentJson []byte `protobuf:"bytes,13,opt,name=payment_json,json=paymentJson,proto3" json:"payment_json,omitempty"`
+	// environment is the provider environment the record belongs to.
+	Environment   Environment `protobuf:"varint,14,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MultiCardPaymentSummary) Reset() {
+	*x = MultiCardPaymentSummary{}
+	mi := &file_payments_v1_payments_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MultiCardPaymentSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MultiCardPaymentSummary) ProtoMessage() {}
+
+func (x *MultiCardPaymentSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MultiCardPaymentSummary.ProtoReflect.Descriptor instead.
+func (*MultiCardPaymentSummary) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *MultiCardPaymentSummary) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *MultiCardPaymentSummary) GetState() PaymentState {
+	if x != nil {
+		return x.State
+	}
+	return PaymentState_PAYMENT_STATE_UNSPECIFIED
+}
+
+func (x *MultiCardPaymentSummary) GetAmountMoney() *Money {
+	if x != nil {
+		return x.AmountMoney
+	}
+	return nil
+}
+
+func (x *MultiCardPaymentSummary) GetCaller() string {
+	if x != nil {
+		return x.Caller
+	}
+	return ""
+}
+
+func (x *MultiCardPaymentSummary) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *MultiCardPaymentSummary) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *MultiCardPaymentSummary) GetProviderHttpStatus() int32 {
+	if x != nil {
+		return x.ProviderHttpStatus
+	}
+	return 0
+}
+
+func (x *MultiCardPaymentSummary) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *MultiCardPaymentSummary) GetSettlementGaveUp() bool {
+	if x != nil {
+		return x.SettlementGaveUp
+	}
+	return false
+}
+
+func (x *MultiCardPaymentSummary) GetSettlementWindowEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SettlementWindowEndTime
+	}
+	return nil
+}
+
+func (x *MultiCardPaymentSummary) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *MultiCardPaymentSummary) GetResolved() bool {
+	if x != nil {
+		return x.Resolved
+	}
+	return false
+}
+
+func (x *MultiCardPaymentSummary) GetPaymentJson() []byte {
+	if x != nil {
+		return x.PaymentJson
+	}
+	return nil
+}
+
+func (x *MultiCardPaymentSummary) GetEnvironment() Environment {
+	if x != nil {
+		return x.Environment
+	}
+	return Environment_ENVIRONMENT_UNSPECIFIED
+}
+
+// ResolveMultiCardPaymentRequest records a person's finding about a
+// payment in doubt.
+type ResolveMultiCardPaymentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// idempotency_key names the record, exactly.
+	IdempotencyKey string `protobuf:"bytes,1,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// outcome is what the person found. Required.
+	Outcome ResolutionOutcome `protobuf:"varint,2,opt,name=outcome,proto3,enum=payments.v1.ResolutionOutcome" json:"outcome,omitempty"`
+	// evidence is why: for example the provider dashboard's payment ID and
+	// what it showed. Required and not blank; at most 4 KiB of UTF-8, with
+	// no control characters other than tab and newline.
+	Evidence string `protobuf:"bytes,3,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	// reply_json, optional and only with RESOLUTION_OUTCOME_SUCCEEDED, is
+	// the provider's payment as a JSON object, exactly as the person got it
+	// (for example from the provider's dashboard), at most 1 MiB. Later
+	// replays of the key answer with it. It is a string so that it is kept
+	// exactly over REST too.
+	ReplyJson     string `protobuf:"bytes,4,opt,name=reply_json,json=replyJson,proto3" json:"reply_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveMultiCardPaymentRequest) Reset() {
+	*x = ResolveMultiCardPaymentRequest{}
+	mi := &file_payments_v1_payments_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveMultiCardPaymentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveMultiCardPaymentRequest) ProtoMessage() {}
+
+func (x *ResolveMultiCardPaymentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveMultiCardPaymentRequest.ProtoReflect.Descriptor instead.
+func (*ResolveMultiCardPaymentRequest) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ResolveMultiCardPaymentRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *ResolveMultiCardPaymentRequest) GetOutcome() ResolutionOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return ResolutionOutcome_RESOLUTION_OUTCOME_UNSPECIFIED
+}
+
+func (x *ResolveMultiCardPaymentRequest) GetEvidence() string {
+	if x != nil {
+		return x.Evidence
+	}
+	return ""
+}
+
+func (x *ResolveMultiCardPaymentRequest) GetReplyJson() string {
+	if x != nil {
+		return x.ReplyJson
+	}
+	return ""
+}
+
+// ResolveMultiCardPaymentResponse is the record after the resolution.
+type ResolveMultiCardPaymentResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// payment is the record as the resolution left it, its audit entries
+	// included.
+	Payment *GetMultiCardPaymentResponse `protobuf:"bytes,1,opt,name=payment,proto3" json:"payment,omitempty"`
+	// audit_entry is the entry this resolution appended.
+	AuditEntry    *AuditEntry `protobuf:"bytes,2,opt,name=audit_entry,json=auditEntry,proto3" json:"audit_entry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveMultiCardPaymentResponse) Reset() {
+	*x = ResolveMultiCardPaymentResponse{}
+	mi := &file_payments_v1_payments_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveMultiCardPaymentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveMultiCardPaymentResponse) ProtoMessage() {}
+
+func (x *ResolveMultiCardPaymentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveMultiCardPaymentResponse.ProtoReflect.Descriptor instead.
+func (*ResolveMultiCardPaymentResponse) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ResolveMultiCardPaymentResponse) GetPayment() *GetMultiCardPaymentResponse {
+	if x != nil {
+		return x.Payment
+	}
+	return nil
+}
+
+func (x *ResolveMultiCardPaymentResponse) GetAuditEntry() *AuditEntry {
+	if x != nil {
+		return x.AuditEntry
+	}
+	return nil
+}
+
+// AuditEntry is one change a person made to a record, written in the same
+// transaction as the change.
+type AuditEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// create_time is when the change committed, by the record store's clock.
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// actor is the admin's mTLS identity (or "simulate" under --simulate).
+	Actor string `protobuf:"bytes,2,opt,name=actor,proto3" json:"actor,omitempty"`
+	// from_state and to_state are the record's state before and after.
+	FromState PaymentState `protobuf:"varint,3,opt,name=from_state,json=fromState,proto3,enum=payments.v1.PaymentState" json:"from_state,omitempty"`
+	ToState   PaymentState `protobuf:"varint,4,opt,name=to_state,json=toState,proto3,enum=payments.v1.PaymentState" json:"to_state,omitempty"`
+	// outcome is the resolution's outcome.
+	Outcome ResolutionOutcome `protobuf:"varint,5,opt,name=outcome,proto3,enum=payments.v1.ResolutionOutcome" json:"outcome,omitempty"`
+	// evidence is the person's evidence, exactly.
+	Evidence string `protobuf:"bytes,6,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	// request_id is the resolving call's request ID, for its log lines.
+	RequestId string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// reply_recorded is true when the person recorded the provider's reply.
+	ReplyRecorded bool `protobuf:"varint,8,opt,name=reply_recorded,json=replyRecorded,proto3" json:"reply_recorded,omitempty"`
+	// settlement_gave_up is whether settlement had given up on the record
+	// when it was resolved (resolved past its window).
+	SettlementGaveUp bool `protobuf:"varint,9,opt,name=settlement_gave_up,json=settlementGaveUp,proto3" json:"settlement_gave_up,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *AuditEntry) Reset() {
+	*x = AuditEntry{}
+	mi := &file_payments_v1_payments_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditEntry) ProtoMessage() {}
+
+func (x *AuditEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
+func (*AuditEntry) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *AuditEntry) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *AuditEntry) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetFromState() PaymentState {
+	if x != nil {
+		return x.FromState
+	}
+	return PaymentState_PAYMENT_STATE_UNSPECIFIED
+}
+
+func (x *AuditEntry) GetToState() PaymentState {
+	if x != nil {
+		return x.ToState
+	}
+	return PaymentState_PAYMENT_STATE_UNSPECIFIED
+}
+
+func (x *AuditEntry) GetOutcome() ResolutionOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return ResolutionOutcome_RESOLUTION_OUTCOME_UNSPECIFIED
+}
+
+func (x *AuditEntry) GetEvidence() string {
+	if x != nil {
+		return x.Evidence
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetReplyRecorded() bool {
+	if x != nil {
+		return x.ReplyRecorded
+	}
+	return false
+}
+
+func (x *AuditEntry) GetSettlementGaveUp() bool {
+	if x != nil {
+		return x.SettlementGaveUp
+	}
+	return false
+}
+
 // ProviderError is attached as a status detail to every error that comes from
 // a provider reply, so callers can see what the provider said.
 type ProviderError struct {
@@ -650,7 +1390,7 @@ type ProviderError struct {
 
 func (x *ProviderError) Reset() {
 	*x = ProviderError{}
-	mi := &file_payments_v1_payments_proto_msgTypes[5]
+	mi := &file_payments_v1_payments_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +1402,7 @@ func (x *ProviderError) String() string {
 func (*ProviderError) ProtoMessage() {}
 
 func (x *ProviderError) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[5]
+	mi := &file_payments_v1_payments_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +1415,7 @@ func (x *ProviderError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderError.ProtoReflect.Descriptor instead.
 func (*ProviderError) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{5}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ProviderError) GetHttpStatus() int32 {
@@ -722,7 +1462,7 @@ type ListProviderEventsRequest struct {
 
 func (x *ListProviderEventsRequest) Reset() {
 	*x = ListProviderEventsRequest{}
-	mi := &file_payments_v1_payments_proto_msgTypes[6]
+	mi := &file_payments_v1_payments_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +1474,7 @@ func (x *ListProviderEventsRequest) String() string {
 func (*ListProviderEventsRequest) ProtoMessage() {}
 
 func (x *ListProviderEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[6]
+	mi := &file_payments_v1_payments_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +1487,7 @@ func (x *ListProviderEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProviderEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListProviderEventsRequest) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{6}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListProviderEventsRequest) GetAfterSequence() int64 {
@@ -778,7 +1518,7 @@ type ListProviderEventsResponse struct {
 
 func (x *ListProviderEventsResponse) Reset() {
 	*x = ListProviderEventsResponse{}
-	mi := &file_payments_v1_payments_proto_msgTypes[7]
+	mi := &file_payments_v1_payments_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +1530,7 @@ func (x *ListProviderEventsResponse) String() string {
 func (*ListProviderEventsResponse) ProtoMessage() {}
 
 func (x *ListProviderEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[7]
+	mi := &file_payments_v1_payments_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +1543,7 @@ func (x *ListProviderEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProviderEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListProviderEventsResponse) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{7}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListProviderEventsResponse) GetEvents() []*ProviderEvent {
@@ -832,7 +1572,7 @@ type WatchProviderEventsRequest struct {
 
 func (x *WatchProviderEventsRequest) Reset() {
 	*x = WatchProviderEventsRequest{}
-	mi := &file_payments_v1_payments_proto_msgTypes[8]
+	mi := &file_payments_v1_payments_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +1584,7 @@ func (x *WatchProviderEventsRequest) String() string {
 func (*WatchProviderEventsRequest) ProtoMessage() {}
 
 func (x *WatchProviderEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[8]
+	mi := &file_payments_v1_payments_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +1597,7 @@ func (x *WatchProviderEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchProviderEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchProviderEventsRequest) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{8}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchProviderEventsRequest) GetAfterSequence() int64 {
@@ -878,7 +1618,7 @@ type WatchProviderEventsResponse struct {
 
 func (x *WatchProviderEventsResponse) Reset() {
 	*x = WatchProviderEventsResponse{}
-	mi := &file_payments_v1_payments_proto_msgTypes[9]
+	mi := &file_payments_v1_payments_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +1630,7 @@ func (x *WatchProviderEventsResponse) String() string {
 func (*WatchProviderEventsResponse) ProtoMessage() {}
 
 func (x *WatchProviderEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[9]
+	mi := &file_payments_v1_payments_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +1643,7 @@ func (x *WatchProviderEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchProviderEventsResponse.ProtoReflect.Descriptor instead.
 func (*WatchProviderEventsResponse) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{9}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchProviderEventsResponse) GetEvent() *ProviderEvent {
@@ -964,7 +1704,7 @@ type ProviderEvent struct {
 
 func (x *ProviderEvent) Reset() {
 	*x = ProviderEvent{}
-	mi := &file_payments_v1_payments_proto_msgTypes[10]
+	mi := &file_payments_v1_payments_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -976,7 +1716,7 @@ func (x *ProviderEvent) String() string {
 func (*ProviderEvent) ProtoMessage() {}
 
 func (x *ProviderEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[10]
+	mi := &file_payments_v1_payments_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -989,7 +1729,7 @@ func (x *ProviderEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderEvent.ProtoReflect.Descriptor instead.
 func (*ProviderEvent) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{10}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ProviderEvent) GetSequence() int64 {
@@ -1087,7 +1827,7 @@ type HttpHeader struct {
 
 func (x *HttpHeader) Reset() {
 	*x = HttpHeader{}
-	mi := &file_payments_v1_payments_proto_msgTypes[11]
+	mi := &file_payments_v1_payments_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1839,7 @@ func (x *HttpHeader) String() string {
 func (*HttpHeader) ProtoMessage() {}
 
 func (x *HttpHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[11]
+	mi := &file_payments_v1_payments_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1852,7 @@ func (x *HttpHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HttpHeader.ProtoReflect.Descriptor instead.
 func (*HttpHeader) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{11}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HttpHeader) GetName() string {
@@ -1147,15 +1887,16 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\x06amount\x18\x02 \x01(\x03R\x06amount\"\xa5\x01\n" +
 	"\x1dCreateMultiCardPaymentRequest\x12=\n" +
 	"\famount_money\x18\x01 \x01(\v2\x12.payments.v1.MoneyB\x06\xbaH\x03\xc8\x01\x01R\vamountMoney\x12E\n" +
-	"\x0fidempotency_key\x18\x02 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\x80\x02\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\x9c\x02\n" +
 	"\x1eCreateMultiCardPaymentResponse\x121\n" +
 	"\apayment\x18\x01 \x01(\v2\x17.google.protobuf.StructR\apayment\x120\n" +
 	"\x14provider_http_status\x18\x02 \x01(\x05R\x12providerHttpStatus\x12:\n" +
 	"\venvironment\x18\x03 \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\x12\x1a\n" +
 	"\breplayed\x18\x04 \x01(\bR\breplayed\x12!\n" +
-	"\fpayment_json\x18\x05 \x01(\fR\vpaymentJson\"c\n" +
+	"\fpayment_json\x18\x05 \x01(\fR\vpaymentJson\x12\x1a\n" +
+	"\bresolved\x18\x06 \x01(\bR\bresolved\"c\n" +
 	"\x1aGetMultiCardPaymentRequest\x12E\n" +
-	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\xfc\x06\n" +
+	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\xe3\a\n" +
 	"\x1bGetMultiCardPaymentResponse\x12/\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x19.payments.v1.PaymentStateR\x05state\x12D\n" +
 	"\arequest\x18\x02 \x01(\v2*.payments.v1.CreateMultiCardPaymentRequestR\arequest\x121\n" +
@@ -1178,7 +1919,69 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\x11last_attempt_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\x0flastAttemptTime\x12L\n" +
 	"\x14provider_quiet_until\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x12providerQuietUntil\x12W\n" +
 	"\x1asettlement_window_end_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x17settlementWindowEndTime\x12,\n" +
-	"\x12settlement_gave_up\x18\x11 \x01(\bR\x10settlementGaveUp\"\x9c\x01\n" +
+	"\x12settlement_gave_up\x18\x11 \x01(\bR\x10settlementGaveUp\x12<\n" +
+	"\raudit_entries\x18\x12 \x03(\v2\x17.payments.v1.AuditEntryR\fauditEntries\x12'\n" +
+	"\x0fidempotency_key\x18\x13 \x01(\tR\x0eidempotencyKey\"\xd9\x03\n" +
+	"\x1cListMultiCardPaymentsRequest\x12B\n" +
+	"\x05state\x18\x01 \x03(\x0e2\x19.payments.v1.PaymentStateB\x11\xbaH\x0e\x92\x01\v\x10\x04\"\a\x82\x01\x04\x10\x01 \x00R\x05state\x12?\n" +
+	"\rcreated_after\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
+	"\x0ecreated_before\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\x12 \n" +
+	"\x06caller\x18\x04 \x01(\tB\b\xbaH\x05r\x03(\x80\x10R\x06caller\x121\n" +
+	"\x12settlement_gave_up\x18\x05 \x01(\bH\x00R\x10settlementGaveUp\x88\x01\x01\x12'\n" +
+	"\tpage_size\x18\x06 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12'\n" +
+	"\n" +
+	"page_token\x18\a \x01(\tB\b\xbaH\x05r\x03(\x80 R\tpageToken\x123\n" +
+	"\x04view\x18\b \x01(\x0e2\x15.payments.v1.ListViewB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04viewB\x15\n" +
+	"\x13_settlement_gave_up\"\x89\x01\n" +
+	"\x1dListMultiCardPaymentsResponse\x12@\n" +
+	"\bpayments\x18\x01 \x03(\v2$.payments.v1.MultiCardPaymentSummaryR\bpayments\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xab\x05\n" +
+	"\x17MultiCardPaymentSummary\x12'\n" +
+	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12/\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x19.payments.v1.PaymentStateR\x05state\x125\n" +
+	"\famount_money\x18\x03 \x01(\v2\x12.payments.v1.MoneyR\vamountMoney\x12\x16\n" +
+	"\x06caller\x18\x04 \x01(\tR\x06caller\x12;\n" +
+	"\vcreate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vupdate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\x120\n" +
+	"\x14provider_http_status\x18\a \x01(\x05R\x12providerHttpStatus\x12\x1a\n" +
+	"\battempts\x18\b \x01(\x05R\battempts\x12,\n" +
+	"\x12settlement_gave_up\x18\t \x01(\bR\x10settlementGaveUp\x12W\n" +
+	"\x1asettlement_window_end_time\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\x17settlementWindowEndTime\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\v \x01(\tR\tlastError\x12\x1a\n" +
+	"\bresolved\x18\f \x01(\bR\bresolved\x12!\n" +
+	"\fpayment_json\x18\r \x01(\fR\vpaymentJson\x12:\n" +
+	"\venvironment\x18\x0e \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\"\x81\x03\n" +
+	"\x1eResolveMultiCardPaymentRequest\x12E\n" +
+	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\x12D\n" +
+	"\aoutcome\x18\x02 \x01(\x0e2\x1e.payments.v1.ResolutionOutcomeB\n" +
+	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\aoutcome\x12\xa7\x01\n" +
+	"\bevidence\x18\x03 \x01(\tB\x8a\x01\xbaH\x86\x01\xba\x01`\n" +
+	"\x12evidence.not_blank\x122evidence must say what the person saw: it is blank\x1a\x16this.matches('[^\\\\s]')r!(\x80 2\x1c^[^\\x00-\\x08\\x0b-\\x1f\\x7f]*$R\bevidence\x12(\n" +
+	"\n" +
+	"reply_json\x18\x04 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@R\treplyJson\"\x9f\x01\n" +
+	"\x1fResolveMultiCardPaymentResponse\x12B\n" +
+	"\apayment\x18\x01 \x01(\v2(.payments.v1.GetMultiCardPaymentResponseR\apayment\x128\n" +
+	"\vaudit_entry\x18\x02 \x01(\v2\x17.payments.v1.AuditEntryR\n" +
+	"auditEntry\"\x99\x03\n" +
+	"\n" +
+	"AuditEntry\x12;\n" +
+	"\vcreate_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12\x14\n" +
+	"\x05actor\x18\x02 \x01(\tR\x05actor\x128\n" +
+	"\n" +
+	"from_state\x18\x03 \x01(\x0e2\x19.payments.v1.PaymentStateR\tfromState\x124\n" +
+	"\bto_state\x18\x04 \x01(\x0e2\x19.payments.v1.PaymentStateR\atoState\x128\n" +
+	"\aoutcome\x18\x05 \x01(\x0e2\x1e.payments.v1.ResolutionOutcomeR\aoutcome\x12\x1a\n" +
+	"\bevidence\x18\x06 \x01(\tR\bevidence\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\a \x01(\tR\trequestId\x12%\n" +
+	"\x0ereply_recorded\x18\b \x01(\bR\rreplyRecorded\x12,\n" +
+	"\x12settlement_gave_up\x18\t \x01(\bR\x10settlementGaveUp\"\x9c\x01\n" +
 	"\rProviderError\x12\x1f\n" +
 	"\vhttp_status\x18\x01 \x01(\x05R\n" +
 	"httpStatus\x12\x12\n" +
@@ -1215,7 +2018,15 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x1f\n" +
 	"\vvalue_bytes\x18\x03 \x01(\fR\n" +
-	"valueBytes*\xab\x01\n" +
+	"valueBytes*N\n" +
+	"\bListView\x12\x19\n" +
+	"\x15LIST_VIEW_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fLIST_VIEW_BASIC\x10\x01\x12\x12\n" +
+	"\x0eLIST_VIEW_FULL\x10\x02*}\n" +
+	"\x11ResolutionOutcome\x12\"\n" +
+	"\x1eRESOLUTION_OUTCOME_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cRESOLUTION_OUTCOME_SUCCEEDED\x10\x01\x12\"\n" +
+	"\x1eRESOLUTION_OUTCOME_NOT_CREATED\x10\x02*\xab\x01\n" +
 	"\fPaymentState\x12\x1d\n" +
 	"\x19PAYMENT_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19PAYMENT_STATE_IN_PROGRESS\x10\x01\x12\x1b\n" +
@@ -1225,10 +2036,12 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\vEnvironment\x12\x1b\n" +
 	"\x17ENVIRONMENT_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13ENVIRONMENT_SANDBOX\x10\x01\x12\x14\n" +
-	"\x10ENVIRONMENT_LIVE\x10\x022\xee\x01\n" +
+	"\x10ENVIRONMENT_LIVE\x10\x022\xd4\x03\n" +
 	"\x0fPaymentsService\x12q\n" +
 	"\x16CreateMultiCardPayment\x12*.payments.v1.CreateMultiCardPaymentRequest\x1a+.payments.v1.CreateMultiCardPaymentResponse\x12h\n" +
-	"\x13GetMultiCardPayment\x12'.payments.v1.GetMultiCardPaymentRequest\x1a(.payments.v1.GetMultiCardPaymentResponse2\xea\x01\n" +
+	"\x13GetMultiCardPayment\x12'.payments.v1.GetMultiCardPaymentRequest\x1a(.payments.v1.GetMultiCardPaymentResponse\x12n\n" +
+	"\x15ListMultiCardPayments\x12).payments.v1.ListMultiCardPaymentsRequest\x1a*.payments.v1.ListMultiCardPaymentsResponse\x12t\n" +
+	"\x17ResolveMultiCardPayment\x12+.payments.v1.ResolveMultiCardPaymentRequest\x1a,.payments.v1.ResolveMultiCardPaymentResponse2\xea\x01\n" +
 	"\x15ProviderEventsService\x12e\n" +
 	"\x12ListProviderEvents\x12&.payments.v1.ListProviderEventsRequest\x1a'.payments.v1.ListProviderEventsResponse\x12j\n" +
 	"\x13WatchProviderEvents\x12'.payments.v1.WatchProviderEventsRequest\x1a(.payments.v1.WatchProviderEventsResponse0\x01B2Z0example.com/paymentsd/gen/payments/v1;paymentsv1b\x06proto3"
@@ -1245,58 +2058,89 @@ func file_payments_v1_payments_proto_rawDescGZIP() []byte {
 	return file_payments_v1_payments_proto_rawDescData
 }
 
-var file_payments_v1_payments_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_payments_v1_payments_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_payments_v1_payments_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_payments_v1_payments_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_payments_v1_payments_proto_goTypes = []any{
-	(PaymentState)(0),                      // 0: payments.v1.PaymentState
-	(Environment)(0),                       // 1: payments.v1.Environment
-	(*Money)(nil),                          // 2: payments.v1.Money
-	(*CreateMultiCardPaymentRequest)(nil),  // 3: payments.v1.CreateMultiCardPaymentRequest
-	(*CreateMultiCardPaymentResponse)(nil), // 4: payments.v1.CreateMultiCardPaymentResponse
-	(*GetMultiCardPaymentRequest)(nil),     // 5: payments.v1.GetMultiCardPaymentRequest
-	(*GetMultiCardPaymentResponse)(nil),    // 6: payments.v1.GetMultiCardPaymentResponse
-	(*ProviderError)(nil),                  // 7: payments.v1.ProviderError
-	(*ListProviderEventsRequest)(nil),      // 8: payments.v1.ListProviderEventsRequest
-	(*ListProviderEventsResponse)(nil),     // 9: payments.v1.ListProviderEventsResponse
-	(*WatchProviderEventsRequest)(nil),     // 10: payments.v1.WatchProviderEventsRequest
-	(*WatchProviderEventsResponse)(nil),    // 11: payments.v1.WatchProviderEventsResponse
-	(*ProviderEvent)(nil),                  // 12: payments.v1.ProviderEvent
-	(*HttpHeader)(nil),                     // 13: payments.v1.HttpHeader
-	(*structpb.Struct)(nil),                // 14: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil),          // 15: google.protobuf.Timestamp
+	(ListView)(0),                           // 0: payments.v1.ListView
+	(ResolutionOutcome)(0),                  // 1: payments.v1.ResolutionOutcome
+	(PaymentState)(0),                       // 2: payments.v1.PaymentState
+	(Environment)(0),                        // 3: payments.v1.Environment
+	(*Money)(nil),                           // 4: payments.v1.Money
+	(*CreateMultiCardPaymentRequest)(nil),   // 5: payments.v1.CreateMultiCardPaymentRequest
+	(*CreateMultiCardPaymentResponse)(nil),  // 6: payments.v1.CreateMultiCardPaymentResponse
+	(*GetMultiCardPaymentRequest)(nil),      // 7: payments.v1.GetMultiCardPaymentRequest
+	(*GetMultiCardPaymentResponse)(nil),     // 8: payments.v1.GetMultiCardPaymentResponse
+	(*ListMultiCardPaymentsRequest)(nil),    // 9: payments.v1.ListMultiCardPaymentsRequest
+	(*ListMultiCardPaymentsResponse)(nil),   // 10: payments.v1.ListMultiCardPaymentsResponse
+	(*MultiCardPaymentSummary)(nil),         // 11: payments.v1.MultiCardPaymentSummary
+	(*ResolveMultiCardPaymentRequest)(nil),  // 12: payments.v1.ResolveMultiCardPaymentRequest
+	(*ResolveMultiCardPaymentResponse)(nil), // 13: payments.v1.ResolveMultiCardPaymentResponse
+	(*AuditEntry)(nil),                      // 14: payments.v1.AuditEntry
+	(*ProviderError)(nil),                   // 15: payments.v1.ProviderError
+	(*ListProviderEventsRequest)(nil),       // 16: payments.v1.ListProviderEventsRequest
+	(*ListProviderEventsResponse)(nil),      // 17: payments.v1.ListProviderEventsResponse
+	(*WatchProviderEventsRequest)(nil),      // 18: payments.v1.WatchProviderEventsRequest
+	(*WatchProviderEventsResponse)(nil),     // 19: payments.v1.WatchProviderEventsResponse
+	(*ProviderEvent)(nil),                   // 20: payments.v1.ProviderEvent
+	(*HttpHeader)(nil),                      // 21: payments.v1.HttpHeader
+	(*structpb.Struct)(nil),                 // 22: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil),           // 23: google.protobuf.Timestamp
 }
 var file_payments_v1_payments_proto_depIdxs = []int32{
-	2,  // 0: payments.v1.CreateMultiCardPaymentRequest.amount_money:type_name -> payments.v1.Money
-	14, // 1: payments.v1.CreateMultiCardPaymentResponse.payment:type_name -> google.protobuf.Struct
-	1,  // 2: payments.v1.CreateMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
-	0,  // 3: payments.v1.GetMultiCardPaymentResponse.state:type_name -> payments.v1.PaymentState
-	3,  // 4: payments.v1.GetMultiCardPaymentResponse.request:type_name -> payments.v1.CreateMultiCardPaymentRequest
-	14, // 5: payments.v1.GetMultiCardPaymentResponse.payment:type_name -> google.protobuf.Struct
-	15, // 6: payments.v1.GetMultiCardPaymentResponse.create_time:type_name -> google.protobuf.Timestamp
-	15, // 7: payments.v1.GetMultiCardPaymentResponse.update_time:type_name -> google.protobuf.Timestamp
-	1,  // 8: payments.v1.GetMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
-	15, // 9: payments.v1.GetMultiCardPaymentResponse.last_attempt_time:type_name -> google.protobuf.Timestamp
-	15, // 10: payments.v1.GetMultiCardPaymentResponse.provider_quiet_until:type_name -> google.protobuf.Timestamp
-	15, // 11: payments.v1.GetMultiCardPaymentResponse.settlement_window_end_time:type_name -> google.protobuf.Timestamp
-	1,  // 12: payments.v1.ProviderError.environment:type_name -> payments.v1.Environment
-	12, // 13: payments.v1.ListProviderEventsResponse.events:type_name -> payments.v1.ProviderEvent
-	12, // 14: payments.v1.WatchProviderEventsResponse.event:type_name -> payments.v1.ProviderEvent
-	15, // 15: payments.v1.ProviderEvent.receive_time:type_name -> google.protobuf.Timestamp
-	13, // 16: payments.v1.ProviderEvent.headers:type_name -> payments.v1.HttpHeader
-	1,  // 17: payments.v1.ProviderEvent.environment:type_name -> payments.v1.Environment
-	3,  // 18: payments.v1.PaymentsService.CreateMultiCardPayment:input_type -> payments.v1.CreateMultiCardPaymentRequest
-	5,  // 19: payments.v1.PaymentsService.GetMultiCardPayment:input_type -> payments.v1.GetMultiCardPaymentRequest
-	8,  // 20: payments.v1.ProviderEventsService.ListProviderEvents:input_type -> payments.v1.ListProviderEventsRequest
-	10, // 21: payments.v1.ProviderEventsService.WatchProviderEvents:input_type -> payments.v1.WatchProviderEventsRequest
-	4,  // 22: payments.v1.PaymentsService.CreateMultiCardPayment:output_type -> payments.v1.CreateMultiCardPaymentResponse
-	6,  // 23: payments.v1.PaymentsService.GetMultiCardPayment:output_type -> payments.v1.GetMultiCardPaymentResponse
-	9,  // 24: payments.v1.ProviderEventsService.ListProviderEvents:output_type -> payments.v1.ListProviderEventsResponse
-	11, // 25: payments.v1.ProviderEventsService.WatchProviderEvents:output_type -> payments.v1.WatchProviderEventsResponse
-	22, // [22:26] is the sub-list for method output_type
-	18, // [18:22] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	4,  // 0: payments.v1.CreateMultiCardPaymentRequest.amount_money:type_name -> payments.v1.Money
+	22, // 1: payments.v1.CreateMultiCardPaymentResponse.payment:type_name -> google.protobuf.Struct
+	3,  // 2: payments.v1.CreateMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
+	2,  // 3: payments.v1.GetMultiCardPaymentResponse.state:type_name -> payments.v1.PaymentState
+	5,  // 4: payments.v1.GetMultiCardPaymentResponse.request:type_name -> payments.v1.CreateMultiCardPaymentRequest
+	22, // 5: payments.v1.GetMultiCardPaymentResponse.payment:type_name -> google.protobuf.Struct
+	23, // 6: payments.v1.GetMultiCardPaymentResponse.create_time:type_name -> google.protobuf.Timestamp
+	23, // 7: payments.v1.GetMultiCardPaymentResponse.update_time:type_name -> google.protobuf.Timestamp
+	3,  // 8: payments.v1.GetMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
+	23, // 9: payments.v1.GetMultiCardPaymentResponse.last_attempt_time:type_name -> google.protobuf.Timestamp
+	23, // 10: payments.v1.GetMultiCardPaymentResponse.provider_quiet_until:type_name -> google.protobuf.Timestamp
+	23, // 11: payments.v1.GetMultiCardPaymentResponse.settlement_window_end_time:type_name -> google.protobuf.Timestamp
+	14, // 12: payments.v1.GetMultiCardPaymentResponse.audit_entries:type_name -> payments.v1.AuditEntry
+	2,  // 13: payments.v1.ListMultiCardPaymentsRequest.state:type_name -> payments.v1.PaymentState
+	23, // 14: payments.v1.ListMultiCardPaymentsRequest.created_after:type_name -> google.protobuf.Timestamp
+	23, // 15: payments.v1.ListMultiCardPaymentsRequest.created_before:type_name -> google.protobuf.Timestamp
+	0,  // 16: payments.v1.ListMultiCardPaymentsRequest.view:type_name -> payments.v1.ListView
+	11, // 17: payments.v1.ListMultiCardPaymentsResponse.payments:type_name -> payments.v1.MultiCardPaymentSummary
+	2,  // 18: payments.v1.MultiCardPaymentSummary.state:type_name -> payments.v1.PaymentState
+	4,  // 19: payments.v1.MultiCardPaymentSummary.amount_money:type_name -> payments.v1.Money
+	23, // 20: payments.v1.MultiCardPaymentSummary.create_time:type_name -> google.protobuf.Timestamp
+	23, // 21: payments.v1.MultiCardPaymentSummary.update_time:type_name -> google.protobuf.Timestamp
+	23, // 22: payments.v1.MultiCardPaymentSummary.settlement_window_end_time:type_name -> google.protobuf.Timestamp
+	3,  // 23: payments.v1.MultiCardPaymentSummary.environment:type_name -> payments.v1.Environment
+	1,  // 24: payments.v1.ResolveMultiCardPaymentRequest.outcome:type_name -> payments.v1.ResolutionOutcome
+	8,  // 25: payments.v1.ResolveMultiCardPaymentResponse.payment:type_name -> payments.v1.GetMultiCardPaymentResponse
+	14, // 26: payments.v1.ResolveMultiCardPaymentResponse.audit_entry:type_name -> payments.v1.AuditEntry
+	23, // 27: payments.v1.AuditEntry.create_time:type_name -> google.protobuf.Timestamp
+	2,  // 28: payments.v1.AuditEntry.from_state:type_name -> payments.v1.PaymentState
+	2,  // 29: payments.v1.AuditEntry.to_state:type_name -> payments.v1.PaymentState
+	1,  // 30: payments.v1.AuditEntry.outcome:type_name -> payments.v1.ResolutionOutcome
+	3,  // 31: payments.v1.ProviderError.environment:type_name -> payments.v1.Environment
+	20, // 32: payments.v1.ListProviderEventsResponse.events:type_name -> payments.v1.ProviderEvent
+	20, // 33: payments.v1.WatchProviderEventsResponse.event:type_name -> payments.v1.ProviderEvent
+	23, // 34: payments.v1.ProviderEvent.receive_time:type_name -> google.protobuf.Timestamp
+	21, // 35: payments.v1.ProviderEvent.headers:type_name -> payments.v1.HttpHeader
+	3,  // 36: payments.v1.ProviderEvent.environment:type_name -> payments.v1.Environment
+	5,  // 37: payments.v1.PaymentsService.CreateMultiCardPayment:input_type -> payments.v1.CreateMultiCardPaymentRequest
+	7,  // 38: payments.v1.PaymentsService.GetMultiCardPayment:input_type -> payments.v1.GetMultiCardPaymentRequest
+	9,  // 39: payments.v1.PaymentsService.ListMultiCardPayments:input_type -> payments.v1.ListMultiCardPaymentsRequest
+	12, // 40: payments.v1.PaymentsService.ResolveMultiCardPayment:input_type -> payments.v1.ResolveMultiCardPaymentRequest
+	16, // 41: payments.v1.ProviderEventsService.ListProviderEvents:input_type -> payments.v1.ListProviderEventsRequest
+	18, // 42: payments.v1.ProviderEventsService.WatchProviderEvents:input_type -> payments.v1.WatchProviderEventsRequest
+	6,  // 43: payments.v1.PaymentsService.CreateMultiCardPayment:output_type -> payments.v1.CreateMultiCardPaymentResponse
+	8,  // 44: payments.v1.PaymentsService.GetMultiCardPayment:output_type -> payments.v1.GetMultiCardPaymentResponse
+	10, // 45: payments.v1.PaymentsService.ListMultiCardPayments:output_type -> payments.v1.ListMultiCardPaymentsResponse
+	13, // 46: payments.v1.PaymentsService.ResolveMultiCardPayment:output_type -> payments.v1.ResolveMultiCardPaymentResponse
+	17, // 47: payments.v1.ProviderEventsService.ListProviderEvents:output_type -> payments.v1.ListProviderEventsResponse
+	19, // 48: payments.v1.ProviderEventsService.WatchProviderEvents:output_type -> payments.v1.WatchProviderEventsResponse
+	43, // [43:49] is the sub-list for method output_type
+	37, // [37:43] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_payments_v1_payments_proto_init() }
@@ -1304,13 +2148,14 @@ func file_payments_v1_payments_proto_init() {
 	if File_payments_v1_payments_proto != nil {
 		return
 	}
+	file_payments_v1_payments_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_payments_v1_payments_proto_rawDesc), len(file_payments_v1_payments_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   12,
+			NumEnums:      4,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

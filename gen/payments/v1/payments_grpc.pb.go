@@ -22,8 +22,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PaymentsService_CreateMultiCardPayment_FullMethodName = "/payments.v1.PaymentsService/CreateMultiCardPayment"
-	PaymentsService_GetMultiCardPayment_FullMethodName    = "/payments.v1.PaymentsService/GetMultiCardPayment"
+	PaymentsService_CreateMultiCardPayment_FullMethodName  = "/payments.v1.PaymentsService/CreateMultiCardPayment"
+	PaymentsService_GetMultiCardPayment_FullMethodName     = "/payments.v1.PaymentsService/GetMultiCardPayment"
+	PaymentsService_ListMultiCardPayments_FullMethodName   = "/payments.v1.PaymentsService/ListMultiCardPayments"
+	PaymentsService_ResolveMultiCardPayment_FullMethodName = "/payments.v1.PaymentsService/ResolveMultiCardPayment"
 )
 
 // PaymentsServiceClient is the client API for PaymentsService service.
@@ -127,6 +129,13 @@ type PaymentsServiceClient interface {
 	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
 	//     deployment's allowlist; this call sent nothing (like
 	//     REQUEST_NOT_SENT, it says nothing of earlier calls).
+	//   - IDEMPOTENCY_KEY_NOT_OWNED: with mTLS, the key's record was created
+	//     by another caller (or before callers had identities). Nothing was
+	//     sent, and nothing of that record is told: use a new key, unless
+	//     this service may have made the payment under another certificate
+	//     identity (a caller's identity must be the same on all its
+	//     instances). A key is only ever replayed to the caller that created
+	//     it.
 	//
 	// Of the provider's answers, only the refusals that prove the request was
 	// not acted on are PAYMENT_NOT_CREATED: 400, 401, 403, 404, 405, 406,
@@ -190,7 +199,8 @@ type PaymentsServiceClient interface {
 	//     nothing was sent by this call (REQUEST_NOT_SENT, or
 	//     PAYMENT_OUTCOME_UNKNOWN or PAYMENT_IN_PROGRESS, as above).
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
-	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
+	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED);
+	//     with IDEMPOTENCY_KEY_NOT_OWNED: another caller's key.
 	//   - RESOURCE_EXHAUSTED (429) with REQUEST_NOT_SENT and a RetryInfo:
 	//     paymentsd has too many calls in progress; retry shortly with the
 	//     same key.
@@ -204,6 +214,12 @@ type PaymentsServiceClient interface {
 	//
 	// REST: GET /v1/multi-card-payments/{idempotency_key}, with the key
 	// percent-encoded as a path segment.
+	//
+	// With mTLS, a caller that is not an admin (PAYMENTS_ADMIN_CALLERS) sees
+	// only the records it created: another caller's key, or a key whose
+	// record is gone (its tombstone keeps no caller), is the plain NOT_FOUND
+	// of a key never used. The response's audit_entries list what people
+	// changed (ResolveMultiCardPayment).
 	//
 	// Codes: NOT_FOUND (404) when paymentsd has no record of the key: never
 	// used with this deployment's environment, or deleted by retention, in
@@ -219,6 +235,78 @@ type PaymentsServiceClient interface {
 	// calls in progress. A lookup turned away before it was made carries no
 	// ErrorInfo reason: it says nothing about the payment looked up.
 	GetMultiCardPayment(ctx context.Context, in *GetMultiCardPaymentRequest, opts ...grpc.CallOption) (*GetMultiCardPaymentResponse, error)
+	// ListMultiCardPayments lists paymentsd's records, oldest first (by
+	// create_time, then by a tie-break on the key), filtered by state,
+	// creation time, caller and settlement_gave_up. It answers from the
+	// records only and never calls the provider.
+	//
+	// Who sees what: an identity in PAYMENTS_ADMIN_CALLERS sees every record.
+	// Any other caller sees only the records it created: its caller filter is
+	// its own identity (empty caller means itself), and asking for another
+	// caller's records is PERMISSION_DENIED (403), reason CALLER_NOT_ADMIN.
+	// Without mTLS a caller has no identity, so the call is refused the same
+	// way, except under --simulate, where every caller is an admin.
+	//
+	// Pages: a page holds at most page_size records (1 to 1000, default 100)
+	// and at most 3 MiB of them, so it fits a gRPC client's default 4 MiB
+	// receive limit; it may hold fewer than page_size while more match. Page
+	// through with page_token = next_page_token until it comes back empty.
+	// Pagination is by keyset: a record created while paging appears on a
+	// later page if it sorts after the token, and is never repeated; a
+	// token is only valid with the same filters and view it was made with.
+	//
+	// REST: GET /v1/multi-card-payments?state=PAYMENT_STATE_OUTCOME_UNKNOWN
+	// &state=...&createdAfter=2026-01-02T00:00:00Z&createdBefore=...
+	// &caller=...&settlementGaveUp=true&pageSize=&pageToken=&view=
+	//
+	// Codes: INVALID_ARGUMENT (400) for a bad filter, page_size, or a
+	// page_token that is malformed or was made with other filters (reason
+	// PAGE_TOKEN_INVALID); PERMISSION_DENIED (403), CALLER_NOT_ADMIN, as
+	// above; UNAVAILABLE (503) when the records can't be read;
+	// RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
+	// calls in progress.
+	ListMultiCardPayments(ctx context.Context, in *ListMultiCardPaymentsRequest, opts ...grpc.CallOption) (*ListMultiCardPaymentsResponse, error)
+	// ResolveMultiCardPayment records a person's finding about a payment
+	// whose outcome paymentsd does not know (PAYMENT_STATE_OUTCOME_UNKNOWN,
+	// inside its settlement window or past it): that the provider created it
+	// (RESOLUTION_OUTCOME_SUCCEEDED) or certainly did not
+	// (RESOLUTION_OUTCOME_NOT_CREATED), with the evidence they saw, usually
+	// on the provider's dashboard. It never calls the provider.
+	//
+	// The record's new state and an append-only audit entry (who: the
+	// admin's identity; when: the record store's clock; from and to which
+	// state; the evidence; the request ID) commit in one transaction. From
+	// then on settlement leaves the record alone, and
+	// paymentsd_records_unsettled no longer counts it. Later calls of
+	// CreateMultiCardPayment with the key (and the same request):
+	//
+	//   - after SUCCEEDED: a replay, never a call to the provider: replayed
+	//     and resolved are true, provider_http_status is 0 (paymentsd never
+	//     saw the provider's answer), and payment is the reply the person
+	//     recorded, or an empty object if they recorded none.
+	//   - after NOT_CREATED: a new attempt with the key, as after any
+	//     PAYMENT_NOT_CREATED, with a new settlement window.
+	//
+	// Only admins (PAYMENTS_ADMIN_CALLERS) may resolve; see
+	// ListMultiCardPayments for who is one.
+	//
+	// REST: POST /v1/multi-card-payments:resolve with the request as the
+	// JSON body.
+	//
+	// Codes: INVALID_ARGUMENT (400) for a missing outcome, blank or too long
+	// evidence, or a reply that is not a JSON object (or given with
+	// NOT_CREATED); PERMISSION_DENIED (403), CALLER_NOT_ADMIN; NOT_FOUND
+	// (404) when there is no record of the key; FAILED_PRECONDITION (422),
+	// reason RECORD_NOT_UNKNOWN, when the record is not
+	// PAYMENT_STATE_OUTCOME_UNKNOWN (its ErrorInfo metadata "state" says
+	// what it is: a resolution is never undone or redone here); ABORTED
+	// (409), reason PAYMENT_IN_PROGRESS, with a RetryInfo, while a request
+	// with the key is being sent or may still be at the provider (its quiet
+	// period): a person never races paymentsd's own sender, so retry after
+	// the delay; UNAVAILABLE (503) when the record store can't be written (the
+	// resolution may or may not have committed when the reason is
+	// RESOLUTION_OUTCOME_UNKNOWN: Get the record to see).
+	ResolveMultiCardPayment(ctx context.Context, in *ResolveMultiCardPaymentRequest, opts ...grpc.CallOption) (*ResolveMultiCardPaymentResponse, error)
 }
 
 type paymentsServiceClient struct {
@@ -243,6 +331,26 @@ func (c *paymentsServiceClient) GetMultiCardPayment(ctx context.Context, in *Get
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetMultiCardPaymentResponse)
 	err := c.cc.Invoke(ctx, PaymentsService_GetMultiCardPayment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *paymentsServiceClient) ListMultiCardPayments(ctx context.Context, in *ListMultiCardPaymentsRequest, opts ...grpc.CallOption) (*ListMultiCardPaymentsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListMultiCardPaymentsResponse)
+	err := c.cc.Invoke(ctx, PaymentsService_ListMultiCardPayments_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *paymentsServiceClient) ResolveMultiCardPayment(ctx context.Context, in *ResolveMultiCardPaymentRequest, opts ...grpc.CallOption) (*ResolveMultiCardPaymentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResolveMultiCardPaymentResponse)
+	err := c.cc.Invoke(ctx, PaymentsService_ResolveMultiCardPayment_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -350,6 +458,13 @@ type PaymentsServiceServer interface {
 	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
 	//     deployment's allowlist; this call sent nothing (like
 	//     REQUEST_NOT_SENT, it says nothing of earlier calls).
+	//   - IDEMPOTENCY_KEY_NOT_OWNED: with mTLS, the key's record was created
+	//     by another caller (or before callers had identities). Nothing was
+	//     sent, and nothing of that record is told: use a new key, unless
+	//     this service may have made the payment under another certificate
+	//     identity (a caller's identity must be the same on all its
+	//     instances). A key is only ever replayed to the caller that created
+	//     it.
 	//
 	// Of the provider's answers, only the refusals that prove the request was
 	// not acted on are PAYMENT_NOT_CREATED: 400, 401, 403, 404, 405, 406,
@@ -413,7 +528,8 @@ type PaymentsServiceServer interface {
 	//     nothing was sent by this call (REQUEST_NOT_SENT, or
 	//     PAYMENT_OUTCOME_UNKNOWN or PAYMENT_IN_PROGRESS, as above).
 	//   - PERMISSION_DENIED (403) with CALLER_NOT_ALLOWED: the caller is not on
-	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED).
+	//     the allowlist (distinct from the provider's 403, PAYMENT_NOT_CREATED);
+	//     with IDEMPOTENCY_KEY_NOT_OWNED: another caller's key.
 	//   - RESOURCE_EXHAUSTED (429) with REQUEST_NOT_SENT and a RetryInfo:
 	//     paymentsd has too many calls in progress; retry shortly with the
 	//     same key.
@@ -427,6 +543,12 @@ type PaymentsServiceServer interface {
 	//
 	// REST: GET /v1/multi-card-payments/{idempotency_key}, with the key
 	// percent-encoded as a path segment.
+	//
+	// With mTLS, a caller that is not an admin (PAYMENTS_ADMIN_CALLERS) sees
+	// only the records it created: another caller's key, or a key whose
+	// record is gone (its tombstone keeps no caller), is the plain NOT_FOUND
+	// of a key never used. The response's audit_entries list what people
+	// changed (ResolveMultiCardPayment).
 	//
 	// Codes: NOT_FOUND (404) when paymentsd has no record of the key: never
 	// used with this deployment's environment, or deleted by retention, in
@@ -442,6 +564,78 @@ type PaymentsServiceServer interface {
 	// calls in progress. A lookup turned away before it was made carries no
 	// ErrorInfo reason: it says nothing about the payment looked up.
 	GetMultiCardPayment(context.Context, *GetMultiCardPaymentRequest) (*GetMultiCardPaymentResponse, error)
+	// ListMultiCardPayments lists paymentsd's records, oldest first (by
+	// create_time, then by a tie-break on the key), filtered by state,
+	// creation time, caller and settlement_gave_up. It answers from the
+	// records only and never calls the provider.
+	//
+	// Who sees what: an identity in PAYMENTS_ADMIN_CALLERS sees every record.
+	// Any other caller sees only the records it created: its caller filter is
+	// its own identity (empty caller means itself), and asking for another
+	// caller's records is PERMISSION_DENIED (403), reason CALLER_NOT_ADMIN.
+	// Without mTLS a caller has no identity, so the call is refused the same
+	// way, except under --simulate, where every caller is an admin.
+	//
+	// Pages: a page holds at most page_size records (1 to 1000, default 100)
+	// and at most 3 MiB of them, so it fits a gRPC client's default 4 MiB
+	// receive limit; it may hold fewer than page_size while more match. Page
+	// through with page_token = next_page_token until it comes back empty.
+	// Pagination is by keyset: a record created while paging appears on a
+	// later page if it sorts after the token, and is never repeated; a
+	// token is only valid with the same filters and view it was made with.
+	//
+	// REST: GET /v1/multi-card-payments?state=PAYMENT_STATE_OUTCOME_UNKNOWN
+	// &state=...&createdAfter=2026-01-02T00:00:00Z&createdBefore=...
+	// &caller=...&settlementGaveUp=true&pageSize=&pageToken=&view=
+	//
+	// Codes: INVALID_ARGUMENT (400) for a bad filter, page_size, or a
+	// page_token that is malformed or was made with other filters (reason
+	// PAGE_TOKEN_INVALID); PERMISSION_DENIED (403), CALLER_NOT_ADMIN, as
+	// above; UNAVAILABLE (503) when the records can't be read;
+	// RESOURCE_EXHAUSTED (429) with a RetryInfo when paymentsd has too many
+	// calls in progress.
+	ListMultiCardPayments(context.Context, *ListMultiCardPaymentsRequest) (*ListMultiCardPaymentsResponse, error)
+	// ResolveMultiCardPayment records a person's finding about a payment
+	// whose outcome paymentsd does not know (PAYMENT_STATE_OUTCOME_UNKNOWN,
+	// inside its settlement window or past it): that the provider created it
+	// (RESOLUTION_OUTCOME_SUCCEEDED) or certainly did not
+	// (RESOLUTION_OUTCOME_NOT_CREATED), with the evidence they saw, usually
+	// on the provider's dashboard. It never calls the provider.
+	//
+	// The record's new state and an append-only audit entry (who: the
+	// admin's identity; when: the record store's clock; from and to which
+	// state; the evidence; the request ID) commit in one transaction. From
+	// then on settlement leaves the record alone, and
+	// paymentsd_records_unsettled no longer counts it. Later calls of
+	// CreateMultiCardPayment with the key (and the same request):
+	//
+	//   - after SUCCEEDED: a replay, never a call to the provider: replayed
+	//     and resolved are true, provider_http_status is 0 (paymentsd never
+	//     saw the provider's answer), and payment is the reply the person
+	//     recorded, or an empty object if they recorded none.
+	//   - after NOT_CREATED: a new attempt with the key, as after any
+	//     PAYMENT_NOT_CREATED, with a new settlement window.
+	//
+	// Only admins (PAYMENTS_ADMIN_CALLERS) may resolve; see
+	// ListMultiCardPayments for who is one.
+	//
+	// REST: POST /v1/multi-card-payments:resolve with the request as the
+	// JSON body.
+	//
+	// Codes: INVALID_ARGUMENT (400) for a missing outcome, blank or too long
+	// evidence, or a reply that is not a JSON object (or given with
+	// NOT_CREATED); PERMISSION_DENIED (403), CALLER_NOT_ADMIN; NOT_FOUND
+	// (404) when there is no record of the key; FAILED_PRECONDITION (422),
+	// reason RECORD_NOT_UNKNOWN, when the record is not
+	// PAYMENT_STATE_OUTCOME_UNKNOWN (its ErrorInfo metadata "state" says
+	// what it is: a resolution is never undone or redone here); ABORTED
+	// (409), reason PAYMENT_IN_PROGRESS, with a RetryInfo, while a request
+	// with the key is being sent or may still be at the provider (its quiet
+	// period): a person never races paymentsd's own sender, so retry after
+	// the delay; UNAVAILABLE (503) when the record store can't be written (the
+	// resolution may or may not have committed when the reason is
+	// RESOLUTION_OUTCOME_UNKNOWN: Get the record to see).
+	ResolveMultiCardPayment(context.Context, *ResolveMultiCardPaymentRequest) (*ResolveMultiCardPaymentResponse, error)
 	mustEmbedUnimplementedPaymentsServiceServer()
 }
 
@@ -457,6 +651,12 @@ func (UnimplementedPaymentsServiceServer) CreateMultiCardPayment(context.Context
 }
 func (UnimplementedPaymentsServiceServer) GetMultiCardPayment(context.Context, *GetMultiCardPaymentRequest) (*GetMultiCardPaymentResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetMultiCardPayment not implemented")
+}
+func (UnimplementedPaymentsServiceServer) ListMultiCardPayments(context.Context, *ListMultiCardPaymentsRequest) (*ListMultiCardPaymentsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListMultiCardPayments not implemented")
+}
+func (UnimplementedPaymentsServiceServer) ResolveMultiCardPayment(context.Context, *ResolveMultiCardPaymentRequest) (*ResolveMultiCardPaymentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResolveMultiCardPayment not implemented")
 }
 func (UnimplementedPaymentsServiceServer) mustEmbedUnimplementedPaymentsServiceServer() {}
 func (UnimplementedPaymentsServiceServer) testEmbeddedByValue()                         {}
@@ -515,6 +715,42 @@ func _PaymentsService_GetMultiCardPayment_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PaymentsService_ListMultiCardPayments_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListMultiCardPaymentsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PaymentsServiceServer).ListMultiCardPayments(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PaymentsService_ListMultiCardPayments_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PaymentsServiceServer).ListMultiCardPayments(ctx, req.(*ListMultiCardPaymentsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PaymentsService_ResolveMultiCardPayment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveMultiCardPaymentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PaymentsServiceServer).ResolveMultiCardPayment(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PaymentsService_ResolveMultiCardPayment_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PaymentsServiceServer).ResolveMultiCardPayment(ctx, req.(*ResolveMultiCardPaymentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PaymentsService_ServiceDesc is the grpc.ServiceDesc for PaymentsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -529,6 +765,14 @@ var PaymentsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetMultiCardPayment",
 			Handler:    _PaymentsService_GetMultiCardPayment_Handler,
+		},
+		{
+			MethodName: "ListMultiCardPayments",
+			Handler:    _PaymentsService_ListMultiCardPayments_Handler,
+		},
+		{
+			MethodName: "ResolveMultiCardPayment",
+			Handler:    _PaymentsService_ResolveMultiCardPayment_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
