@@ -35,6 +35,7 @@ func TestReasonsMatchService(t *testing.T) {
 		paymentsclient.ReasonInProgress:     service.ReasonInProgress,
 		paymentsclient.ReasonKeyReused:      service.ReasonKeyReused,
 		paymentsclient.ReasonKeyExpired:     service.ReasonKeyExpired,
+		paymentsclient.ReasonKeyNotOwned:    service.ReasonKeyNotOwned,
 	} {
 		if client != server {
 			t.Errorf("paymentsclient reason %q, paymentsd's %q", client, server)
