@@ -232,6 +232,7 @@ func benchmark(ctx context.Context, opts *options, logw io.Writer) (_ *results, 
 		return nil, fmt.Errorf("peak RSS: %w", err)
 	}
 	res.Checks = checkTargets(res)
+	res.RecordFloors = recordFloorRatios(res)
 	return res, nil
 }
 
@@ -244,12 +245,12 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 		return nil, err
 	}
 	defer fake.stop()
-	proxyFloor, err := e.startFloor(ctx, "proxy-floor", proxyFloorFlag, fake)
+	proxyFloor, err := e.startFloor(ctx, "proxy-floor", proxyFloorFlag, fake, "")
 	if err != nil {
 		return nil, err
 	}
 	defer proxyFloor.stop()
-	grpcFloor, err := e.startFloor(ctx, "grpc-floor", grpcFloorFlag, fake)
+	grpcFloor, err := e.startFloor(ctx, "grpc-floor", grpcFloorFlag, fake, "")
 	if err != nil {
 		return nil, err
 	}
@@ -284,6 +285,30 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 	}
 	stores = append(stores, storeMemory)
 	for _, st := range stores {
+		var recordGRPC, recordProxy string
+		if st != storeMemory {
+			// The record floors of this store, each with a database of
+			// its own.
+			recordGRPC, recordProxy = "record-grpc/"+st, "record-proxy/"+st
+			rp, err := e.startFloor(ctx, "record-proxy-"+st, proxyFloorFlag, fake, st)
+			if err != nil {
+				return nil, err
+			}
+			defer rp.stop()
+			rg, err := e.startFloor(ctx, "record-grpc-"+st, grpcFloorFlag, fake, st)
+			if err != nil {
+				return nil, err
+			}
+			defer rg.stop()
+			rgClient, err := grpcClient(rg.addr)
+			if err != nil {
+				return nil, err
+			}
+			paths = append(paths,
+				&path{name: recordProxy, proto: "http", floor: "proxy-floor", proc: rp.child,
+					call: postPayment(httpClient, "http://"+rp.addr+"/v1/multi-card-payments", "")},
+				&path{name: recordGRPC, proto: "grpc", floor: "grpc-floor", proc: rg.child, call: grpcPayment(rgClient)})
+		}
 		svc, err := e.startPaymentsd(ctx, "paymentsd-"+st, st, fake)
 		if err != nil {
 			return nil, err
@@ -293,12 +318,12 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 		if err != nil {
 			return nil, err
 		}
-		paths = append(paths, &path{name: "grpc/" + st, proto: "grpc", api: "grpc", store: st, floor: "grpc-floor",
+		paths = append(paths, &path{name: "grpc/" + st, proto: "grpc", api: "grpc", store: st, floor: "grpc-floor", recordFloor: recordGRPC,
 			proc: svc.child, svc: svc, call: grpcPayment(client)})
 		if st == storeMemory {
 			continue // only to price the store, on the gRPC path
 		}
-		paths = append(paths, &path{name: "rest/" + st, proto: "http", api: "rest", store: st, floor: "proxy-floor",
+		paths = append(paths, &path{name: "rest/" + st, proto: "http", api: "rest", store: st, floor: "proxy-floor", recordFloor: recordProxy,
 			proc: svc.child, svc: svc, call: postPayment(httpClient, "http://"+svc.httpAddr+"/v1/multi-card-payments", "")})
 	}
 

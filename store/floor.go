@@ -1,0 +1,28 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"time"
+)
+
+// FloorExec runs one statement in the writer's next group commit, as
+// Begin's and Finish's statements run (the same connection, driver,
+// pragmas, batching and commit), and returns once that commit is
+// durable. It is paymentsbench's record floor, the least that any service
+// with durable records must do, measured on a table of the floor's own:
+// it is not a way into the store's tables. query uses $N placeholders.
+func (s *Store) FloorExec(ctx context.Context, query string, args ...any) error {
+	query = s.d.q(query)
+	if _, err := s.prepared(ctx, s.w, query); err != nil {
+		return s.wrap(err)
+	}
+	return s.wrap(s.batch.run(ctx, func(ctx context.Context, tx *sql.Tx, _ time.Time) error {
+		st, err := s.txStmt(ctx, tx, query)
+		if err != nil {
+			return err
+		}
+		_, err = st.ExecContext(ctx, args...)
+		return err
+	}))
+}
