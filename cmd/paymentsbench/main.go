@@ -208,17 +208,21 @@ func benchmark(ctx context.Context, opts *options, logw io.Writer) (_ *results, 
 	}
 	tick := clockTick(ctx)
 	res := &results{
-		Date:        time.Now().UTC(),
-		GoVersion:   runtime.Version(),
-		GOOS:        runtime.GOOS,
-		GOARCH:      runtime.GOARCH,
-		GOMAXPROCS:  runtime.GOMAXPROCS(0),
-		NumCPU:      runtime.NumCPU(),
-		ClockTickHz: int(time.Second / tick),
-		Smoke:       opts.smoke,
-		Rounds:      opts.rounds,
-		Warmup:      opts.warmup,
-		Postgres:    opts.postgres != "",
+		Date:         time.Now().UTC(),
+		GoVersion:    runtime.Version(),
+		GOOS:         runtime.GOOS,
+		GOARCH:       runtime.GOARCH,
+		GOMAXPROCS:   runtime.GOMAXPROCS(0),
+		NumCPU:       runtime.NumCPU(),
+		ClockTickHz:  int(time.Second / tick),
+		Smoke:        opts.smoke,
+		Rounds:       opts.rounds,
+		Warmup:       opts.warmup,
+		Postgres:     opts.postgres != "",
+		SQLiteDriver: sqliteDriver(),
+	}
+	if fi, err := os.Stat(env.paymentsd); err == nil {
+		res.BinaryBytes = fi.Size()
 	}
 
 	fmt.Fprintf(logw, "durable-write floor: %d fsyncs of 4 KiB in %s…\n", opts.fsyncs, tmp)

@@ -29,6 +29,10 @@ type results struct {
 	Smoke       bool `json:"smoke"`
 	Rounds      int  `json:"rounds"`
 	Warmup      int  `json:"warmup_calls_per_round"`
+	// SQLiteDriver is the driver module paymentsd and the record floors
+	// were built with; BinaryBytes the size of the paymentsd binary.
+	SQLiteDriver string `json:"sqlite_driver"`
+	BinaryBytes  int64  `json:"paymentsd_binary_bytes"`
 	// Postgres: paymentsd was also measured with PostgreSQL.
 	Postgres bool `json:"postgres"`
 
@@ -274,6 +278,7 @@ func roundOpened(p phaseResult) []float64 {
 func printReport(w io.Writer, r *results) {
 	fmt.Fprintf(w, "\npaymentsbench %s, %s %s/%s, GOMAXPROCS=%d, %d CPUs, CPU times in %d Hz ticks, %d rounds\n",
 		r.Date.Format(time.RFC3339), r.GoVersion, r.GOOS, r.GOARCH, r.GOMAXPROCS, r.NumCPU, r.ClockTickHz, r.Rounds)
+	fmt.Fprintf(w, "SQLite driver %s; paymentsd binary %.1f MiB\n", r.SQLiteDriver, float64(r.BinaryBytes)/(1<<20))
 	if r.Smoke {
 		fmt.Fprintln(w, "SMOKE RUN: too few calls for the figures to mean anything")
 	}
