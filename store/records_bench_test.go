@@ -97,5 +97,7 @@ func benchFloor(ctx context.Context, s *store.Store, key string) error {
 	if err := s.FloorExec(ctx, `INSERT INTO floor_records (key, body, state, created_at, updated_at) VALUES ($1, $2, 1, $3, $3)`, key, benchBody, now); err != nil {
 		return err
 	}
-	return s.FloorExec(ctx, `UPDATE floor_records SET state = 2, status = $2, reply = $3, updated_at = $4 WHERE key = $1`, key, 200, benchReply, now)
+	done := make(chan error, 1)
+	s.FloorExecLater(func(err error) { done <- err }, `UPDATE floor_records SET state = 2, status = $2, reply = $3, updated_at = $4 WHERE key = $1`, key, 200, benchReply, now)
+	return <-done
 }

@@ -197,9 +197,7 @@ func (g *grpcFloor) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	if g.rec != nil {
-		if err := g.rec.finish(ctx, body.IdempotencyKey, resp.StatusCode, reply); err != nil {
-			return nil, status.Error(codes.Unavailable, err.Error())
-		}
+		g.rec.finish(body.IdempotencyKey, resp.StatusCode, reply)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, status.Errorf(codes.Unknown, "provider answered %s", resp.Status)

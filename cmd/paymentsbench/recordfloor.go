@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"time"
 
 	"example.com/paymentsd/store"
@@ -15,8 +16,8 @@ import (
 
 // recordFloor is what every service with durable records must add to its
 // floor, and no more: one INSERT of the request, committed before the
-// request is forwarded, and one UPDATE with the answer after it. Both go
-// through store.Store.FloorExec, so they run with paymentsd's driver,
+// request is forwarded, and one UPDATE with the answer after it, not
+// waited for. Both go through store.Store.FloorExec(Later), so they run with paymentsd's driver,
 // pragmas (WAL, synchronous=FULL) and group commit, on a table of their
 // own in a database opened by store.Open. The floors run with it when
 // given -db (see runFloor).
@@ -60,9 +61,17 @@ func (f *recordFloor) begin(ctx context.Context, key string, body []byte) error 
 		key, body, now)
 }
 
-// finish records the provider's answer to key's request.
-func (f *recordFloor) finish(ctx context.Context, key string, status int, reply []byte) error {
-	return f.st.FloorExec(context.WithoutCancel(ctx), `UPDATE floor_records SET state = 2, status = $2, reply = $3, updated_at = $4 WHERE key = $1`,
+// finish records the provider's answer to key's request. Like paymentsd's
+// record of a success (store.FinishLater), it is committed in the next
+// group commit, and the answer does not wait for it. A failed UPDATE ends
+// the floor: a measuring stick that loses records measures nothing.
+func (f *recordFloor) finish(key string, status int, reply []byte) {
+	f.st.FloorExecLater(func(err error) {
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "record floor: UPDATE %q: %v\n", key, err)
+			os.Exit(1)
+		}
+	}, `UPDATE floor_records SET state = 2, status = $2, reply = $3, updated_at = $4 WHERE key = $1`,
 		key, status, reply, time.Now().UnixMicro())
 }
 
@@ -110,9 +119,7 @@ func (f *recordFloor) recordResponse(resp *http.Response) error {
 	if err != nil {
 		return err
 	}
-	if err := f.finish(resp.Request.Context(), key, resp.StatusCode, reply); err != nil {
-		return err
-	}
+	f.finish(key, resp.StatusCode, reply)
 	resp.Body = io.NopCloser(bytes.NewReader(reply))
 	resp.ContentLength = int64(len(reply))
 	return nil
