@@ -17,6 +17,13 @@
 //     x-api-key (proxy-floor, the REST floor), and a bare grpc-go server
 //     whose handler makes one net/http POST and decodes the reply
 //     (grpc-floor, the gRPC floor);
+//   - the record floors, the least that any service with durable records
+//     can do: each floor again, with one INSERT committed before the
+//     request is forwarded and one UPDATE queued after the answer, through
+//     the store's own group commit (store.Store.FloorExec), with
+//     paymentsd's driver and pragmas, in a database of its own per store
+//     (record-proxy/sqlite, record-grpc/sqlite, and the same on
+//     PostgreSQL); paymentsd's targets are ratios to these;
 //   - paymentsd with each record store, each with a database of its own:
 //     SQLite in a temp dir (the default store), PostgreSQL (a fresh
 //     database on -postgres, by default $PAYMENTS_TEST_POSTGRES_URL,
@@ -41,6 +48,10 @@
 // floor and of paymentsd (gRPC and REST), puts -rss-inflight calls in
 // flight at once to a fake that delays every reply, and reads each
 // process's peak resident set (VmHWM).
+//
+// paymentsd and the record floors use the SQLite driver this binary was
+// built with: go run -tags sqlite_ncruces ./cmd/paymentsbench measures
+// another (see store/driver_*.go).
 //
 // It prints a table and the targets it checks, and writes every figure to
 // a JSON file (-out). It exits 0 whether or not the targets are met, and
