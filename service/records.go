@@ -234,12 +234,15 @@ func (s *Service) sendAndRecord(ctx context.Context, owner string, rec store.Rec
 func (s *Service) answer(ctx context.Context, r sent) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	if r.callErr == nil {
 		noteProvider(ctx, r.reply.Status, r.reply.Attempts)
-		return &paymentsv1.CreateMultiCardPaymentResponse{
-			Payment:            r.reply.Payment,
+		resp := &paymentsv1.CreateMultiCardPaymentResponse{
 			PaymentJson:        r.reply.Body,
 			ProviderHttpStatus: int32(r.reply.Status),
 			Environment:        s.env,
-		}, nil
+		}
+		if !overREST(ctx) {
+			resp.Payment = r.reply.Payment()
+		}
+		return resp, nil
 	}
 	noteFailure(ctx, r.callErr)
 	return nil, r.st.Err()
@@ -447,8 +450,7 @@ func (s *Service) outcome(reply *upstream.Reply, err error, maybeBefore bool) st
 // replay answers a call from a Succeeded record, without calling the
 // provider.
 func (s *Service) replay(ctx context.Context, rec store.Record) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
-	payment, err := upstream.DecodeReply(rec.Reply)
-	if err != nil {
+	if err := upstream.CheckReply(rec.Reply); err != nil {
 		// The payment exists; of the reasons, only "unknown" never leads a
 		// caller to pay again under a new key.
 		return nil, withDetails(status.New(codes.Internal, "paymentsd's record of this payment could not be read; the payment exists: look it up with GetMultiCardPayment"), s.errorInfo(ReasonOutcomeUnknown, nil))
@@ -456,13 +458,16 @@ func (s *Service) replay(ctx context.Context, rec store.Record) (*paymentsv1.Cre
 	s.metrics.replays.Inc()
 	noteProvider(ctx, rec.ProviderStatus, 0)
 	noteReplayed(ctx)
-	return &paymentsv1.CreateMultiCardPaymentResponse{
-		Payment:            payment,
+	resp := &paymentsv1.CreateMultiCardPaymentResponse{
 		PaymentJson:        rec.Reply,
 		ProviderHttpStatus: int32(rec.ProviderStatus),
 		Environment:        s.env,
 		Replayed:           true,
-	}, nil
+	}
+	if !overREST(ctx) {
+		resp.Payment, _ = upstream.DecodeReply(rec.Reply)
+	}
+	return resp, nil
 }
 
 // waitForOutcome waits until the record for key leaves InProgress, or its
