@@ -366,7 +366,7 @@ func (s *Service) finishLater(ctx context.Context, fin store.Finish) {
 	s.pending.Store(fin.Key, done)
 	start := time.Now()
 	ctx = context.WithoutCancel(ctx)
-	s.store.FinishLater(fin, func(_ store.Record, ferr error) {
+	s.store.FinishLater(fin, func(ferr error) {
 		s.pending.CompareAndDelete(fin.Key, done)
 		close(done)
 		s.metrics.storeOp("finish", start, ferr)
