@@ -245,12 +245,15 @@ func (s *Service) sendAndRecord(ctx context.Context, owner string, rec store.Rec
 func (s *Service) answer(ctx context.Context, r sent) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	if r.callErr == nil {
 		noteProvider(ctx, r.reply.Status, r.reply.Attempts)
-		return &paymentsv1.CreateMultiCardPaymentResponse{
-			Payment:            r.reply.Payment,
+		resp := &paymentsv1.CreateMultiCardPaymentResponse{
 			PaymentJson:        r.reply.Body,
 			ProviderHttpStatus: int32(r.reply.Status),
 			Environment:        s.env,
-		}, nil
+		}
+		if !overREST(ctx) {
+			resp.Payment = r.reply.Payment()
+		}
+		return resp, nil
 	}
 	noteFailure(ctx, r.callErr)
 	return nil, r.st.Err()
@@ -374,7 +377,7 @@ func (s *Service) finishLater(ctx context.Context, fin store.Finish) {
 	s.pending.Store(fin.Key, done)
 	start := time.Now()
 	ctx = context.WithoutCancel(ctx)
-	s.store.FinishLater(fin, func(_ store.Record, ferr error) {
+	s.store.FinishLater(fin, func(ferr error) {
 		s.pending.CompareAndDelete(fin.Key, done)
 		close(done)
 		s.metrics.storeOp("finish", start, ferr)
@@ -468,7 +471,8 @@ func (s *Service) replay(ctx context.Context, rec store.Record) (*paymentsv1.Cre
 	var err error
 	if resolved {
 		payment, reply, err = resolvedPayment(rec.Reply)
-	} else {
+	} else if err = upstream.CheckReply(rec.Reply); err == nil && !overREST(ctx) {
+		// A REST caller gets the exact bytes and never needs the Struct.
 		payment, err = upstream.DecodeReply(rec.Reply)
 	}
 	if err != nil {

@@ -197,7 +197,7 @@ func TestSettlementClaimsOneRecordAtATime(t *testing.T) {
 func TestSendWithinLease(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, time.Second, nil)
-	db, err := sql.Open("sqlite", f.path)
+	db, err := sql.Open(store.SQLiteDriver, f.path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -311,6 +311,14 @@ func markReachedService(ctx context.Context) {
 	}
 }
 
+// overREST reports whether ctx is a REST call's. Its answer is written
+// from payment_json alone (restMarshaler), so the handler need not build
+// the payment's Struct.
+func overREST(ctx context.Context) bool {
+	_, ok := ctx.Value(gatewayCallKey{}).(*gatewayCall)
+	return ok
+}
+
 // gatewayRefusal reports whether err is the gateway's own refusal of r,
 // made before the service saw the call.
 func gatewayRefusal(r *http.Request) bool {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
-	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 )
 
 // dialect holds what differs between the backends. Queries are written once
@@ -56,14 +55,24 @@ var (
 	}
 )
 
-var dollarN = regexp.MustCompile(`\$([0-9]+)`)
-
-// q returns query in the dialect's placeholder syntax.
+// q returns query in the dialect's placeholder syntax: for SQLite, every $
+// followed by a digit becomes ?, so $12 becomes ?12. It runs for every
+// statement, so it is a byte loop with one allocation rather than a
+// regular expression.
 func (d dialect) q(query string) string {
-	if d.questionMarks {
-		return dollarN.ReplaceAllString(query, "?$1")
+	if !d.questionMarks || !strings.Contains(query, "$") {
+		return query
 	}
-	return query
+	var b strings.Builder
+	b.Grow(len(query))
+	for i := 0; i < len(query); i++ {
+		c := query[i]
+		if c == '$' && i+1 < len(query) && '0' <= query[i+1] && query[i+1] <= '9' {
+			c = '?'
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
 }
 
 // t converts a time to the column's representation, truncated to the
@@ -133,9 +142,9 @@ func openSQLite(path string, opts Options) (w, r *sql.DB, err error) {
 	if strings.ContainsAny(path, "?#") {
 		return nil, nil, errors.New("SQLite path contains ? or #: want a file path alone")
 	}
-	busy := opts.busyTimeout().Milliseconds()
+	busy := fmt.Sprintf("busy_timeout(%d)", opts.busyTimeout().Milliseconds())
 	if path == ":memory:" {
-		db, err := sql.Open("sqlite", fmt.Sprintf(":memory:?_txlock=immediate&_pragma=busy_timeout(%d)&_pragma=foreign_keys(1)", busy))
+		db, err := sql.Open(SQLiteDriver, SQLiteDSN(path, true, busy, "foreign_keys(1)"))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -147,8 +156,8 @@ func openSQLite(path string, opts Options) (w, r *sql.DB, err error) {
 	}
 	// synchronous(FULL) in WAL mode fsyncs the log on every commit: a
 	// record is on disk when Begin returns.
-	common := fmt.Sprintf("_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=foreign_keys(1)", busy)
-	w, err = sql.Open("sqlite", path+"?_txlock=immediate&"+common)
+	common := []string{busy, "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)"}
+	w, err = sql.Open(SQLiteDriver, SQLiteDSN(path, true, common...))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -156,7 +165,7 @@ func openSQLite(path string, opts Options) (w, r *sql.DB, err error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
-	r, err = sql.Open("sqlite", path+"?_pragma=query_only(1)&"+common)
+	r, err = sql.Open(SQLiteDriver, SQLiteDSN(path, false, append([]string{"query_only(1)"}, common...)...))
 	if err != nil {
 		w.Close()
 		return nil, nil, err
@@ -164,6 +173,19 @@ func openSQLite(path string, opts Options) (w, r *sql.DB, err error) {
 	r.SetMaxOpenConns(opts.sqliteReaders())
 	r.SetMaxIdleConns(opts.sqliteReaders())
 	return w, r, nil
+}
+
+// sqliteParams joins a SQLite DSN's parameters: _txlock=immediate if
+// immediate, then each pragma as param writes it.
+func sqliteParams(immediate bool, pragmas []string, param func(string) string) string {
+	var ps []string
+	if immediate {
+		ps = append(ps, "_txlock=immediate")
+	}
+	for _, p := range pragmas {
+		ps = append(ps, param(p))
+	}
+	return strings.Join(ps, "&")
 }
 
 // statementTimeout bounds every PostgreSQL statement but migrations'.

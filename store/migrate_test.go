@@ -82,7 +82,7 @@ func TestUpgradeToQuietAndTombstones(t *testing.T) {
 		time   func(time.Time) any
 	}{
 		{
-			backend: "sqlite", driver: "sqlite",
+			backend: "sqlite", driver: SQLiteDriver,
 			url: func(t *testing.T) (string, string) {
 				path := filepath.Join(t.TempDir(), "db")
 				return "sqlite:" + path, path
@@ -296,7 +296,7 @@ func checkUpgradedInbox(t *testing.T, url, backend string) {
 func TestSQLiteInboxUpgrade(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "old.db")
-	db, err := sql.Open("sqlite", path)
+	db, err := sql.Open(SQLiteDriver, path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -221,7 +221,7 @@ type Finish struct {
 
 // writerQueries are the queries every payment runs on the writer.
 func (s *Store) writerQueries() []string {
-	qs := []string{s.insertQuery(), s.lockedSelectQuery(), s.finishQuery()}
+	qs := []string{s.insertQuery(), s.lockedSelectQuery(), s.finishQuery(true), s.finishQuery(false)}
 	if s.clock == nil {
 		qs = append(qs, nowQuery)
 	}
@@ -252,8 +252,16 @@ func (s *Store) lockedSelectQuery() string {
 	return s.d.q(`SELECT ` + recordColumns + ` FROM records WHERE ` + s.d.keyCol + ` = $1 ` + s.d.lockRows)
 }
 
-func (s *Store) finishQuery() string {
+func (s *Store) finishQuery(returning bool) string {
 	d := s.d
+	if !returning {
+		return d.q(`
+		UPDATE records SET state = $3, attempts = attempts + $4, provider_status = $5,
+			reply = $6, last_error = $7, code = $8, updated_at = $9, next_settle_at = $10,
+			settle_attempts = settle_attempts + $11, lease_owner = '', lease_expires_at = $12,
+			quiet_until = $14
+		WHERE ` + d.keyCol + ` = $1 AND lease_owner = $2 AND state = $13`)
+	}
 	return d.q(`
 		UPDATE records SET state = $3, attempts = attempts + $4, provider_status = $5,
 			reply = $6, last_error = $7, code = $8, updated_at = $9, next_settle_at = $10,
@@ -472,7 +480,7 @@ func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, now time.Time, set
 // and returns the record; otherwise it returns ErrLeaseLost and writes
 // nothing.
 func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
-	fin, err := s.finishOp(f)
+	fin, err := s.finishOp(f, true)
 	if err != nil {
 		return Record{}, err
 	}
@@ -488,8 +496,10 @@ func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 	return r, nil
 }
 
-// finishOp checks f and returns the statement that records it.
-func (s *Store) finishOp(f Finish) (func(context.Context, *sql.Tx, time.Time) (Record, error), error) {
+// finishOp checks f and returns the statement that records it. Only with
+// returning does the statement read back the record it wrote; without, the
+// Record it returns is empty.
+func (s *Store) finishOp(f Finish, returning bool) (func(context.Context, *sql.Tx, time.Time) (Record, error), error) {
 	if !s.d.storable(f.Key) {
 		return nil, fmt.Errorf("finish %.64q: %w", f.Key, ErrLeaseLost)
 	}
@@ -504,7 +514,7 @@ func (s *Store) finishOp(f Finish) (func(context.Context, *sql.Tx, time.Time) (R
 		settle = 1
 	}
 	return func(ctx context.Context, tx *sql.Tx, now time.Time) (Record, error) {
-		st, err := s.txStmt(ctx, tx, s.finishQuery())
+		st, err := s.txStmt(ctx, tx, s.finishQuery(returning))
 		if err != nil {
 			return Record{}, err
 		}
@@ -515,10 +525,22 @@ func (s *Store) finishOp(f Finish) (func(context.Context, *sql.Tx, time.Time) (R
 		if f.QuietFor > 0 {
 			quiet = now.Add(f.QuietFor)
 		}
-		rows, err := st.QueryContext(ctx,
-			d.k(f.Key), f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
+		args := []any{d.k(f.Key), f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
 			f.Reply, f.LastError, f.Code, d.t(now), d.t(next),
-			settle, d.t(time.Time{}), int(StateInProgress), d.t(quiet))
+			settle, d.t(time.Time{}), int(StateInProgress), d.t(quiet)}
+		if !returning {
+			res, err := st.ExecContext(ctx, args...)
+			if err != nil {
+				return Record{}, err
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return Record{}, err
+			} else if n == 0 {
+				return Record{}, ErrLeaseLost
+			}
+			return Record{}, nil
+		}
+		rows, err := st.QueryContext(ctx, args...)
 		if err != nil {
 			return Record{}, err
 		}
@@ -533,37 +555,36 @@ func (s *Store) finishOp(f Finish) (func(context.Context, *sql.Tx, time.Time) (R
 	}, nil
 }
 
-// FinishLater is Finish without waiting for the commit: done gets Finish's
-// result once the outcome is durable or has failed, on another goroutine.
+// FinishLater is Finish without waiting for the commit, and without reading
+// the record back: done gets Finish's error (nil once the outcome is
+// durable), on another goroutine.
 // Close waits for every FinishLater to be done. done must not write to the
 // store: it runs on the goroutine that commits. Use it only for an outcome
 // whose loss in a crash is harmless: the record stays InProgress, and once
 // its lease and quiet period end settlement re-sends it, which gives the
 // same answer.
-func (s *Store) FinishLater(f Finish, done func(Record, error)) {
+func (s *Store) FinishLater(f Finish, done func(error)) {
 	s.later.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), finishLaterTimeout)
 	// Queued directly, so that no goroutine waits on it.
-	fin, wrapErr := s.finishOp(f)
+	fin, wrapErr := s.finishOp(f, false)
 	if wrapErr != nil {
 		cancel()
 		defer s.later.Done()
-		done(Record{}, wrapErr)
+		done(wrapErr)
 		return
 	}
-	var r Record
 	s.batch.submit(&batchOp{ctx: ctx, fn: func(ctx context.Context, tx *sql.Tx, now time.Time) error {
-		var err error
-		r, err = fin(ctx, tx, now)
+		_, err := fin(ctx, tx, now)
 		return err
 	}, done: func(err error) {
 		defer s.later.Done()
 		cancel()
 		if err != nil {
-			done(Record{}, s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err)))
+			done(s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err)))
 			return
 		}
-		done(r, nil)
+		done(nil)
 	}})
 }
 

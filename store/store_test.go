@@ -705,14 +705,11 @@ func testStore(t *testing.T, b backend) {
 		for i := range n {
 			key := fmt.Sprintf("k%d", i)
 			s.FinishLater(store.Finish{Key: key, Owner: "a", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200,
-				Reply: []byte(`{}`)}, func(r store.Record, err error) {
-				if err == nil && (r.State != store.StateSucceeded || !r.UpdatedAt.Equal(us(t0.Add(time.Second)))) {
-					err = fmt.Errorf("record state %v updated %v", r.State, r.UpdatedAt)
-				}
+				Reply: []byte(`{}`)}, func(err error) {
 				if err == nil {
-					r2, gerr := s.Get(ctx, key)
-					if gerr != nil || r2.State != store.StateSucceeded {
-						err = fmt.Errorf("Get after done = %v, %v; want Succeeded", r2.State, gerr)
+					r, gerr := s.Get(ctx, key)
+					if gerr != nil || r.State != store.StateSucceeded || !r.UpdatedAt.Equal(us(t0.Add(time.Second))) {
+						err = fmt.Errorf("Get after done = state %v updated %v, %v; want Succeeded, updated %v", r.State, r.UpdatedAt, gerr, us(t0.Add(time.Second)))
 					}
 				}
 				mu.Lock()

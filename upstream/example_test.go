@@ -43,7 +43,7 @@ func ExampleClient_CreateMultiCardPayment() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println(reply.Status, reply.Attempts, reply.Payment.GetFields()["simulated"].GetBoolValue())
+	fmt.Println(reply.Status, reply.Attempts, reply.Payment().GetFields()["simulated"].GetBoolValue())
 	// Output: 200 1 true
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,6 +88,47 @@ func FuzzRetryAfter(f *testing.F) {
 		d := upstream.RetryAfter(v, now, time.Duration(limit))
 		if d < 0 || d > time.Duration(limit) {
 			t.Fatalf("retryAfter(%q, limit %v) = %v, want within [0, %v]", v, time.Duration(limit), d, time.Duration(limit))
+		}
+	})
+}
+
+// FuzzCheckReply checks that CheckReply refuses exactly the bodies
+// DecodeReply refuses, with the same error: the client judges replies with
+// CheckReply and builds the Struct only when asked.
+func FuzzCheckReply(f *testing.F) {
+	for _, seed := range []string{
+		`{}`,
+		" \r\n\t{} ",
+		`{"id":"pay_1","status":"COMPLETED","amountMoney":{"currency":"USD","amount":1234}}`,
+		`{"amount":9007199254740993,"big":1e308,"small":-5e-324,"under":1e-400,"neg":-0}`,
+		`{"a":1e400}`,
+		`{"a":[1,2,-1.7976931348623159e308]}`,
+		`{"a":-1.7976931348623157e308,"b":1.7976931348623157E+308}`,
+		`{"s":"1e400","t":"\"1e400","u":"\\","v":1e400}`,
+		`{"s":"\\\"","n":[1e400]}`,
+		`{"1e400":true}`,
+		`{"note":"Zahlung für Café ✓","escaped":"\u00e9\ud83d\ude80\ud800\n"}`,
+		`[{"id":"pay_1"}]`,
+		`"COMPLETED"`,
+		`null`,
+		` null `,
+		`42`,
+		`true`,
+		`{"id":"pay_1","cards":[{"last4":"4242"`,
+		`{"id":"a"}{"id":"b"}`,
+		`{"a":1,"a":2}`,
+		"{\"id\":\"\xff\"}",
+		``,
+		strings.Repeat(`{"a":`, 10001) + `1` + strings.Repeat(`}`, 10001),
+		strings.Repeat(`{"a":`, 9999) + `1` + strings.Repeat(`}`, 9999),
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, decodeErr := upstream.DecodeReply(b)
+		checkErr := upstream.CheckReply(b)
+		if (decodeErr == nil) != (checkErr == nil) || (decodeErr != nil && decodeErr.Error() != checkErr.Error()) {
+			t.Fatalf("CheckReply(%q) = %v, DecodeReply's error = %v", b, checkErr, decodeErr)
 		}
 	})
 }

@@ -303,7 +303,7 @@ func TestKeyRotationRedactsBothKeys(t *testing.T) {
 			if err != nil {
 				out = string(statusError(t, err).Body) + err.Error()
 			} else {
-				out = string(r.Body) + fmt.Sprint(r.Payment)
+				out = string(r.Body) + fmt.Sprint(r.Payment())
 			}
 			assertNoKeys(t, out+logs.String(), oldKey, newKey)
 			if !bytes.Contains([]byte(out), []byte("[REDACTED]")) {

@@ -438,11 +438,11 @@ func TestKeyRedactedInReplies(t *testing.T) {
 					if err != nil {
 						t.Fatalf("%d reply: %v", status, err)
 					}
-					pj, _ := protojson.Marshal(r.Payment)
+					pj, _ := protojson.Marshal(r.Payment())
 					if leaks(r.Body, redactKey) || leaks(pj, redactKey) {
 						t.Errorf("%d reply Body %s or Payment %s holds the key", status, r.Body, pj)
 					}
-					if r.Payment.GetFields()["id"].GetStringValue() != "pay_1" || !json.Valid(r.Body) {
+					if r.Payment().GetFields()["id"].GetStringValue() != "pay_1" || !json.Valid(r.Body) {
 						t.Errorf("%d reply Body %s: want valid JSON with the rest kept", status, r.Body)
 					}
 					continue

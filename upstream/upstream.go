@@ -229,10 +229,8 @@ type Payment struct {
 type Reply struct {
 	// Status is the provider's 2xx status.
 	Status int
-	// Payment is the reply body, a JSON object, as the provider sent it.
-	// Numbers in it are doubles; Body is exact.
-	Payment *structpb.Struct
-	// Body is the reply body exactly as received (key redacted).
+	// Body is the reply body exactly as received (key redacted): a JSON
+	// object that DecodeReply accepts. Payment decodes it.
 	Body []byte
 	// Attempts is how many requests were sent, counting the first.
 	Attempts int
@@ -547,14 +545,84 @@ func (c *Client) readReply(ctx context.Context, keys *keySet, resp *http.Respons
 	if int64(len(b)) > c.cfg.MaxResponseBytes {
 		return nil, fmt.Errorf("%w: %d reply over %d bytes", ErrReplyTooLarge, resp.StatusCode, c.cfg.MaxResponseBytes)
 	}
-	// Redact before decoding, so that Payment, decoded from the redacted
+	// Redact before checking, so that Payment, decoded from the redacted
 	// body, holds the key nowhere either.
 	b = keys.redact(b)
-	payment, err := DecodeReply(b)
-	if err != nil {
+	// The reply is judged here as DecodeReply judges it, but the Struct is
+	// built only for a caller that wants one (Payment): a REST caller gets
+	// the exact bytes and never needs it.
+	if err := CheckReply(b); err != nil {
 		return nil, err
 	}
-	return &Reply{Status: resp.StatusCode, Payment: payment, Body: b}, nil
+	return &Reply{Status: resp.StatusCode, Body: b}, nil
+}
+
+// Payment is the reply body as a Struct. Numbers in it are doubles; Body
+// is exact. The body has passed CheckReply, so DecodeReply accepts it; were
+// it ever to refuse it, Payment would be nil.
+func (r *Reply) Payment() *structpb.Struct {
+	p, _ := DecodeReply(r.Body)
+	return p
+}
+
+// CheckReply returns the error DecodeReply would return for b, without
+// decoding it. DecodeReply refuses b exactly when it is not valid UTF-8,
+// not valid JSON (json.Unmarshal checks the whole of b with the scanner
+// json.Valid uses, depth limit included), not an object (null included),
+// or holds a number that overflows a float64: those are the only ways
+// json.Unmarshal into a map[string]any can fail on valid JSON, and
+// structpb.NewStruct never fails on what that gives. FuzzCheckReply
+// checks that the two agree.
+func CheckReply(b []byte) error {
+	if !utf8.Valid(b) {
+		return fmt.Errorf("%w (%d bytes): invalid UTF-8", ErrMalformedReply, len(b))
+	}
+	if !json.Valid(b) || !isObject(b) || !numbersFit(b) {
+		return fmt.Errorf("%w (%d bytes)", ErrMalformedReply, len(b))
+	}
+	return nil
+}
+
+// isObject reports whether valid JSON b is an object.
+func isObject(b []byte) bool {
+	for _, c := range b {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			continue
+		}
+		return c == '{'
+	}
+	return false
+}
+
+// numbersFit reports whether every number in valid JSON b parses as a
+// float64 without overflow, as json.Unmarshal into an any requires.
+func numbersFit(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			// Skip the string; b is valid JSON, so it ends.
+			for i++; b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+		case c == '-' || ('0' <= c && c <= '9'):
+			j := i + 1
+			for j < len(b) && isNumberByte(b[j]) {
+				j++
+			}
+			if _, err := strconv.ParseFloat(string(b[i:j]), 64); err != nil {
+				return false
+			}
+			i = j - 1
+		}
+	}
+	return true
+}
+
+func isNumberByte(c byte) bool {
+	return ('0' <= c && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'
 }
 
 // DecodeReply decodes a 2xx reply body, which must be a JSON object.

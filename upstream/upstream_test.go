@@ -329,7 +329,7 @@ func TestSuccessPassThrough(t *testing.T) {
 			if r.Status != status || r.Attempts != 1 {
 				t.Errorf("reply status %d after %d attempts, want %d after 1", r.Status, r.Attempts, status)
 			}
-			if diff := cmp.Diff(want, r.Payment, protocmp.Transform()); diff != "" {
+			if diff := cmp.Diff(want, r.Payment(), protocmp.Transform()); diff != "" {
 				t.Errorf("Payment mismatch (-want +got):\n%s", diff)
 			}
 		})
@@ -345,12 +345,12 @@ func TestSimulatedReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := r.Payment.GetFields()
+	f := r.Payment().GetFields()
 	req := f["request"].GetStructValue().GetFields()
 	if !f["simulated"].GetBoolValue() ||
 		req["idempotencyKey"].GetStringValue() != "idem-1" ||
 		req["amountMoney"].GetStructValue().GetFields()["amount"].GetNumberValue() != 1234 {
-		t.Errorf("Payment = %v, want a simulated echo of the request", r.Payment)
+		t.Errorf("Payment = %v, want a simulated echo of the request", r.Payment())
 	}
 }
 
@@ -716,7 +716,7 @@ func TestBadSuccessBody(t *testing.T) {
 			c := newClient(t, testConfig(t, srv.URL))
 			r, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
 			if err == nil {
-				t.Fatalf("CreateMultiCardPayment with 200 %q = %v, want ErrMalformedReply", tt.body, r.Payment)
+				t.Fatalf("CreateMultiCardPayment with 200 %q = %v, want ErrMalformedReply", tt.body, r.Payment())
 			}
 			ue := callError(t, err)
 			if !errors.Is(err, upstream.ErrMalformedReply) {
@@ -1556,7 +1556,7 @@ func TestConcurrentCalls(t *testing.T) {
 			continue
 		}
 		succeeded++
-		req := o.reply.Payment.GetFields()["request"].GetStructValue().GetFields()
+		req := o.reply.Payment().GetFields()["request"].GetStructValue().GetFields()
 		gotKey := req["idempotencyKey"].GetStringValue()
 		gotAmount := req["amountMoney"].GetStructValue().GetFields()["amount"].GetNumberValue()
 		if gotKey != p.IdempotencyKey || gotAmount != float64(p.Amount) {

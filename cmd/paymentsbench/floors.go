@@ -43,6 +43,12 @@ const (
 	grpcFloorFlag  = "-floor-grpc"
 )
 
+// floorDatabaseEnv, if set in a floor's environment, makes it the record
+// floor (see recordFloor), recording every payment in that database: a
+// PAYMENTS_DATABASE_URL, kept off the command line since it may hold a
+// password.
+const floorDatabaseEnv = "PAYMENTSBENCH_FLOOR_DATABASE_URL"
+
 // floorTransport is the floors' provider client transport, tuned as
 // paymentsd's is (a pool per host big enough for every call in flight,
 // small buffers, no gzip), so that the floors are the best net/http can do.
@@ -89,6 +95,14 @@ func runFloor(ctx context.Context, mode string, args []string, logw io.Writer) e
 	if err != nil {
 		return err
 	}
+	var rec *recordFloor
+	if db := os.Getenv(floorDatabaseEnv); db != "" {
+		if rec, err = openRecordFloor(ctx, db); err != nil {
+			ln.Close()
+			return err
+		}
+		defer rec.close()
+	}
 	transport := floorTransport()
 	serving := func() {
 		slog.New(slog.NewJSONHandler(logw, nil)).Info("serving", "addr", ln.Addr().String(), "mode", mode)
@@ -103,7 +117,12 @@ func runFloor(ctx context.Context, mode string, args []string, logw io.Writer) e
 			Transport:  transport,
 			BufferPool: newBufferPool(2 << 10),
 		}
-		srv := &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
+		var h http.Handler = proxy
+		if rec != nil {
+			proxy.ModifyResponse = rec.recordResponse
+			h = rec.recordingHandler(proxy)
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 		errc := make(chan error, 1)
 		go func() { errc <- srv.Serve(ln) }()
 		serving()
@@ -120,7 +139,7 @@ func runFloor(ctx context.Context, mode string, args []string, logw io.Writer) e
 
 	srv := grpc.NewServer()
 	paymentsv1.RegisterPaymentsServiceServer(srv, &grpcFloor{
-		url: *provider, key: *key,
+		url: *provider, key: *key, rec: rec,
 		client: &http.Client{Transport: transport, Timeout: time.Minute},
 	})
 	errc := make(chan error, 1)
@@ -139,6 +158,7 @@ type grpcFloor struct {
 	paymentsv1.UnimplementedPaymentsServiceServer
 	url, key string
 	client   *http.Client
+	rec      *recordFloor // nil but in the record floor
 }
 
 func (g *grpcFloor) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
@@ -156,6 +176,11 @@ func (g *grpcFloor) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
+	if g.rec != nil {
+		if err := g.rec.begin(ctx, body.IdempotencyKey, b); err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+	}
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, g.url, bytes.NewReader(b))
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
@@ -170,6 +195,9 @@ func (g *grpcFloor) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.
 	reply, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	if g.rec != nil {
+		g.rec.finish(body.IdempotencyKey, resp.StatusCode, reply)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, status.Errorf(codes.Unknown, "provider answered %s", resp.Status)
@@ -244,9 +272,19 @@ type floorProcess struct {
 	addr string
 }
 
-// startFloor starts a floor of mode against fake.
-func (e *environment) startFloor(ctx context.Context, name, mode string, fake *fakeProcess) (*floorProcess, error) {
-	c, ready, err := startChild(ctx, name, nil, e.self, mode, "-addr=127.0.0.1:0",
+// startFloor starts a floor of mode against fake; with a record store
+// (storeSQLite or storePostgres, in a database of its own), its record
+// floor.
+func (e *environment) startFloor(ctx context.Context, name, mode string, fake *fakeProcess, records string) (*floorProcess, error) {
+	var env []string
+	if records != "" {
+		dbURL, err := e.dbs.url(ctx, records, name)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		env = append(env, floorDatabaseEnv+"="+dbURL)
+	}
+	c, ready, err := startChild(ctx, name, env, e.self, mode, "-addr=127.0.0.1:0",
 		"-provider="+fake.paymentURL(), "-key="+e.providerKey)
 	if err != nil {
 		return nil, err

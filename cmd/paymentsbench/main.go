@@ -17,6 +17,13 @@
 //     x-api-key (proxy-floor, the REST floor), and a bare grpc-go server
 //     whose handler makes one net/http POST and decodes the reply
 //     (grpc-floor, the gRPC floor);
+//   - the record floors, the least that any service with durable records
+//     can do: each floor again, with one INSERT committed before the
+//     request is forwarded and one UPDATE queued after the answer, through
+//     the store's own group commit (store.Store.FloorExec), with
+//     paymentsd's driver and pragmas, in a database of its own per store
+//     (record-proxy/sqlite, record-grpc/sqlite, and the same on
+//     PostgreSQL); paymentsd's targets are ratios to these;
 //   - paymentsd with each record store, each with a database of its own:
 //     SQLite in a temp dir (the default store), PostgreSQL (a fresh
 //     database on -postgres, by default $PAYMENTS_TEST_POSTGRES_URL,
@@ -41,6 +48,10 @@
 // floor and of paymentsd (gRPC and REST), puts -rss-inflight calls in
 // flight at once to a fake that delays every reply, and reads each
 // process's peak resident set (VmHWM).
+//
+// paymentsd and the record floors use the SQLite driver this binary was
+// built with: go run -tags sqlite_ncruces ./cmd/paymentsbench measures
+// another (see store/driver_*.go).
 //
 // It prints a table and the targets it checks, and writes every figure to
 // a JSON file (-out). It exits 0 whether or not the targets are met, and
@@ -208,17 +219,21 @@ func benchmark(ctx context.Context, opts *options, logw io.Writer) (_ *results, 
 	}
 	tick := clockTick(ctx)
 	res := &results{
-		Date:        time.Now().UTC(),
-		GoVersion:   runtime.Version(),
-		GOOS:        runtime.GOOS,
-		GOARCH:      runtime.GOARCH,
-		GOMAXPROCS:  runtime.GOMAXPROCS(0),
-		NumCPU:      runtime.NumCPU(),
-		ClockTickHz: int(time.Second / tick),
-		Smoke:       opts.smoke,
-		Rounds:      opts.rounds,
-		Warmup:      opts.warmup,
-		Postgres:    opts.postgres != "",
+		Date:         time.Now().UTC(),
+		GoVersion:    runtime.Version(),
+		GOOS:         runtime.GOOS,
+		GOARCH:       runtime.GOARCH,
+		GOMAXPROCS:   runtime.GOMAXPROCS(0),
+		NumCPU:       runtime.NumCPU(),
+		ClockTickHz:  int(time.Second / tick),
+		Smoke:        opts.smoke,
+		Rounds:       opts.rounds,
+		Warmup:       opts.warmup,
+		Postgres:     opts.postgres != "",
+		SQLiteDriver: sqliteDriver(),
+	}
+	if fi, err := os.Stat(env.paymentsd); err == nil {
+		res.BinaryBytes = fi.Size()
 	}
 
 	fmt.Fprintf(logw, "durable-write floor: %d fsyncs of 4 KiB in %s…\n", opts.fsyncs, tmp)
@@ -232,6 +247,7 @@ func benchmark(ctx context.Context, opts *options, logw io.Writer) (_ *results, 
 		return nil, fmt.Errorf("peak RSS: %w", err)
 	}
 	res.Checks = checkTargets(res)
+	res.RecordFloors = recordFloorRatios(res)
 	return res, nil
 }
 
@@ -244,12 +260,12 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 		return nil, err
 	}
 	defer fake.stop()
-	proxyFloor, err := e.startFloor(ctx, "proxy-floor", proxyFloorFlag, fake)
+	proxyFloor, err := e.startFloor(ctx, "proxy-floor", proxyFloorFlag, fake, "")
 	if err != nil {
 		return nil, err
 	}
 	defer proxyFloor.stop()
-	grpcFloor, err := e.startFloor(ctx, "grpc-floor", grpcFloorFlag, fake)
+	grpcFloor, err := e.startFloor(ctx, "grpc-floor", grpcFloorFlag, fake, "")
 	if err != nil {
 		return nil, err
 	}
@@ -284,6 +300,30 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 	}
 	stores = append(stores, storeMemory)
 	for _, st := range stores {
+		var recordGRPC, recordProxy string
+		if st != storeMemory {
+			// The record floors of this store, each with a database of
+			// its own.
+			recordGRPC, recordProxy = "record-grpc/"+st, "record-proxy/"+st
+			rp, err := e.startFloor(ctx, "record-proxy-"+st, proxyFloorFlag, fake, st)
+			if err != nil {
+				return nil, err
+			}
+			defer rp.stop()
+			rg, err := e.startFloor(ctx, "record-grpc-"+st, grpcFloorFlag, fake, st)
+			if err != nil {
+				return nil, err
+			}
+			defer rg.stop()
+			rgClient, err := grpcClient(rg.addr)
+			if err != nil {
+				return nil, err
+			}
+			paths = append(paths,
+				&path{name: recordProxy, proto: "http", floor: "proxy-floor", proc: rp.child,
+					call: postPayment(httpClient, "http://"+rp.addr+"/v1/multi-card-payments", "")},
+				&path{name: recordGRPC, proto: "grpc", floor: "grpc-floor", proc: rg.child, call: grpcPayment(rgClient)})
+		}
 		svc, err := e.startPaymentsd(ctx, "paymentsd-"+st, st, fake)
 		if err != nil {
 			return nil, err
@@ -293,12 +333,12 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 		if err != nil {
 			return nil, err
 		}
-		paths = append(paths, &path{name: "grpc/" + st, proto: "grpc", api: "grpc", store: st, floor: "grpc-floor",
+		paths = append(paths, &path{name: "grpc/" + st, proto: "grpc", api: "grpc", store: st, floor: "grpc-floor", recordFloor: recordGRPC,
 			proc: svc.child, svc: svc, call: grpcPayment(client)})
 		if st == storeMemory {
 			continue // only to price the store, on the gRPC path
 		}
-		paths = append(paths, &path{name: "rest/" + st, proto: "http", api: "rest", store: st, floor: "proxy-floor",
+		paths = append(paths, &path{name: "rest/" + st, proto: "http", api: "rest", store: st, floor: "proxy-floor", recordFloor: recordProxy,
 			proc: svc.child, svc: svc, call: postPayment(httpClient, "http://"+svc.httpAddr+"/v1/multi-card-payments", "")})
 	}
 

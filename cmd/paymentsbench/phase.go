@@ -21,9 +21,12 @@ type phaseResult struct {
 	Path string `json:"path"`
 	// API is "grpc" or "rest" for paymentsd; Store its record store; Floor
 	// the path its ratios are against.
-	API         string `json:"api,omitempty"`
-	Store       string `json:"store,omitempty"`
-	Floor       string `json:"floor,omitempty"`
+	API   string `json:"api,omitempty"`
+	Store string `json:"store,omitempty"`
+	Floor string `json:"floor,omitempty"`
+	// RecordFloor is the record floor of paymentsd's path and store (see
+	// recordFloor), "" for the other paths and the in-memory store.
+	RecordFloor string `json:"record_floor,omitempty"`
 	Concurrency int    `json:"concurrency"`
 	// Requests counts the measured calls of every round together.
 	Requests int `json:"requests"`
@@ -102,7 +105,7 @@ type sample struct {
 
 // summarize pools the rounds of one phase.
 func summarize(p *path, concurrency int, samples []sample) phaseResult {
-	r := phaseResult{Path: p.name, API: p.api, Store: p.store, Floor: p.floor, Concurrency: concurrency, Rounds: len(samples)}
+	r := phaseResult{Path: p.name, API: p.api, Store: p.store, Floor: p.floor, RecordFloor: p.recordFloor, Concurrency: concurrency, Rounds: len(samples)}
 	ops := map[string]float64{}
 	var commits float64
 	var latencies [][]time.Duration
@@ -163,9 +166,10 @@ type path struct {
 	proto, api string
 	// store is paymentsd's record store, "" for the direct path and floors.
 	store string
-	// floor is the name of the path this one's ratios are taken against.
-	floor string
-	call  caller
+	// floor is the name of the path this one's ratios are taken against;
+	// recordFloor, for paymentsd, its record floor's.
+	floor, recordFloor string
+	call               caller
 	// proc is the process whose CPU is the path's ("svc"); nil for direct.
 	proc *child
 	// svc is set for paymentsd, whose /metrics are read.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -35,11 +36,19 @@ const benchProfileEnv = "PAYMENTS_BENCH_CPUPROFILE"
 // buildPaymentsd builds paymentsd into dir and returns the binary's path.
 // With profile it is built with the benchprofile tag, which lets the
 // benchmark take CPU profiles of it; the production binary can't.
+//
+// It is built with this binary's own build tags, so that a driver tag
+// (go run -tags sqlite_ncruces ./cmd/paymentsbench) gives paymentsd and the
+// record floors the same SQLite driver.
 func buildPaymentsd(ctx context.Context, dir string, profile bool, stderr io.Writer) (string, error) {
 	bin := filepath.Join(dir, "paymentsd")
 	args := []string{"build", "-o", bin}
+	tags := buildTags()
 	if profile {
-		args = append(args, "-tags=benchprofile")
+		tags = append(tags, "benchprofile")
+	}
+	if len(tags) > 0 {
+		args = append(args, "-tags="+strings.Join(tags, ","))
 	}
 	cmd := exec.CommandContext(ctx, "go", append(args, "example.com/paymentsd/cmd/paymentsd")...)
 	cmd.Stdout, cmd.Stderr = stderr, stderr
@@ -47,6 +56,36 @@ func buildPaymentsd(ctx context.Context, dir string, profile bool, stderr io.Wri
 		return "", fmt.Errorf("build paymentsd (run from inside the module): %w", err)
 	}
 	return bin, nil
+}
+
+// buildTags are the build tags this binary was built with.
+func buildTags() []string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return nil
+	}
+	for _, st := range info.Settings {
+		if st.Key == "-tags" && st.Value != "" {
+			return strings.Split(st.Value, ",")
+		}
+	}
+	return nil
+}
+
+// sqliteDriver is the SQLite driver module this binary (and so paymentsd
+// and the record floors) was built with, and its version.
+func sqliteDriver() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	for _, m := range info.Deps {
+		switch m.Path {
+		case "modernc.org/sqlite", "github.com/ncruces/go-sqlite3", "github.com/mattn/go-sqlite3":
+			return m.Path + " " + m.Version
+		}
+	}
+	return ""
 }
 
 // fakeProcess is a running fake provider.

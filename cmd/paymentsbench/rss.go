@@ -20,8 +20,9 @@ import (
 // rssResult is the peak-memory phase of one process.
 type rssResult struct {
 	// Path is the path whose process was measured: "grpc/sqlite",
-	// "grpc-floor", "rest/sqlite" or "proxy-floor"; Floor the path it is
-	// compared with.
+	// "record-grpc/sqlite", "grpc-floor", "rest/sqlite",
+	// "record-proxy/sqlite" or "proxy-floor"; Floor the path it is
+	// compared with (paymentsd's record floor, a record floor's floor).
 	Path          string `json:"path"`
 	Floor         string `json:"floor,omitempty"`
 	InFlight      int    `json:"in_flight"`
@@ -50,7 +51,8 @@ type rssResult struct {
 func (e *environment) peakRSS(ctx context.Context, opts *options, logw io.Writer) ([]rssResult, error) {
 	var out []rssResult
 	for _, target := range []struct{ path, floor string }{
-		{"grpc-floor", ""}, {"grpc/sqlite", "grpc-floor"}, {"proxy-floor", ""}, {"rest/sqlite", "proxy-floor"},
+		{"grpc-floor", ""}, {"record-grpc/sqlite", "grpc-floor"}, {"grpc/sqlite", "record-grpc/sqlite"},
+		{"proxy-floor", ""}, {"record-proxy/sqlite", "proxy-floor"}, {"rest/sqlite", "record-proxy/sqlite"},
 	} {
 		fmt.Fprintf(logw, "peak RSS: %s, %d calls in flight, replies delayed %v…\n", target.path, opts.rssInFlight, opts.rssDelay)
 		r, err := e.peakRSSOf(ctx, target.path, opts)
@@ -79,12 +81,15 @@ func (e *environment) peakRSSOf(ctx context.Context, pathName string, opts *opti
 		httpURL  string
 	)
 	switch pathName {
-	case "grpc-floor", "proxy-floor":
-		mode := grpcFloorFlag
-		if pathName == "proxy-floor" {
+	case "grpc-floor", "proxy-floor", "record-grpc/sqlite", "record-proxy/sqlite":
+		mode, records := grpcFloorFlag, ""
+		if strings.Contains(pathName, "proxy") {
 			mode = proxyFloorFlag
 		}
-		f, err := e.startFloor(ctx, pathName+"-rss", mode, fake)
+		if strings.HasPrefix(pathName, "record-") {
+			records = storeSQLite
+		}
+		f, err := e.startFloor(ctx, strings.ReplaceAll(pathName, "/", "-")+"-rss", mode, fake, records)
 		if err != nil {
 			return r, err
 		}
@@ -104,7 +109,7 @@ func (e *environment) peakRSSOf(ctx context.Context, pathName string, opts *opti
 	}
 
 	var calls []caller
-	if strings.HasPrefix(pathName, "grpc") {
+	if strings.Contains(pathName, "grpc") {
 		r.Conns = opts.rssConns
 		for range opts.rssConns {
 			// Each NewClient is a connection of its own.

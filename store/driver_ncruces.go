@@ -1,0 +1,26 @@
+//go:build sqlite_ncruces && !sqlite_mattn
+
+package store
+
+import (
+	"net/url"
+
+	_ "github.com/ncruces/go-sqlite3/driver" // registers the "sqlite3" database/sql driver
+)
+
+// With the build tag sqlite_ncruces, the SQLite driver is
+// github.com/ncruces/go-sqlite3: SQLite compiled to WebAssembly and
+// translated to pure Go.
+
+// SQLiteDriver is the database/sql driver name the store opens SQLite
+// with, for tests that open a store's file directly.
+const SQLiteDriver = "sqlite3"
+
+// SQLiteDSN is the driver's data source name for the file at path (or
+// ":memory:"), with BEGIN IMMEDIATE transactions if immediate, and each of
+// pragmas, written "name(value)", run on every new connection. It is a
+// "file:" URI, the only form that takes parameters.
+func SQLiteDSN(path string, immediate bool, pragmas ...string) string {
+	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" +
+		sqliteParams(immediate, pragmas, func(p string) string { return "_pragma=" + url.QueryEscape(p) })
+}
