@@ -36,8 +36,9 @@
 // attempts allowed by WithMaxAttempts are spent), Create looks the key up
 // on a short context of its own (WithLookupTimeout): a SUCCEEDED record
 // returns the payment, NOT_CREATED is ErrNotCreated, IN_PROGRESS is
-// ErrInProgress, and anything else, a failed lookup included, is
-// ErrOutcomeUnknown. Only ErrNotCreated allows paying again under a new key.
+// ErrInProgress, a record of another request under the key (a different
+// amount or currency) is ErrKeyReused, and anything else, a failed lookup
+// included, is ErrOutcomeUnknown. Only ErrNotCreated allows paying again under a new key.
 //
 // Give Create a context with a deadline: without one it retries until the
 // context is cancelled.
@@ -159,10 +160,10 @@ func (c *Client) Create(ctx context.Context, req *paymentsv1.CreateMultiCardPaym
 			e.kind = kind
 			return nil, e
 		case v == lookUp, ended(ctx), c.maxAttempts > 0 && e.Attempts >= c.maxAttempts:
-			return c.fromRecord(ctx, e)
+			return c.fromRecord(ctx, req, e)
 		}
 		if !sleep(ctx, c.delay(e.Attempts, a.retryAfter)) {
-			return c.fromRecord(ctx, e)
+			return c.fromRecord(ctx, req, e)
 		}
 	}
 }
@@ -177,8 +178,11 @@ func (c *Client) attempt(ctx context.Context, req *paymentsv1.CreateMultiCardPay
 }
 
 // fromRecord answers a Create that stopped without a verdict from the
-// key's record, read on a context of its own: ctx may have ended.
-func (c *Client) fromRecord(ctx context.Context, e *Error) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+// key's record, read on a context of its own: ctx may have ended. The
+// record speaks for req only if it holds req: a record of another request
+// under the key (a caller reusing a key, whose every attempt was lost)
+// says nothing of req, whose own answer would have been ErrKeyReused.
+func (c *Client) fromRecord(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest, e *Error) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.lookupTimeout)
 	defer cancel()
 	rec, err := c.rpc.GetMultiCardPayment(lctx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: e.IdempotencyKey}, c.callOpts...)
@@ -191,6 +195,15 @@ func (c *Client) fromRecord(ctx context.Context, e *Error) (*paymentsv1.CreateMu
 		return nil, e
 	}
 	e.State = rec.GetState()
+	switch r := rec.GetRequest(); {
+	case r == nil:
+		// A record that does not say what it holds can't speak for req.
+		e.kind = ErrOutcomeUnknown
+		return nil, e
+	case !sameRequest(r, req):
+		e.kind = ErrKeyReused
+		return nil, e
+	}
 	switch rec.GetState() {
 	case paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED:
 		return &paymentsv1.CreateMultiCardPaymentResponse{
@@ -208,6 +221,14 @@ func (c *Client) fromRecord(ctx context.Context, e *Error) (*paymentsv1.CreateMu
 		e.kind = ErrOutcomeUnknown
 	}
 	return nil, e
+}
+
+// sameRequest reports whether a record's request is req, as paymentsd
+// compares them: the same amount, currency and key.
+func sameRequest(recorded, req *paymentsv1.CreateMultiCardPaymentRequest) bool {
+	return recorded.GetIdempotencyKey() == req.GetIdempotencyKey() &&
+		recorded.GetAmountMoney().GetCurrency() == req.GetAmountMoney().GetCurrency() &&
+		recorded.GetAmountMoney().GetAmount() == req.GetAmountMoney().GetAmount()
 }
 
 // Get returns paymentsd's record of the payment made with key. It retries

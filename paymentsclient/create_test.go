@@ -424,3 +424,52 @@ func TestCreateUntilPaymentsdIsUp(t *testing.T) {
 		t.Errorf("the provider got %d requests with the key, want 1", n)
 	}
 }
+
+// TestCreateLookupOfAnotherRequest: a caller reuses a key for a different
+// amount, and every attempt is lost before paymentsd (which would have
+// said IDEMPOTENCY_KEY_REUSED). The lookup then finds the first request's
+// payment, which is not this request's: Create must not return it as this
+// payment, nor say ErrNotCreated; the answer is ErrKeyReused.
+func TestCreateLookupOfAnotherRequest(t *testing.T) {
+	t.Parallel()
+	var lose sync.Map // keys whose Create calls are lost
+	interceptor := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*paymentsv1.CreateMultiCardPaymentRequest); ok {
+			if _, ok := lose.Load(r.GetAmountMoney().GetAmount()); ok {
+				return status.Error(codes.Unavailable, "connection lost before paymentsd")
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	p := startPaymentsd(t, paymentsdOptions{interceptor: interceptor})
+	p.ready(t)
+	c := paymentsclient.New(p.conn, paymentsclient.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	key := paymentsclient.NewIdempotencyKey()
+	first := payment(key)
+	if _, err := c.Create(t.Context(), first); err != nil {
+		t.Fatalf("Create(%s) = %v, want the payment", key, err)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		other *paymentsv1.CreateMultiCardPaymentRequest
+	}{
+		{"amount", &paymentsv1.CreateMultiCardPaymentRequest{AmountMoney: &paymentsv1.Money{Currency: "USD", Amount: 99999}, IdempotencyKey: key}},
+		{"currency", &paymentsv1.CreateMultiCardPaymentRequest{AmountMoney: &paymentsv1.Money{Currency: "EUR", Amount: 77777}, IdempotencyKey: key}},
+	} {
+		lose.Store(tc.other.GetAmountMoney().GetAmount(), true)
+		resp, err := paymentsclient.New(p.conn, paymentsclient.WithMaxAttempts(2), paymentsclient.WithBackoff(time.Millisecond, time.Millisecond)).Create(t.Context(), tc.other)
+		if err == nil {
+			t.Errorf("%s: Create(%s) of another request under a used key, every attempt lost = the first request's payment (replayed %v); want ErrKeyReused", tc.name, key, resp.GetReplayed())
+			continue
+		}
+		var perr *paymentsclient.Error
+		if !errors.As(err, &perr) || !errors.Is(err, paymentsclient.ErrKeyReused) || errors.Is(err, paymentsclient.ErrNotCreated) {
+			t.Errorf("%s: Create(%s) = %v, want ErrKeyReused only", tc.name, key, err)
+		}
+	}
+	p.onlyKey(t, key)
+	if n := p.provider.KeyStats(key).Charges; n != 1 {
+		t.Errorf("provider charged the key %d times, want 1", n)
+	}
+}

@@ -196,7 +196,7 @@ func TestDeadlineWithinRetryInfo(t *testing.T) {
 	t.Parallel()
 	s := &scripted{
 		script: []error{failure(codes.Aborted, paymentsclient.ReasonInProgress, time.Hour)},
-		record: &paymentsv1.GetMultiCardPaymentResponse{State: paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS},
+		record: &paymentsv1.GetMultiCardPaymentResponse{State: paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS, Request: payment("key-1")},
 	}
 	c := startScripted(t, s)
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
@@ -240,7 +240,7 @@ func TestMaxAttempts(t *testing.T) {
 	unknown := failure(codes.Unavailable, paymentsclient.ReasonOutcomeUnknown, 0)
 	s := &scripted{
 		script: []error{unknown, unknown, unknown, unknown},
-		record: &paymentsv1.GetMultiCardPaymentResponse{State: paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN},
+		record: &paymentsv1.GetMultiCardPaymentResponse{State: paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN, Request: payment("key-1")},
 	}
 	c := startScripted(t, s, paymentsclient.WithMaxAttempts(3))
 	_, err := c.Create(t.Context(), payment("key-1"))
