@@ -46,6 +46,7 @@ package paymentsclient
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -282,7 +283,9 @@ func (c *Client) Get(ctx context.Context, key string) (*paymentsv1.GetMultiCardP
 // an exponential backoff.
 func (c *Client) delay(n int, retryAfter time.Duration) time.Duration {
 	if retryAfter > 0 {
-		return retryAfter + rand.N(retryAfter/10+1)
+		// A RetryInfo near the largest Duration would wrap negative, and
+		// a negative wait ends Create at once, with time left.
+		return retryAfter + min(rand.N(retryAfter/10+1), math.MaxInt64-retryAfter)
 	}
 	ceiling := c.backoffBase
 	for i := 1; i < n && ceiling < c.backoffMax; i++ {
