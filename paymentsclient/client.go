@@ -35,7 +35,9 @@
 // never past the context's deadline. When the context ends (or the
 // attempts allowed by WithMaxAttempts are spent), Create looks the key up
 // on a short context of its own (WithLookupTimeout): a SUCCEEDED record
-// returns the payment, NOT_CREATED is ErrNotCreated, IN_PROGRESS is
+// returns the payment, NOT_CREATED is ErrNotCreated (unless an attempt got
+// no answer from paymentsd: it may reach paymentsd after the lookup, so
+// ErrOutcomeUnknown), IN_PROGRESS is
 // ErrInProgress, a record of another request under the key (a different
 // amount or currency) is ErrKeyReused, and anything else, a failed lookup
 // included, is ErrOutcomeUnknown. Only ErrNotCreated allows paying again under a new key.
@@ -154,6 +156,11 @@ func (c *Client) Create(ctx context.Context, req *paymentsv1.CreateMultiCardPaym
 			return resp, nil
 		}
 		a := readAnswer(err)
+		if a.reason == "" {
+			// No answer from paymentsd: the attempt may have been cut
+			// off on its way, and may reach paymentsd yet.
+			e.unanswered = true
+		}
 		e.Code, e.Reason, e.RetryAfter, e.Err = a.st.Code(), a.reason, a.retryAfter, err
 		v, kind := classify(a)
 		switch {
@@ -215,7 +222,14 @@ func (c *Client) fromRecord(ctx context.Context, req *paymentsv1.CreateMultiCard
 			Replayed:           true,
 		}, nil
 	case paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED:
+		// The record covers the attempts paymentsd has seen. One that
+		// got no answer (cut off by the deadline, a lost connection)
+		// may still be on its way, through a proxy say, and create the
+		// payment after this lookup: then no one knows it was not.
 		e.kind = ErrNotCreated
+		if e.unanswered {
+			e.kind = ErrOutcomeUnknown
+		}
 	case paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS:
 		e.kind = ErrInProgress
 	default:
