@@ -35,9 +35,12 @@
 // never past the context's deadline. When the context ends (or the
 // attempts allowed by WithMaxAttempts are spent), Create looks the key up
 // on a short context of its own (WithLookupTimeout): a SUCCEEDED record
-// returns the payment, NOT_CREATED is ErrNotCreated, IN_PROGRESS is
-// ErrInProgress, and anything else, a failed lookup included, is
-// ErrOutcomeUnknown. Only ErrNotCreated allows paying again under a new key.
+// returns the payment, NOT_CREATED is ErrNotCreated (unless an attempt got
+// no answer from paymentsd: it may reach paymentsd after the lookup, so
+// ErrOutcomeUnknown), IN_PROGRESS is
+// ErrInProgress, a record of another request under the key (a different
+// amount or currency) is ErrKeyReused, and anything else, a failed lookup
+// included, is ErrOutcomeUnknown. Only ErrNotCreated allows paying again under a new key.
 //
 // Give Create a context with a deadline: without one it retries until the
 // context is cancelled.
@@ -45,6 +48,7 @@ package paymentsclient
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -152,6 +156,11 @@ func (c *Client) Create(ctx context.Context, req *paymentsv1.CreateMultiCardPaym
 			return resp, nil
 		}
 		a := readAnswer(err)
+		if a.reason == "" {
+			// No answer from paymentsd: the attempt may have been cut
+			// off on its way, and may reach paymentsd yet.
+			e.unanswered = true
+		}
 		e.Code, e.Reason, e.RetryAfter, e.Err = a.st.Code(), a.reason, a.retryAfter, err
 		v, kind := classify(a)
 		switch {
@@ -159,10 +168,10 @@ func (c *Client) Create(ctx context.Context, req *paymentsv1.CreateMultiCardPaym
 			e.kind = kind
 			return nil, e
 		case v == lookUp, ended(ctx), c.maxAttempts > 0 && e.Attempts >= c.maxAttempts:
-			return c.fromRecord(ctx, e)
+			return c.fromRecord(ctx, req, e)
 		}
 		if !sleep(ctx, c.delay(e.Attempts, a.retryAfter)) {
-			return c.fromRecord(ctx, e)
+			return c.fromRecord(ctx, req, e)
 		}
 	}
 }
@@ -177,8 +186,11 @@ func (c *Client) attempt(ctx context.Context, req *paymentsv1.CreateMultiCardPay
 }
 
 // fromRecord answers a Create that stopped without a verdict from the
-// key's record, read on a context of its own: ctx may have ended.
-func (c *Client) fromRecord(ctx context.Context, e *Error) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+// key's record, read on a context of its own: ctx may have ended. The
+// record speaks for req only if it holds req: a record of another request
+// under the key (a caller reusing a key, whose every attempt was lost)
+// says nothing of req, whose own answer would have been ErrKeyReused.
+func (c *Client) fromRecord(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest, e *Error) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.lookupTimeout)
 	defer cancel()
 	rec, err := c.rpc.GetMultiCardPayment(lctx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: e.IdempotencyKey}, c.callOpts...)
@@ -191,6 +203,15 @@ func (c *Client) fromRecord(ctx context.Context, e *Error) (*paymentsv1.CreateMu
 		return nil, e
 	}
 	e.State = rec.GetState()
+	switch r := rec.GetRequest(); {
+	case r == nil:
+		// A record that does not say what it holds can't speak for req.
+		e.kind = ErrOutcomeUnknown
+		return nil, e
+	case !sameRequest(r, req):
+		e.kind = ErrKeyReused
+		return nil, e
+	}
 	switch rec.GetState() {
 	case paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED:
 		return &paymentsv1.CreateMultiCardPaymentResponse{
@@ -201,13 +222,28 @@ func (c *Client) fromRecord(ctx context.Context, e *Error) (*paymentsv1.CreateMu
 			Replayed:           true,
 		}, nil
 	case paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED:
+		// The record covers the attempts paymentsd has seen. One that
+		// got no answer (cut off by the deadline, a lost connection)
+		// may still be on its way, through a proxy say, and create the
+		// payment after this lookup: then no one knows it was not.
 		e.kind = ErrNotCreated
+		if e.unanswered {
+			e.kind = ErrOutcomeUnknown
+		}
 	case paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS:
 		e.kind = ErrInProgress
 	default:
 		e.kind = ErrOutcomeUnknown
 	}
 	return nil, e
+}
+
+// sameRequest reports whether a record's request is req, as paymentsd
+// compares them: the same amount, currency and key.
+func sameRequest(recorded, req *paymentsv1.CreateMultiCardPaymentRequest) bool {
+	return recorded.GetIdempotencyKey() == req.GetIdempotencyKey() &&
+		recorded.GetAmountMoney().GetCurrency() == req.GetAmountMoney().GetCurrency() &&
+		recorded.GetAmountMoney().GetAmount() == req.GetAmountMoney().GetAmount()
 }
 
 // Get returns paymentsd's record of the payment made with key. It retries
@@ -261,7 +297,9 @@ func (c *Client) Get(ctx context.Context, key string) (*paymentsv1.GetMultiCardP
 // an exponential backoff.
 func (c *Client) delay(n int, retryAfter time.Duration) time.Duration {
 	if retryAfter > 0 {
-		return retryAfter + rand.N(retryAfter/10+1)
+		// A RetryInfo near the largest Duration would wrap negative, and
+		// a negative wait ends Create at once, with time left.
+		return retryAfter + min(rand.N(retryAfter/10+1), math.MaxInt64-retryAfter)
 	}
 	ceiling := c.backoffBase
 	for i := 1; i < n && ceiling < c.backoffMax; i++ {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -423,4 +424,133 @@ func TestCreateUntilPaymentsdIsUp(t *testing.T) {
 	if n := p.provider.KeyStats(key).Requests; n != 1 {
 		t.Errorf("the provider got %d requests with the key, want 1", n)
 	}
+}
+
+// TestCreateLookupOfAnotherRequest: a caller reuses a key for a different
+// amount, and every attempt is lost before paymentsd (which would have
+// said IDEMPOTENCY_KEY_REUSED). The lookup then finds the first request's
+// payment, which is not this request's: Create must not return it as this
+// payment, nor say ErrNotCreated; the answer is ErrKeyReused.
+func TestCreateLookupOfAnotherRequest(t *testing.T) {
+	t.Parallel()
+	var lose sync.Map // keys whose Create calls are lost
+	interceptor := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*paymentsv1.CreateMultiCardPaymentRequest); ok {
+			if _, ok := lose.Load(r.GetAmountMoney().GetAmount()); ok {
+				return status.Error(codes.Unavailable, "connection lost before paymentsd")
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	p := startPaymentsd(t, paymentsdOptions{interceptor: interceptor})
+	p.ready(t)
+	c := paymentsclient.New(p.conn, paymentsclient.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	key := paymentsclient.NewIdempotencyKey()
+	first := payment(key)
+	if _, err := c.Create(t.Context(), first); err != nil {
+		t.Fatalf("Create(%s) = %v, want the payment", key, err)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		other *paymentsv1.CreateMultiCardPaymentRequest
+	}{
+		{"amount", &paymentsv1.CreateMultiCardPaymentRequest{AmountMoney: &paymentsv1.Money{Currency: "USD", Amount: 99999}, IdempotencyKey: key}},
+		{"currency", &paymentsv1.CreateMultiCardPaymentRequest{AmountMoney: &paymentsv1.Money{Currency: "EUR", Amount: 77777}, IdempotencyKey: key}},
+	} {
+		lose.Store(tc.other.GetAmountMoney().GetAmount(), true)
+		resp, err := paymentsclient.New(p.conn, paymentsclient.WithMaxAttempts(2), paymentsclient.WithBackoff(time.Millisecond, time.Millisecond)).Create(t.Context(), tc.other)
+		if err == nil {
+			t.Errorf("%s: Create(%s) of another request under a used key, every attempt lost = the first request's payment (replayed %v); want ErrKeyReused", tc.name, key, resp.GetReplayed())
+			continue
+		}
+		var perr *paymentsclient.Error
+		if !errors.As(err, &perr) || !errors.Is(err, paymentsclient.ErrKeyReused) || errors.Is(err, paymentsclient.ErrNotCreated) {
+			t.Errorf("%s: Create(%s) = %v, want ErrKeyReused only", tc.name, key, err)
+		}
+	}
+	p.onlyKey(t, key)
+	if n := p.provider.KeyStats(key).Charges; n != 1 {
+		t.Errorf("provider charged the key %d times, want 1", n)
+	}
+}
+
+// TestCreateLookupWhileAnAttemptIsLate: the provider refuses with 429 (the
+// record says NOT_CREATED, and the answer is retried), then an attempt is
+// held in the network (a proxy, say) past the caller's deadline and
+// delivered only after Create's lookup. The lookup's NOT_CREATED does not
+// cover that attempt, which then creates the payment: Create must not
+// have said ErrNotCreated, which would let the caller pay again under a
+// new key.
+func TestCreateLookupWhileAnAttemptIsLate(t *testing.T) {
+	t.Parallel()
+	var (
+		mu        sync.Mutex
+		creates   int
+		lookedUp  = make(chan struct{})
+		lookOnce  sync.Once
+		delivered = make(chan error, 1)
+		refuse    atomic.Bool // the provider answers 429 until the late attempt
+	)
+	refuse.Store(true)
+	late := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		switch method {
+		case paymentsv1.PaymentsService_GetMultiCardPayment_FullMethodName:
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if r, ok := req.(*paymentsv1.GetMultiCardPaymentRequest); ok && r.GetIdempotencyKey() != "warm-up" {
+				lookOnce.Do(func() { close(lookedUp) })
+			}
+			return err
+		case paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName:
+			mu.Lock()
+			creates++
+			n := creates
+			mu.Unlock()
+			if n != 2 {
+				return invoker(ctx, method, req, reply, cc, opts...)
+			}
+			// Held until the caller has looked the key up, then
+			// delivered with a timeout of its own, as a proxy would.
+			go func() {
+				<-lookedUp
+				refuse.Store(false)
+				dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				delivered <- invoker(dctx, method, req, new(paymentsv1.CreateMultiCardPaymentResponse), cc, opts...)
+			}()
+			<-ctx.Done()
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	p := startPaymentsd(t, paymentsdOptions{interceptor: late})
+	t.Cleanup(func() { lookOnce.Do(func() { close(lookedUp) }) })
+	p.provider.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+		if refuse.Load() {
+			return upstreamtest.Reply{Status: http.StatusTooManyRequests}
+		}
+		return upstreamtest.Reply{}
+	})
+	p.ready(t)
+	key := paymentsclient.NewIdempotencyKey()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	c := paymentsclient.New(p.conn, paymentsclient.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	_, err := c.Create(ctx, payment(key))
+	select {
+	case <-lookedUp:
+	default:
+		t.Fatalf("Create(%s) = %v without looking the key up; the test did not stage the race", key, err)
+	}
+	if derr := <-delivered; derr != nil {
+		t.Fatalf("the late attempt = %v, want the payment", derr)
+	}
+	if errors.Is(err, paymentsclient.ErrNotCreated) || !errors.Is(err, paymentsclient.ErrOutcomeUnknown) {
+		t.Errorf("Create(%s) with an attempt still on its way = %v, want ErrOutcomeUnknown, never ErrNotCreated", key, err)
+	}
+	rec, gerr := c.Get(t.Context(), key)
+	if gerr != nil || rec.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED {
+		t.Errorf("Get(%s) after the late attempt = %v, %v; want SUCCEEDED (the payment the late attempt made)", key, rec.GetState(), gerr)
+	}
+	p.onlyKey(t, key)
 }

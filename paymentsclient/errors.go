@@ -87,6 +87,9 @@ type Error struct {
 	Err error
 
 	kind error
+	// unanswered: an attempt ended without paymentsd's answer (a
+	// transport failure, or cut off), so it may reach paymentsd yet.
+	unanswered bool
 }
 
 // Error says what happened to the money, for the key, and why.

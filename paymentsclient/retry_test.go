@@ -196,7 +196,7 @@ func TestDeadlineWithinRetryInfo(t *testing.T) {
 	t.Parallel()
 	s := &scripted{
 		script: []error{failure(codes.Aborted, paymentsclient.ReasonInProgress, time.Hour)},
-		record: &paymentsv1.GetMultiCardPaymentResponse{State: paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS},
+		record: &paymentsv1.GetMultiCardPaymentResponse{State: paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS, Request: payment("key-1")},
 	}
 	c := startScripted(t, s)
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
@@ -240,12 +240,38 @@ func TestMaxAttempts(t *testing.T) {
 	unknown := failure(codes.Unavailable, paymentsclient.ReasonOutcomeUnknown, 0)
 	s := &scripted{
 		script: []error{unknown, unknown, unknown, unknown},
-		record: &paymentsv1.GetMultiCardPaymentResponse{State: paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN},
+		record: &paymentsv1.GetMultiCardPaymentResponse{State: paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN, Request: payment("key-1")},
 	}
 	c := startScripted(t, s, paymentsclient.WithMaxAttempts(3))
 	_, err := c.Create(t.Context(), payment("key-1"))
 	var perr *paymentsclient.Error
 	if !errors.As(err, &perr) || !errors.Is(err, paymentsclient.ErrOutcomeUnknown) || perr.Attempts != 3 || perr.State != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN {
 		t.Fatalf("Create = %v, want ErrOutcomeUnknown after 3 attempts, from the record", err)
+	}
+}
+
+// TestHugeRetryInfo: a RetryInfo as long as a Duration holds (durationpb
+// saturates there) still holds Create to its deadline: it does not give
+// up at once while time is left.
+func TestHugeRetryInfo(t *testing.T) {
+	t.Parallel()
+	st, _ := status.New(codes.Aborted, "scripted").WithDetails(
+		&errdetails.ErrorInfo{Reason: paymentsclient.ReasonInProgress, Domain: "paymentsd.example.com"},
+		&errdetails.RetryInfo{RetryDelay: &durationpb.Duration{Seconds: 1 << 62}},
+	)
+	s := &scripted{
+		script: []error{st.Err()},
+		record: &paymentsv1.GetMultiCardPaymentResponse{State: paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS, Request: payment("key-1")},
+	}
+	c := startScripted(t, s)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	_, err := c.Create(ctx, payment("key-1"))
+	if left := time.Until(deadline); left > 0 {
+		t.Errorf("Create = %v with %v left before its deadline, want it to wait out the RetryInfo until the deadline", err, left)
+	}
+	if !errors.Is(err, paymentsclient.ErrInProgress) {
+		t.Errorf("Create = %v, want ErrInProgress", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -29,8 +30,8 @@ const (
 // header values, and whether there was one. The draft makes the value a
 // Structured Field string ("…", with \" and \\ escapes); a value not in
 // double quotes is taken as it is, as most clients send it. Either way the
-// key must pass the body key's rules: not empty, no ASCII control
-// characters.
+// key must pass the body key's rules: valid UTF-8, not empty, no ASCII
+// control characters.
 func headerKey(values []string) (key string, present bool, err error) {
 	switch len(values) {
 	case 0:
@@ -47,6 +48,12 @@ func headerKey(values []string) (key string, present bool, err error) {
 	}
 	if v == "" {
 		return "", true, fmt.Errorf("the %s header is empty; send the payment's idempotency key in it", IdempotencyKeyHeader)
+	}
+	if !utf8.ValidString(v) {
+		// A key travels to the provider in JSON, where invalid UTF-8
+		// becomes U+FFFD: two keys paymentsd tells apart would be one
+		// key at the provider. A body's key is always valid UTF-8.
+		return "", true, fmt.Errorf("the %s header is not valid UTF-8; send the key as UTF-8, or as a quoted ASCII string", IdempotencyKeyHeader)
 	}
 	if strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 		return "", true, fmt.Errorf("the %s header holds an ASCII control character, which an idempotency key may not", IdempotencyKeyHeader)

@@ -24,6 +24,9 @@ func TestHeaderKey(t *testing.T) {
 		{"tab", []string{"a\tb"}, "", true, false},
 		{"DEL", []string{"a\x7fb"}, "", true, false},
 		{"two", []string{"a", "a"}, "", true, false},
+		{"invalid UTF-8", []string{"k-\xff"}, "", true, false},
+		{"invalid UTF-8, another byte", []string{"k-\xfe"}, "", true, false},
+		{"a lone continuation byte", []string{"\x80"}, "", true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

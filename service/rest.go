@@ -94,8 +94,12 @@ func routesFromOpenAPI(doc []byte) (routes, error) {
 }
 
 // allowed returns the methods of the template that matches path.
+//
+// A trailing slash is a segment of its own, empty, as the gateway routes
+// it: POST /v1/multi-card-payments/ is GET's path with an empty key, not
+// POST's, and a 405 saying "use POST" to a POST would be no help.
 func (rs routes) allowed(path string) []string {
-	segs := strings.Split(strings.Trim(path, "/"), "/")
+	segs := strings.Split(strings.TrimPrefix(path, "/"), "/")
 	for tmpl, methods := range rs {
 		t := strings.Split(strings.Trim(tmpl, "/"), "/")
 		if len(t) != len(segs) {

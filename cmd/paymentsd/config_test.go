@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -513,5 +514,47 @@ func TestREADMEConfigurationTable(t *testing.T) {
 	}
 	for name := range rows {
 		t.Errorf("README's Configuration table has a row for %s, which paymentsd does not read", name)
+	}
+}
+
+// TestSecretFileNotRegular: a key or token file variable naming a named
+// pipe is refused at once, naming the variable, rather than hanging
+// startup (and every reload, and shutdown) until something writes to it.
+func TestSecretFileNotRegular(t *testing.T) {
+	t.Parallel()
+	fifo := filepath.Join(t.TempDir(), "api-key")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	// Unblock a reader stuck opening the pipe, whatever the test found.
+	t.Cleanup(func() {
+		if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+	})
+	for _, vr := range []string{"PAYMENTS_SANDBOX_API_KEY_FILE", "PAYMENTS_SANDBOX_WEBHOOK_TOKEN_FILE"} {
+		env := validSandbox(t)
+		delete(env, "PAYMENTS_SANDBOX_API_KEY")
+		delete(env, "PAYMENTS_SANDBOX_WEBHOOK_TOKEN")
+		if vr == "PAYMENTS_SANDBOX_WEBHOOK_TOKEN_FILE" {
+			env = with(env, "PAYMENTS_SANDBOX_API_KEY", sandboxKey)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := loadConfig([]string{"paymentsd"}, envList(with(env, vr, fifo)))
+			done <- err
+		}()
+		// A guard against a hang, not a timed assertion: the refusal
+		// needs no waiting at all.
+		hang := time.NewTimer(time.Minute)
+		select {
+		case err := <-done:
+			hang.Stop()
+			if err == nil || !strings.Contains(err.Error(), vr) {
+				t.Errorf("loadConfig(%s a named pipe) = %v, want a refusal naming %s", vr, err, vr)
+			}
+		case <-hang.C:
+			t.Fatalf("loadConfig(%s a named pipe) still blocked after a minute", vr)
+		}
 	}
 }

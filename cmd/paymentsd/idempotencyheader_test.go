@@ -80,6 +80,9 @@ func TestRESTIdempotencyKeyHeader(t *testing.T) {
 		{"control character", noKey, header("tab\there"), []string{"Idempotency-Key"}},
 		{"two headers", noKey, header("a", "b"), []string{"Idempotency-Key"}},
 		{"bad quoting", noKey, header(`"a\b"`), []string{"Idempotency-Key"}},
+		// Invalid UTF-8 would reach the provider as U+FFFD: "k-\xff" and
+		// "k-\xfe" would be two payments here and one key there.
+		{"invalid UTF-8", noKey, header("k-\xff"), []string{"Idempotency-Key"}},
 	}
 	for _, tt := range refused {
 		t.Run(tt.name, func(t *testing.T) {
@@ -156,7 +159,7 @@ func TestRESTIdempotencyKeyHeader(t *testing.T) {
 		t.Error("OpenAPI document has no Idempotent-Replayed header on POST /v1/multi-card-payments' 200")
 	}
 
-	for _, key := range []string{"body-key", "other-key", "a", "b"} {
+	for _, key := range []string{"body-key", "other-key", "a", "b", "k-\xff", "k-\ufffd"} {
 		if ks := p.KeyStats(key); ks.Requests != 0 {
 			t.Errorf("the provider got %d requests with refused key %q, want none", ks.Requests, key)
 		}

@@ -586,3 +586,32 @@ func TestMetricsPortServesOnlyMetrics(t *testing.T) {
 		t.Errorf("GET /metrics on the HTTP port = %d, want 200", resp.StatusCode)
 	}
 }
+
+// TestMethodNotAllowedTrailingSlash: a POST to the payments path with a
+// trailing slash is not a payment (the gateway routes it as a lookup with
+// an empty key): the 405 it gets must not tell the caller to use POST.
+func TestMethodNotAllowedTrailingSlash(t *testing.T) {
+	t.Parallel()
+	p := fakeProvider(t, "sandbox")
+	in := start(t, sandboxEnv(p))
+	req, err := http.NewRequest(http.MethodPost, "http://"+in.httpAddr+"/v1/multi-card-payments/", strings.NewReader(validBody("slash-key")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := in.http.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	allow := resp.Header.Get("Allow")
+	if resp.StatusCode == http.StatusMethodNotAllowed && strings.Contains(allow, "POST") {
+		t.Errorf("POST /v1/multi-card-payments/ = 405 with Allow %q: a POST told to use POST", allow)
+	}
+	if resp.StatusCode == http.StatusOK {
+		t.Errorf("POST /v1/multi-card-payments/ = 200, want a refusal")
+	}
+	if ks := p.KeyStats("slash-key"); ks.Requests != 0 {
+		t.Errorf("the provider got %d requests, want none", ks.Requests)
+	}
+}

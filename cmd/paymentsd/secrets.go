@@ -25,6 +25,17 @@ const maxSecretFile = 64 << 10
 // readSecretFile reads a key or token file. Its error names the path only
 // where fileError does, and never quotes the contents.
 func readSecretFile(path string) ([]byte, error) {
+	// Only a regular file (or a symlink to one, as in a Kubernetes Secret
+	// volume) is opened: opening a named pipe blocks until something
+	// writes to it, which would hang startup, the reloads and shutdown.
+	switch st, err := os.Stat(path); {
+	case err != nil:
+		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+	case st.IsDir():
+		return nil, fmt.Errorf("names a directory, %s: want a file", path)
+	case !st.Mode().IsRegular():
+		return nil, fmt.Errorf("names %s, which is not a regular file (%s): want a file", path, st.Mode().Type())
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))

@@ -96,8 +96,9 @@ type PaymentsServiceClient interface {
 	// the body the header's is used; a body whose key differs is refused,
 	// INVALID_ARGUMENT (400) with REQUEST_NOT_SENT and a BadRequest detail
 	// naming both idempotency_key and Idempotency-Key, as is a header that
-	// is empty, repeated or holds a control character. An answer replayed
-	// from the key's record has the header Idempotent-Replayed: true.
+	// is empty, repeated, not valid UTF-8 or holds a control character. An
+	// answer replayed from the key's record has the header
+	// Idempotent-Replayed: true.
 	//
 	// Errors carry a google.rpc.ErrorInfo (domain "paymentsd.example.com")
 	// whose reason says what happened to the money:
@@ -425,8 +426,9 @@ type PaymentsServiceServer interface {
 	// the body the header's is used; a body whose key differs is refused,
 	// INVALID_ARGUMENT (400) with REQUEST_NOT_SENT and a BadRequest detail
 	// naming both idempotency_key and Idempotency-Key, as is a header that
-	// is empty, repeated or holds a control character. An answer replayed
-	// from the key's record has the header Idempotent-Replayed: true.
+	// is empty, repeated, not valid UTF-8 or holds a control character. An
+	// answer replayed from the key's record has the header
+	// Idempotent-Replayed: true.
 	//
 	// Errors carry a google.rpc.ErrorInfo (domain "paymentsd.example.com")
 	// whose reason says what happened to the money:
