@@ -305,8 +305,8 @@ func variables() []variable {
 			"The webhook URL token itself (two, comma-separated, while rotating); prefer PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE.",
 			setting{}},
 		{"PAYMENTS_SECRET_RELOAD_INTERVAL", "10s",
-			"How often PAYMENTS_<ENV>_API_KEY_FILE and PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE are re-read (by content, so a Kubernetes Secret volume's in-place update is seen). A file that becomes unreadable, empty or malformed keeps the last good keys, with a warning and paymentsd_secret_file_ok 0.",
-			durationSetting(func(c *config) *time.Duration { return &c.SecretReloadInterval })},
+			"How often PAYMENTS_<ENV>_API_KEY_FILE and PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE are re-read (by content, so a Kubernetes Secret volume's in-place update is seen). A file that becomes unreadable, empty or malformed keeps the last good keys, with a warning and paymentsd_secret_file_ok 0. At least 10ms.",
+			minDurationSetting(10*time.Millisecond, func(c *config) *time.Duration { return &c.SecretReloadInterval })},
 		{"PAYMENTS_WEBHOOK_MAX_BYTES", strconv.Itoa(inbox.DefaultMaxBytes),
 			"The largest webhook delivery body accepted (413 beyond); at most 512 KiB, so that any event fits a page a default gRPC client can read within the memory budget.",
 			int64Setting(1024, inbox.LargestMaxBytes, func(c *config) *int64 { return &c.WebhookMaxBytes })},
@@ -344,6 +344,23 @@ func durationSetting(field func(*config) *time.Duration) setting {
 		parse: func(c *config, v string) error { return parseDuration(v, field(c)) },
 		show:  func(c *config) slog.Value { return slog.StringValue(field(c).String()) },
 	}
+}
+
+// minDurationSetting is durationSetting for a duration that must be at
+// least lo, such as a polling interval that would otherwise spin.
+func minDurationSetting(lo time.Duration, field func(*config) *time.Duration) setting {
+	s := durationSetting(field)
+	parse := s.parse
+	s.parse = func(c *config, v string) error {
+		if err := parse(c, v); err != nil {
+			return err
+		}
+		if *field(c) < lo {
+			return fmt.Errorf("want at least %v", lo)
+		}
+		return nil
+	}
+	return s
 }
 
 func parseDuration(v string, d *time.Duration) error {

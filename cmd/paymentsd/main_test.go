@@ -618,6 +618,7 @@ func TestConfigRefusals(t *testing.T) {
 		{"key file missing", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "", "PAYMENTS_SANDBOX_API_KEY_FILE", "/nonexistent/key"), nil, "PAYMENTS_SANDBOX_API_KEY_FILE"},
 		{"key file empty", with(sandbox, "PAYMENTS_SANDBOX_API_KEY", "", "PAYMENTS_SANDBOX_API_KEY_FILE", keyFile), nil, "PAYMENTS_SANDBOX_API_KEY_FILE"},
 		{"simulate in live", live, []string{"--simulate"}, "--simulate"},
+		{"secret files re-read continuously", with(sandbox, "PAYMENTS_SECRET_RELOAD_INTERVAL", "1ns"), nil, "PAYMENTS_SECRET_RELOAD_INTERVAL"},
 		{"max attempts zero", with(sandbox, "PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "0"), nil, "PAYMENTS_UPSTREAM_MAX_ATTEMPTS"},
 		{"timeout not a duration", with(sandbox, "PAYMENTS_UPSTREAM_TIMEOUT", "15"), nil, "PAYMENTS_UPSTREAM_TIMEOUT"},
 		{"TLS key without cert", with(sandbox, "PAYMENTS_TLS_KEY_FILE", "/tmp/key.pem"), nil, "PAYMENTS_TLS_CERT_FILE"},
