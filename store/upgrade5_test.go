@@ -93,7 +93,7 @@ func checkUpgradedTo5(t *testing.T, url string) {
 func TestSQLiteUpgradeTo5(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "v4.db")
-	db, err := sql.Open("sqlite", path)
+	db, err := sql.Open(SQLiteDriver, SQLiteDSN(path, true))
 	if err != nil {
 		t.Fatal(err)
 	}
