@@ -60,6 +60,29 @@ func (s *Service) isAdmin(ctx context.Context) bool {
 	return s.everyoneAdmin || (s.admins != nil && s.admins.permits(identityOf(ctx)))
 }
 
+// actor is the audit entry's actor for an admin call from ctx: the
+// certificate name that PAYMENTS_ADMIN_CALLERS admitted. Any of a
+// certificate's names may admit it, while its caller identity is only the
+// first, which may be an ordinary caller's: then both are told, so that
+// the entry never names an ordinary caller alone as the person who acted.
+func (s *Service) actor(ctx context.Context) string {
+	caller := CallerFromContext(ctx)
+	if id := identityOf(ctx); id != nil && s.admins != nil {
+		for _, n := range id.names {
+			if s.admins[n] {
+				if caller != "" && caller != n {
+					return n + " (certificate identity " + caller + ")"
+				}
+				return n
+			}
+		}
+	}
+	if caller == "" {
+		return simulatedActor
+	}
+	return caller
+}
+
 // scoped reports whether the caller of ctx sees only its own records: it
 // has an identity and is no admin. A caller without one (no mTLS) is
 // scoped by nothing, as every record it can see was made without one.
@@ -246,10 +269,7 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 	res := store.Resolution{
 		Key:      req.GetIdempotencyKey(),
 		Evidence: req.GetEvidence(),
-		Actor:    CallerFromContext(ctx),
-	}
-	if res.Actor == "" {
-		res.Actor = simulatedActor
+		Actor:    s.actor(ctx),
 	}
 	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
 		res.RequestID = ci.requestID

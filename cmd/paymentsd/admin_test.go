@@ -531,3 +531,51 @@ func TestAdminCallersNeedClientCA(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditActorIsTheAdminIdentity: an admin admitted by its
+// certificate's DNS SAN, whose first URI SAN is an ordinary caller's
+// identity, is recorded in the audit entry by the name that made it an
+// admin, never as that ordinary caller alone.
+func TestAuditActorIsTheAdminIdentity(t *testing.T) {
+	t.Parallel()
+	const adminDNS = "oncall.ops.corp.example"
+	p := idempotentProvider(t)
+	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	env := with(sandboxEnv(p),
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
+		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
+		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
+		"PAYMENTS_PROVIDER_QUIET_PERIOD", "1s",
+	)
+	serverCA, clientCA := newTestCA(t, "server CA"), newTestCA(t, "client CA")
+	certFile, keyFile := writePEMFiles(t, serverCA.issue(t, x509.ExtKeyUsageServerAuth))
+	clientCAFile := filepath.Join(t.TempDir(), "client-ca.pem")
+	os.WriteFile(clientCAFile, clientCA.pem, 0o600)
+	in := start(t, with(env, "PAYMENTS_TLS_CERT_FILE", certFile, "PAYMENTS_TLS_KEY_FILE", keyFile,
+		"PAYMENTS_TLS_CLIENT_CA_FILE", clientCAFile,
+		"PAYMENTS_ALLOWED_CALLERS", checkout,
+		"PAYMENTS_ADMIN_CALLERS", adminDNS))
+	co := newParty(t, in, serverCA, clientCA.issueClient(t, []string{checkout}, nil), "checkout")
+	// A certificate naming checkout first and the admin DNS name after it.
+	both := newParty(t, in, serverCA, clientCA.issueClient(t, []string{checkout}, []string{adminDNS}), "both")
+
+	const gaveUp = "settlement window closed with the payment's outcome unknown; check the provider's dashboard"
+	_, err := co.client.CreateMultiCardPayment(t.Context(), validRequest("k-actor"))
+	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+	in.logs.waitFor(t, gaveUp, nil)
+
+	res, err := both.client.ResolveMultiCardPayment(t.Context(), &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-actor",
+		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the provider's dashboard"})
+	if err != nil {
+		t.Fatalf("ResolveMultiCardPayment by a DNS-SAN admin = %v", err)
+	}
+	actor := res.GetAuditEntry().GetActor()
+	if !strings.Contains(actor, adminDNS) {
+		t.Errorf("audit entry actor = %q; want the identity that made the caller an admin, %q", actor, adminDNS)
+	}
+	got, err := co.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-actor"})
+	if err != nil || len(got.GetAuditEntries()) != 1 || got.GetAuditEntries()[0].GetActor() != actor {
+		t.Errorf("GetMultiCardPayment = %v, %v; want the one audit entry, actor %q", got.GetAuditEntries(), err, actor)
+	}
+}
