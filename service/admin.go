@@ -135,10 +135,19 @@ func (s *Service) ListMultiCardPayments(ctx context.Context, req *paymentsv1.Lis
 	}
 	slices.Sort(q.States)
 	q.States = slices.Compact(q.States)
+	// A timestamp outside protobuf's range (years 1 to 9999) would
+	// overflow the store's microseconds, or be refused by PostgreSQL,
+	// and answer the wrong records or a store failure.
 	if t := req.GetCreatedAfter(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return nil, badRequest("created_after", "must be a valid time between the years 1 and 9999")
+		}
 		q.CreatedAfter = t.AsTime()
 	}
 	if t := req.GetCreatedBefore(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return nil, badRequest("created_before", "must be a valid time between the years 1 and 9999")
+		}
 		q.CreatedBefore = t.AsTime()
 	}
 	if !q.CreatedAfter.IsZero() && !q.CreatedBefore.IsZero() && !q.CreatedAfter.Before(q.CreatedBefore) {
@@ -258,6 +267,9 @@ func decodePageToken(tok string, fp [8]byte) (store.Cursor, error) {
 		return store.Cursor{}, errors.New("the page token was made with other filters, caller or view")
 	}
 	at := time.UnixMicro(int64(binary.BigEndian.Uint64(b[9:17]))).UTC()
+	if timestamppb.New(at).CheckValid() != nil {
+		return store.Cursor{}, errors.New("not a page token of this API")
+	}
 	return store.Cursor{CreatedAt: at, Tie: bytes.Clone(b[17:])}, nil
 }
 

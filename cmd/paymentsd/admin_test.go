@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -577,5 +579,53 @@ func TestAuditActorIsTheAdminIdentity(t *testing.T) {
 	got, err := co.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-actor"})
 	if err != nil || len(got.GetAuditEntries()) != 1 || got.GetAuditEntries()[0].GetActor() != actor {
 		t.Errorf("GetMultiCardPayment = %v, %v; want the one audit entry, actor %q", got.GetAuditEntries(), err, actor)
+	}
+}
+
+// TestListTimesOutOfRange: a creation bound, or a page token's position,
+// outside protobuf's timestamps (years 1 to 9999) is INVALID_ARGUMENT on
+// both backends: SQLite's microseconds would overflow and answer the
+// wrong records, and PostgreSQL would refuse it as a store failure.
+func TestListTimesOutOfRange(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"sqlite", "postgres"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{}
+			if backend == "postgres" {
+				env["PAYMENTS_DATABASE_URL"] = storetest.PostgresURL(t)
+			}
+			sim := start(t, env, "--simulate")
+			for _, k := range []string{"k-a", "k-b"} {
+				if _, err := sim.client.CreateMultiCardPayment(t.Context(), validRequest(k)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, ts := range []*timestamppb.Timestamp{{Seconds: 1 << 62}, {Seconds: -1 << 40}, {Seconds: 1, Nanos: -5}} {
+				for name, req := range map[string]*paymentsv1.ListMultiCardPaymentsRequest{
+					"created_after":  {CreatedAfter: ts},
+					"created_before": {CreatedBefore: ts},
+				} {
+					l, err := sim.client.ListMultiCardPayments(t.Context(), req)
+					if status.Code(err) != codes.InvalidArgument {
+						t.Errorf("ListMultiCardPayments(%s %v) = %v, %v; want INVALID_ARGUMENT", name, ts, listKeys(l), err)
+					}
+				}
+			}
+			first, err := sim.client.ListMultiCardPayments(t.Context(), &paymentsv1.ListMultiCardPaymentsRequest{PageSize: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := base64.RawURLEncoding.DecodeString(first.GetNextPageToken())
+			if err != nil || len(b) < 17 {
+				t.Fatalf("page token %q: %v", first.GetNextPageToken(), err)
+			}
+			for _, micros := range []int64{-1 << 62, 1 << 62} {
+				binary.BigEndian.PutUint64(b[9:17], uint64(micros))
+				_, err := sim.client.ListMultiCardPayments(t.Context(), &paymentsv1.ListMultiCardPaymentsRequest{PageSize: 1,
+					PageToken: base64.RawURLEncoding.EncodeToString(b)})
+				checkCode(t, "ListMultiCardPayments with a token positioned out of range", err, codes.InvalidArgument, service.ReasonPageTokenInvalid)
+			}
+		})
 	}
 }
