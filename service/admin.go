@@ -194,7 +194,7 @@ func (s *Service) summary(rec store.Record, withReply bool) *paymentsv1.MultiCar
 		Attempts:           int32(rec.Attempts),
 		SettlementGaveUp:   rec.GaveUp,
 		LastError:          rec.LastError,
-		Resolved:           !rec.ResolvedAt.IsZero(),
+		Resolved:           rec.StateResolved(),
 		Environment:        s.env,
 	}
 	if !rec.SettleBy.IsZero() {

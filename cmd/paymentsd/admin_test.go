@@ -629,3 +629,52 @@ func TestListTimesOutOfRange(t *testing.T) {
 		})
 	}
 }
+
+// TestResolvedOnlyUntilTheNextAttempt: a payment resolved NOT_CREATED
+// whose next attempt leaves it in doubt again is not "resolved" in the
+// list (nor in the CLI's notes or the export), so on call does not pass it
+// over; its audit trail still shows the earlier resolution.
+func TestResolvedOnlyUntilTheNextAttempt(t *testing.T) {
+	t.Parallel()
+	p := idempotentProvider(t)
+	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	env := with(sandboxEnv(p),
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
+		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
+		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
+		"PAYMENTS_PROVIDER_QUIET_PERIOD", "1s",
+	)
+	in, ps := mtlsDeployment(t, env)
+	co, admin := ps["checkout"], ps["oncall"]
+	const gaveUp = "settlement window closed with the payment's outcome unknown; check the provider's dashboard"
+	_, err := co.client.CreateMultiCardPayment(t.Context(), validRequest("k-again"))
+	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+	in.logs.waitFor(t, gaveUp, nil)
+	if _, err := admin.client.ResolveMultiCardPayment(t.Context(), &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-again",
+		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the provider's dashboard"}); err != nil {
+		t.Fatal(err)
+	}
+	list := func() *paymentsv1.MultiCardPaymentSummary {
+		t.Helper()
+		l, err := admin.client.ListMultiCardPayments(t.Context(), &paymentsv1.ListMultiCardPaymentsRequest{})
+		if err != nil || len(l.GetPayments()) != 1 {
+			t.Fatalf("ListMultiCardPayments = %v, %v; want the one payment", l, err)
+		}
+		return l.GetPayments()[0]
+	}
+	if s := list(); !s.GetResolved() || s.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED {
+		t.Errorf("summary after NOT_CREATED = %v; want resolved and NOT_CREATED", s)
+	}
+
+	// The caller tries again; the provider still resets: in doubt again.
+	_, err = co.client.CreateMultiCardPayment(t.Context(), validRequest("k-again"))
+	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+	if s := list(); s.GetResolved() || s.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN {
+		t.Errorf("summary after a new attempt left it unknown = %v; want OUTCOME_UNKNOWN and not resolved", s)
+	}
+	got, err := admin.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-again"})
+	if err != nil || len(got.GetAuditEntries()) != 1 {
+		t.Errorf("GetMultiCardPayment = %d audit entries, %v; want the earlier resolution", len(got.GetAuditEntries()), err)
+	}
+}

@@ -973,8 +973,9 @@ type MultiCardPaymentSummary struct {
 	SettlementWindowEndTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=settlement_window_end_time,json=settlementWindowEndTime,proto3" json:"settlement_window_end_time,omitempty"`
 	// last_error says why the last attempt failed; empty after a success.
 	LastError string `protobuf:"bytes,11,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	// resolved is true when a person resolved the record
-	// (ResolveMultiCardPayment); GetMultiCardPayment shows the audit entry.
+	// resolved is true when the record's state is a person's resolution
+	// (ResolveMultiCardPayment); false again once a new attempt starts after
+	// a NOT_CREATED one. GetMultiCardPayment shows the audit entries.
 	Resolved bool `protobuf:"varint,12,opt,name=resolved,proto3" json:"resolved,omitempty"`
 	// payment_json, in LIST_VIEW_FULL only, is as in
 	// GetMultiCardPaymentResponse: the provider's last reply body exactly
