@@ -11,9 +11,11 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -509,7 +511,10 @@ func dash(s string) string {
 // whitespace that would break a table's columns.
 func printable(s string) string {
 	for _, r := range s {
-		if r < 0x20 || r == 0x7f || r == ' ' || (r >= 0x80 && r < 0xa0) || r == '\uFFFD' {
+		// strconv.IsPrint is false for control and format characters
+		// (right-to-left overrides, zero-width spaces), line and paragraph
+		// separators and spaces other than ' ', which %q escapes.
+		if r == ' ' || r == utf8.RuneError || !strconv.IsPrint(r) {
 			return fmt.Sprintf("%q", s)
 		}
 	}
