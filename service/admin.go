@@ -39,6 +39,9 @@ const (
 	// ReasonPageTokenInvalid: the page token is malformed, or was made
 	// with other filters.
 	ReasonPageTokenInvalid = "PAGE_TOKEN_INVALID"
+	// ReasonRecordChanged: the record changed after the person looked at
+	// it (expected_update_time): nothing was changed; look again.
+	ReasonRecordChanged = "RECORD_CHANGED"
 	// ReasonResolutionOutcomeUnknown: the resolution was sent to be
 	// committed and the store's answer was lost: read the record.
 	ReasonResolutionOutcomeUnknown = "RESOLUTION_OUTCOME_UNKNOWN"
@@ -286,6 +289,12 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
 		res.RequestID = ci.requestID
 	}
+	if t := req.GetExpectedUpdateTime(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return nil, badRequest("expected_update_time", "must be a valid time: the record's update_time as looked up")
+		}
+		res.UnchangedSince = t.AsTime()
+	}
 	var label string
 	switch req.GetOutcome() {
 	case paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_SUCCEEDED:
@@ -314,6 +323,10 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 		st := status.New(codes.FailedPrecondition, fmt.Sprintf("only a payment whose outcome is unknown can be resolved; this one is %s: nothing was changed",
 			paymentState(got.Record.State)))
 		return nil, withDetails(st, s.errorInfo(ReasonRecordNotUnknown, map[string]string{"state": paymentState(got.Record.State).String()}))
+	case errors.Is(err, store.ErrChanged):
+		st := status.New(codes.FailedPrecondition, fmt.Sprintf("the payment has changed since it was looked up (now %s, updated %s): nothing was changed; look it up again before resolving, as what the provider showed may be out of date",
+			paymentState(got.Record.State), got.Record.UpdatedAt.Format(time.RFC3339Nano)))
+		return nil, withDetails(st, s.errorInfo(ReasonRecordChanged, map[string]string{"state": paymentState(got.Record.State).String()}))
 	case errors.Is(err, store.ErrInFlight):
 		delay := time.Second
 		if got.Record.State == store.StateInProgress {

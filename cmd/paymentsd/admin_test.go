@@ -678,3 +678,50 @@ func TestResolvedOnlyUntilTheNextAttempt(t *testing.T) {
 		t.Errorf("GetMultiCardPayment = %d audit entries, %v; want the earlier resolution", len(got.GetAuditEntries()), err)
 	}
 }
+
+// TestResolveRefusedIfChangedSinceLookedUp: a resolution made with the
+// record's update_time as the person saw it changes nothing if the record
+// has changed since (a retry or settlement sent the key: the dashboard
+// they checked may be out of date), over gRPC and REST; with the current
+// one it goes through.
+func TestResolveRefusedIfChangedSinceLookedUp(t *testing.T) {
+	t.Parallel()
+	p := idempotentProvider(t)
+	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	env := with(sandboxEnv(p),
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
+		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
+		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
+		"PAYMENTS_PROVIDER_QUIET_PERIOD", "1s",
+	)
+	in, ps := mtlsDeployment(t, env)
+	co, admin := ps["checkout"], ps["oncall"]
+	const gaveUp = "settlement window closed with the payment's outcome unknown; check the provider's dashboard"
+	_, err := co.client.CreateMultiCardPayment(t.Context(), validRequest("k-stale"))
+	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+	in.logs.waitFor(t, gaveUp, nil)
+	seen, err := admin.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-stale"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An earlier look: the record has been updated since.
+	earlier := timestamppb.New(seen.GetUpdateTime().AsTime().Add(-time.Millisecond))
+	req := &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-stale",
+		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the dashboard", ExpectedUpdateTime: earlier}
+	_, err = admin.client.ResolveMultiCardPayment(t.Context(), req)
+	checkCode(t, "ResolveMultiCardPayment after the record changed", err, codes.FailedPrecondition, service.ReasonRecordChanged)
+	body := `{"idempotencyKey":"k-stale","outcome":"RESOLUTION_OUTCOME_NOT_CREATED","evidence":"not on the dashboard","expectedUpdateTime":"` +
+		earlier.AsTime().Format(time.RFC3339Nano) + `"}`
+	if r := admin.do(t, http.MethodPost, "/v1/multi-card-payments:resolve", body); r.status != http.StatusUnprocessableEntity || restReason(r) != service.ReasonRecordChanged {
+		t.Errorf("REST resolve after the record changed = %d %s, want 422 %s", r.status, r.raw, service.ReasonRecordChanged)
+	}
+	got, err := admin.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-stale"})
+	if err != nil || got.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN || len(got.GetAuditEntries()) != 0 {
+		t.Fatalf("GetMultiCardPayment after refusals = %v, %d audit entries, %v; want unchanged", got.GetState(), len(got.GetAuditEntries()), err)
+	}
+	req.ExpectedUpdateTime = seen.GetUpdateTime()
+	if res, err := admin.client.ResolveMultiCardPayment(t.Context(), req); err != nil || res.GetPayment().GetState() != paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED {
+		t.Errorf("ResolveMultiCardPayment with the update time seen = %v, %v; want NOT_CREATED", res, err)
+	}
+}

@@ -699,6 +699,10 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 		return &exitError{exitRefused, fmt.Errorf("resolve: %s is %s, not outcome_unknown: only a payment in doubt can be resolved; nothing changed",
 			printable(key), stateName(current.GetState()))}
 	}
+	// If a retry or settlement sends the key while the person reads the
+	// dashboard and types, what they saw may be out of date: paymentsd
+	// then changes nothing (RECORD_CHANGED).
+	req.ExpectedUpdateTime = current.GetUpdateTime()
 	fmt.Fprintf(stderr, "Payment %s: %s, %s, created %s UTC by %s, %d attempt(s), last error: %s\n",
 		printable(key), stateName(current.GetState()), amount(current.GetRequest().GetAmountMoney()), timeText(current.GetCreateTime()),
 		dash(printable(current.GetCaller())), current.GetAttempts(), dash(printable(current.GetLastError())))
