@@ -39,6 +39,9 @@ const (
 	// ReasonPageTokenInvalid: the page token is malformed, or was made
 	// with other filters.
 	ReasonPageTokenInvalid = "PAGE_TOKEN_INVALID"
+	// ReasonRecordChanged: the record changed after the person looked at
+	// it (expected_update_time): nothing was changed; look again.
+	ReasonRecordChanged = "RECORD_CHANGED"
 	// ReasonResolutionOutcomeUnknown: the resolution was sent to be
 	// committed and the store's answer was lost: read the record.
 	ReasonResolutionOutcomeUnknown = "RESOLUTION_OUTCOME_UNKNOWN"
@@ -58,6 +61,29 @@ const (
 // isAdmin reports whether the caller of ctx may make the admin calls.
 func (s *Service) isAdmin(ctx context.Context) bool {
 	return s.everyoneAdmin || (s.admins != nil && s.admins.permits(identityOf(ctx)))
+}
+
+// actor is the audit entry's actor for an admin call from ctx: the
+// certificate name that PAYMENTS_ADMIN_CALLERS admitted. Any of a
+// certificate's names may admit it, while its caller identity is only the
+// first, which may be an ordinary caller's: then both are told, so that
+// the entry never names an ordinary caller alone as the person who acted.
+func (s *Service) actor(ctx context.Context) string {
+	caller := CallerFromContext(ctx)
+	if id := identityOf(ctx); id != nil && s.admins != nil {
+		for _, n := range id.names {
+			if s.admins[n] {
+				if caller != "" && caller != n {
+					return n + " (certificate identity " + caller + ")"
+				}
+				return n
+			}
+		}
+	}
+	if caller == "" {
+		return simulatedActor
+	}
+	return caller
 }
 
 // scoped reports whether the caller of ctx sees only its own records: it
@@ -112,10 +138,19 @@ func (s *Service) ListMultiCardPayments(ctx context.Context, req *paymentsv1.Lis
 	}
 	slices.Sort(q.States)
 	q.States = slices.Compact(q.States)
+	// A timestamp outside protobuf's range (years 1 to 9999) would
+	// overflow the store's microseconds, or be refused by PostgreSQL,
+	// and answer the wrong records or a store failure.
 	if t := req.GetCreatedAfter(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return nil, badRequest("created_after", "must be a valid time between the years 1 and 9999")
+		}
 		q.CreatedAfter = t.AsTime()
 	}
 	if t := req.GetCreatedBefore(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return nil, badRequest("created_before", "must be a valid time between the years 1 and 9999")
+		}
 		q.CreatedBefore = t.AsTime()
 	}
 	if !q.CreatedAfter.IsZero() && !q.CreatedBefore.IsZero() && !q.CreatedAfter.Before(q.CreatedBefore) {
@@ -162,7 +197,7 @@ func (s *Service) summary(rec store.Record, withReply bool) *paymentsv1.MultiCar
 		Attempts:           int32(rec.Attempts),
 		SettlementGaveUp:   rec.GaveUp,
 		LastError:          rec.LastError,
-		Resolved:           !rec.ResolvedAt.IsZero(),
+		Resolved:           rec.StateResolved(),
 		Environment:        s.env,
 	}
 	if !rec.SettleBy.IsZero() {
@@ -235,6 +270,9 @@ func decodePageToken(tok string, fp [8]byte) (store.Cursor, error) {
 		return store.Cursor{}, errors.New("the page token was made with other filters, caller or view")
 	}
 	at := time.UnixMicro(int64(binary.BigEndian.Uint64(b[9:17]))).UTC()
+	if timestamppb.New(at).CheckValid() != nil {
+		return store.Cursor{}, errors.New("not a page token of this API")
+	}
 	return store.Cursor{CreatedAt: at, Tie: bytes.Clone(b[17:])}, nil
 }
 
@@ -246,13 +284,16 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 	res := store.Resolution{
 		Key:      req.GetIdempotencyKey(),
 		Evidence: req.GetEvidence(),
-		Actor:    CallerFromContext(ctx),
-	}
-	if res.Actor == "" {
-		res.Actor = simulatedActor
+		Actor:    s.actor(ctx),
 	}
 	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
 		res.RequestID = ci.requestID
+	}
+	if t := req.GetExpectedUpdateTime(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return nil, badRequest("expected_update_time", "must be a valid time: the record's update_time as looked up")
+		}
+		res.UnchangedSince = t.AsTime()
 	}
 	var label string
 	switch req.GetOutcome() {
@@ -282,6 +323,10 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 		st := status.New(codes.FailedPrecondition, fmt.Sprintf("only a payment whose outcome is unknown can be resolved; this one is %s: nothing was changed",
 			paymentState(got.Record.State)))
 		return nil, withDetails(st, s.errorInfo(ReasonRecordNotUnknown, map[string]string{"state": paymentState(got.Record.State).String()}))
+	case errors.Is(err, store.ErrChanged):
+		st := status.New(codes.FailedPrecondition, fmt.Sprintf("the payment has changed since it was looked up (now %s, updated %s): nothing was changed; look it up again before resolving, as what the provider showed may be out of date",
+			paymentState(got.Record.State), got.Record.UpdatedAt.Format(time.RFC3339Nano)))
+		return nil, withDetails(st, s.errorInfo(ReasonRecordChanged, map[string]string{"state": paymentState(got.Record.State).String()}))
 	case errors.Is(err, store.ErrInFlight):
 		delay := time.Second
 		if got.Record.State == store.StateInProgress {

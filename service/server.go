@@ -424,7 +424,7 @@ func restError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, 
 			err = withInfo.Err()
 		}
 	}
-	if hasReason(err, ReasonKeyReused) || hasReason(err, ReasonRecordNotUnknown) || (hasReason(err, ReasonKeyExpired) && createsPayment(r)) {
+	if hasReason(err, ReasonKeyReused) || hasReason(err, ReasonRecordNotUnknown) || hasReason(err, ReasonRecordChanged) || (hasReason(err, ReasonKeyExpired) && createsPayment(r)) {
 		w = statusOverride{ResponseWriter: w, status: http.StatusUnprocessableEntity}
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)

@@ -17,6 +17,9 @@ var (
 	// or may still be at the provider (QuietUntil has not passed);
 	// nothing was written.
 	ErrInFlight = errors.New("a request with the key may be at the provider now")
+	// ErrChanged: the record's UpdatedAt is not Resolution.UnchangedSince;
+	// nothing was written.
+	ErrChanged = errors.New("the record has changed since it was looked at")
 )
 
 // Resolution is a person's finding about a record whose outcome is
@@ -33,6 +36,9 @@ type Resolution struct {
 	Evidence  string
 	Actor     string
 	RequestID string
+	// UnchangedSince, if set, is the record's UpdatedAt as the person saw
+	// it: Resolve writes nothing (ErrChanged) if it is no longer.
+	UnchangedSince time.Time
 }
 
 // AuditEntry is one change a person made to a record.
@@ -64,8 +70,8 @@ type Resolved struct {
 // answer was never seen); for NotCreated both are kept, and the next Begin
 // starts the key afresh.
 //
-// It returns ErrNotFound for no record (or a tombstoned one), ErrNotUnknown
-// or ErrInFlight (writing nothing), or a database error.
+// It returns ErrNotFound for no record (or a tombstoned one), ErrNotUnknown,
+// ErrInFlight or ErrChanged (writing nothing), or a database error.
 //
 // Settlement and calls claim a record with a row lock (or SQLite's one
 // writer) and mark it InProgress before they send, so a resolution and a
@@ -103,6 +109,8 @@ func (s *Store) Resolve(ctx context.Context, res Resolution) (Resolved, error) {
 			return ErrNotUnknown
 		case now.Before(r.QuietUntil):
 			return ErrInFlight
+		case !res.UnchangedSince.IsZero() && !r.UpdatedAt.Equal(res.UnchangedSince.Truncate(time.Microsecond)):
+			return ErrChanged
 		}
 		set := `state = $2, updated_at = $3, resolved_at = $3, gave_up = $4, lease_owner = '',
 			lease_expires_at = $5, quiet_until = $5, next_settle_at = $5`
@@ -130,7 +138,7 @@ func (s *Store) Resolve(ctx context.Context, res Resolution) (Resolved, error) {
 		return nil
 	})
 	if err != nil {
-		if errors.Is(err, ErrNotUnknown) || errors.Is(err, ErrInFlight) {
+		if errors.Is(err, ErrNotUnknown) || errors.Is(err, ErrInFlight) || errors.Is(err, ErrChanged) {
 			return out, fmt.Errorf("resolve %.64q: %w", res.Key, err)
 		}
 		return Resolved{}, s.wrap(fmt.Errorf("resolve %.64q: %w", res.Key, err))

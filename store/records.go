@@ -104,7 +104,8 @@ type Record struct {
 	// deleted. Get no longer returns it, and Begin answers Expired.
 	TombstonedAt time.Time
 	// ResolvedAt, if set, is when a person last resolved the record
-	// (Resolve); its AuditEntries say how.
+	// (Resolve); its AuditEntries say how. It stays set when a new attempt
+	// starts after a NotCreated resolution: see StateResolved.
 	ResolvedAt time.Time
 
 	// ReadAt is the store's clock when the record was read or written: the
@@ -277,6 +278,14 @@ const recordColumns = `key, body, body_sha256, currency, amount, state, attempts
 	created_at, updated_at, settle_by, next_settle_at, settle_attempts,
 	lease_owner, lease_expires_at, gave_up, quiet_until, attempt_started_at,
 	prior_state, tombstoned_at, resolved_at`
+
+// StateResolved reports whether the record's state is a person's
+// resolution: it was resolved, and no attempt has started since (a
+// resolution needs the record out of flight, so its attempt started
+// before; Begin after a NotCreated resolution starts a new one).
+func (r Record) StateResolved() bool {
+	return !r.ResolvedAt.IsZero() && !r.AttemptStartedAt.After(r.ResolvedAt)
+}
 
 type scanner interface{ Scan(dest ...any) error }
 

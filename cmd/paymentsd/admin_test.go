@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -529,5 +531,197 @@ func TestAdminCallersNeedClientCA(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "PAYMENTS_ADMIN_CALLERS") {
 			t.Errorf("%s: loadConfig(PAYMENTS_ADMIN_CALLERS without PAYMENTS_TLS_CLIENT_CA_FILE) = %v, want an error naming it", name, err)
 		}
+	}
+}
+
+// TestAuditActorIsTheAdminIdentity: an admin admitted by its
+// certificate's DNS SAN, whose first URI SAN is an ordinary caller's
+// identity, is recorded in the audit entry by the name that made it an
+// admin, never as that ordinary caller alone.
+func TestAuditActorIsTheAdminIdentity(t *testing.T) {
+	t.Parallel()
+	const adminDNS = "oncall.ops.corp.example"
+	p := idempotentProvider(t)
+	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	env := with(sandboxEnv(p),
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
+		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
+		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
+		"PAYMENTS_PROVIDER_QUIET_PERIOD", "1s",
+	)
+	serverCA, clientCA := newTestCA(t, "server CA"), newTestCA(t, "client CA")
+	certFile, keyFile := writePEMFiles(t, serverCA.issue(t, x509.ExtKeyUsageServerAuth))
+	clientCAFile := filepath.Join(t.TempDir(), "client-ca.pem")
+	os.WriteFile(clientCAFile, clientCA.pem, 0o600)
+	in := start(t, with(env, "PAYMENTS_TLS_CERT_FILE", certFile, "PAYMENTS_TLS_KEY_FILE", keyFile,
+		"PAYMENTS_TLS_CLIENT_CA_FILE", clientCAFile,
+		"PAYMENTS_ALLOWED_CALLERS", checkout,
+		"PAYMENTS_ADMIN_CALLERS", adminDNS))
+	co := newParty(t, in, serverCA, clientCA.issueClient(t, []string{checkout}, nil), "checkout")
+	// A certificate naming checkout first and the admin DNS name after it.
+	both := newParty(t, in, serverCA, clientCA.issueClient(t, []string{checkout}, []string{adminDNS}), "both")
+
+	const gaveUp = "settlement window closed with the payment's outcome unknown; check the provider's dashboard"
+	_, err := co.client.CreateMultiCardPayment(t.Context(), validRequest("k-actor"))
+	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+	in.logs.waitFor(t, gaveUp, nil)
+
+	res, err := both.client.ResolveMultiCardPayment(t.Context(), &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-actor",
+		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the provider's dashboard"})
+	if err != nil {
+		t.Fatalf("ResolveMultiCardPayment by a DNS-SAN admin = %v", err)
+	}
+	actor := res.GetAuditEntry().GetActor()
+	if !strings.Contains(actor, adminDNS) {
+		t.Errorf("audit entry actor = %q; want the identity that made the caller an admin, %q", actor, adminDNS)
+	}
+	got, err := co.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-actor"})
+	if err != nil || len(got.GetAuditEntries()) != 1 || got.GetAuditEntries()[0].GetActor() != actor {
+		t.Errorf("GetMultiCardPayment = %v, %v; want the one audit entry, actor %q", got.GetAuditEntries(), err, actor)
+	}
+}
+
+// TestListTimesOutOfRange: a creation bound, or a page token's position,
+// outside protobuf's timestamps (years 1 to 9999) is INVALID_ARGUMENT on
+// both backends: SQLite's microseconds would overflow and answer the
+// wrong records, and PostgreSQL would refuse it as a store failure.
+func TestListTimesOutOfRange(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"sqlite", "postgres"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{}
+			if backend == "postgres" {
+				env["PAYMENTS_DATABASE_URL"] = storetest.PostgresURL(t)
+			}
+			sim := start(t, env, "--simulate")
+			for _, k := range []string{"k-a", "k-b"} {
+				if _, err := sim.client.CreateMultiCardPayment(t.Context(), validRequest(k)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, ts := range []*timestamppb.Timestamp{{Seconds: 1 << 62}, {Seconds: -1 << 40}, {Seconds: 1, Nanos: -5}} {
+				for name, req := range map[string]*paymentsv1.ListMultiCardPaymentsRequest{
+					"created_after":  {CreatedAfter: ts},
+					"created_before": {CreatedBefore: ts},
+				} {
+					l, err := sim.client.ListMultiCardPayments(t.Context(), req)
+					if status.Code(err) != codes.InvalidArgument {
+						t.Errorf("ListMultiCardPayments(%s %v) = %v, %v; want INVALID_ARGUMENT", name, ts, listKeys(l), err)
+					}
+				}
+			}
+			first, err := sim.client.ListMultiCardPayments(t.Context(), &paymentsv1.ListMultiCardPaymentsRequest{PageSize: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := base64.RawURLEncoding.DecodeString(first.GetNextPageToken())
+			if err != nil || len(b) < 17 {
+				t.Fatalf("page token %q: %v", first.GetNextPageToken(), err)
+			}
+			for _, micros := range []int64{-1 << 62, 1 << 62} {
+				binary.BigEndian.PutUint64(b[9:17], uint64(micros))
+				_, err := sim.client.ListMultiCardPayments(t.Context(), &paymentsv1.ListMultiCardPaymentsRequest{PageSize: 1,
+					PageToken: base64.RawURLEncoding.EncodeToString(b)})
+				checkCode(t, "ListMultiCardPayments with a token positioned out of range", err, codes.InvalidArgument, service.ReasonPageTokenInvalid)
+			}
+		})
+	}
+}
+
+// TestResolvedOnlyUntilTheNextAttempt: a payment resolved NOT_CREATED
+// whose next attempt leaves it in doubt again is not "resolved" in the
+// list (nor in the CLI's notes or the export), so on call does not pass it
+// over; its audit trail still shows the earlier resolution.
+func TestResolvedOnlyUntilTheNextAttempt(t *testing.T) {
+	t.Parallel()
+	p := idempotentProvider(t)
+	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	env := with(sandboxEnv(p),
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
+		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
+		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
+		"PAYMENTS_PROVIDER_QUIET_PERIOD", "1s",
+	)
+	in, ps := mtlsDeployment(t, env)
+	co, admin := ps["checkout"], ps["oncall"]
+	const gaveUp = "settlement window closed with the payment's outcome unknown; check the provider's dashboard"
+	_, err := co.client.CreateMultiCardPayment(t.Context(), validRequest("k-again"))
+	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+	in.logs.waitFor(t, gaveUp, nil)
+	if _, err := admin.client.ResolveMultiCardPayment(t.Context(), &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-again",
+		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the provider's dashboard"}); err != nil {
+		t.Fatal(err)
+	}
+	list := func() *paymentsv1.MultiCardPaymentSummary {
+		t.Helper()
+		l, err := admin.client.ListMultiCardPayments(t.Context(), &paymentsv1.ListMultiCardPaymentsRequest{})
+		if err != nil || len(l.GetPayments()) != 1 {
+			t.Fatalf("ListMultiCardPayments = %v, %v; want the one payment", l, err)
+		}
+		return l.GetPayments()[0]
+	}
+	if s := list(); !s.GetResolved() || s.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED {
+		t.Errorf("summary after NOT_CREATED = %v; want resolved and NOT_CREATED", s)
+	}
+
+	// The caller tries again; the provider still resets: in doubt again.
+	_, err = co.client.CreateMultiCardPayment(t.Context(), validRequest("k-again"))
+	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+	if s := list(); s.GetResolved() || s.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN {
+		t.Errorf("summary after a new attempt left it unknown = %v; want OUTCOME_UNKNOWN and not resolved", s)
+	}
+	got, err := admin.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-again"})
+	if err != nil || len(got.GetAuditEntries()) != 1 {
+		t.Errorf("GetMultiCardPayment = %d audit entries, %v; want the earlier resolution", len(got.GetAuditEntries()), err)
+	}
+}
+
+// TestResolveRefusedIfChangedSinceLookedUp: a resolution made with the
+// record's update_time as the person saw it changes nothing if the record
+// has changed since (a retry or settlement sent the key: the dashboard
+// they checked may be out of date), over gRPC and REST; with the current
+// one it goes through.
+func TestResolveRefusedIfChangedSinceLookedUp(t *testing.T) {
+	t.Parallel()
+	p := idempotentProvider(t)
+	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	env := with(sandboxEnv(p),
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
+		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
+		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
+		"PAYMENTS_PROVIDER_QUIET_PERIOD", "1s",
+	)
+	in, ps := mtlsDeployment(t, env)
+	co, admin := ps["checkout"], ps["oncall"]
+	const gaveUp = "settlement window closed with the payment's outcome unknown; check the provider's dashboard"
+	_, err := co.client.CreateMultiCardPayment(t.Context(), validRequest("k-stale"))
+	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+	in.logs.waitFor(t, gaveUp, nil)
+	seen, err := admin.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-stale"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An earlier look: the record has been updated since.
+	earlier := timestamppb.New(seen.GetUpdateTime().AsTime().Add(-time.Millisecond))
+	req := &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-stale",
+		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the dashboard", ExpectedUpdateTime: earlier}
+	_, err = admin.client.ResolveMultiCardPayment(t.Context(), req)
+	checkCode(t, "ResolveMultiCardPayment after the record changed", err, codes.FailedPrecondition, service.ReasonRecordChanged)
+	body := `{"idempotencyKey":"k-stale","outcome":"RESOLUTION_OUTCOME_NOT_CREATED","evidence":"not on the dashboard","expectedUpdateTime":"` +
+		earlier.AsTime().Format(time.RFC3339Nano) + `"}`
+	if r := admin.do(t, http.MethodPost, "/v1/multi-card-payments:resolve", body); r.status != http.StatusUnprocessableEntity || restReason(r) != service.ReasonRecordChanged {
+		t.Errorf("REST resolve after the record changed = %d %s, want 422 %s", r.status, r.raw, service.ReasonRecordChanged)
+	}
+	got, err := admin.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-stale"})
+	if err != nil || got.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN || len(got.GetAuditEntries()) != 0 {
+		t.Fatalf("GetMultiCardPayment after refusals = %v, %d audit entries, %v; want unchanged", got.GetState(), len(got.GetAuditEntries()), err)
+	}
+	req.ExpectedUpdateTime = seen.GetUpdateTime()
+	if res, err := admin.client.ResolveMultiCardPayment(t.Context(), req); err != nil || res.GetPayment().GetState() != paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED {
+		t.Errorf("ResolveMultiCardPayment with the update time seen = %v, %v; want NOT_CREATED", res, err)
 	}
 }

@@ -11,9 +11,11 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -509,7 +511,10 @@ func dash(s string) string {
 // whitespace that would break a table's columns.
 func printable(s string) string {
 	for _, r := range s {
-		if r < 0x20 || r == 0x7f || r == ' ' || (r >= 0x80 && r < 0xa0) || r == '\uFFFD' {
+		// strconv.IsPrint is false for control and format characters
+		// (right-to-left overrides, zero-width spaces), line and paragraph
+		// separators and spaces other than ' ', which %q escapes.
+		if r == ' ' || r == utf8.RuneError || !strconv.IsPrint(r) {
 			return fmt.Sprintf("%q", s)
 		}
 	}
@@ -694,6 +699,10 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 		return &exitError{exitRefused, fmt.Errorf("resolve: %s is %s, not outcome_unknown: only a payment in doubt can be resolved; nothing changed",
 			printable(key), stateName(current.GetState()))}
 	}
+	// If a retry or settlement sends the key while the person reads the
+	// dashboard and types, what they saw may be out of date: paymentsd
+	// then changes nothing (RECORD_CHANGED).
+	req.ExpectedUpdateTime = current.GetUpdateTime()
 	fmt.Fprintf(stderr, "Payment %s: %s, %s, created %s UTC by %s, %d attempt(s), last error: %s\n",
 		printable(key), stateName(current.GetState()), amount(current.GetRequest().GetAmountMoney()), timeText(current.GetCreateTime()),
 		dash(printable(current.GetCaller())), current.GetAttempts(), dash(printable(current.GetLastError())))

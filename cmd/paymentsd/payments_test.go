@@ -589,3 +589,35 @@ func TestParseTime(t *testing.T) {
 		}
 	}
 }
+
+// TestPaymentsCLIShowsInvisibleCharacters: a key (chosen by a calling
+// service) with a right-to-left override or a zero-width space is
+// printed escaped, so that "order-\u202e1174" never reads as order-4711
+// in the on-call's table, nor two keys look alike.
+func TestPaymentsCLIShowsInvisibleCharacters(t *testing.T) {
+	t.Parallel()
+	sim := start(t, nil, "--simulate")
+	keys := []string{"order-\u202e1174", "order-47\u200b11", "order-4711\u2028x"}
+	for _, k := range keys {
+		if _, err := sim.client.CreateMultiCardPayment(t.Context(), validRequest(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn := []string{"--addr", sim.grpcAddr, "--insecure"}
+	r := cli(t, "", "list", conn)
+	if r.code != 0 {
+		t.Fatalf("list: %v", r)
+	}
+	g := cli(t, "", "get", conn, keys[0])
+	if g.code != 0 {
+		t.Fatalf("get: %v", g)
+	}
+	for _, out := range []string{r.stdout, g.stdout} {
+		if strings.ContainsAny(out, "\u202e\u200b\u2028") {
+			t.Errorf("output holds an invisible character unescaped:\n%s", out)
+		}
+	}
+	if !strings.Contains(r.stdout, `\u202e`) {
+		t.Errorf("list does not show the override escaped:\n%s", r.stdout)
+	}
+}

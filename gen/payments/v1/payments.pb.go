@@ -973,8 +973,9 @@ type MultiCardPaymentSummary struct {
 	SettlementWindowEndTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=settlement_window_end_time,json=settlementWindowEndTime,proto3" json:"settlement_window_end_time,omitempty"`
 	// last_error says why the last attempt failed; empty after a success.
 	LastError string `protobuf:"bytes,11,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	// resolved is true when a person resolved the record
-	// (ResolveMultiCardPayment); GetMultiCardPayment shows the audit entry.
+	// resolved is true when the record's state is a person's resolution
+	// (ResolveMultiCardPayment); false again once a new attempt starts after
+	// a NOT_CREATED one. GetMultiCardPayment shows the audit entries.
 	Resolved bool `protobuf:"varint,12,opt,name=resolved,proto3" json:"resolved,omitempty"`
 	// payment_json, in LIST_VIEW_FULL only, is as in
 	// GetMultiCardPaymentResponse: the provider's last reply body exactly
@@ -1131,9 +1132,16 @@ type ResolveMultiCardPaymentRequest struct {
 	// (for example from the provider's dashboard), at most 1 MiB. Later
 	// replays of the key answer with it. It is a string so that it is kept
 	// exactly over REST too.
-	ReplyJson     string `protobuf:"bytes,4,opt,name=reply_json,json=replyJson,proto3" json:"reply_json,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ReplyJson string `protobuf:"bytes,4,opt,name=reply_json,json=replyJson,proto3" json:"reply_json,omitempty"`
+	// expected_update_time, optional, is the record's update_time as the
+	// person saw it when they looked the payment up (GetMultiCardPayment).
+	// If the record has changed since (a caller's retry or settlement sent
+	// the key again, so what they saw on the provider's dashboard may be
+	// out of date), nothing is changed: FAILED_PRECONDITION (422) with
+	// reason RECORD_CHANGED; look again. The CLI always sets it.
+	ExpectedUpdateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expected_update_time,json=expectedUpdateTime,proto3" json:"expected_update_time,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ResolveMultiCardPaymentRequest) Reset() {
@@ -1192,6 +1200,13 @@ func (x *ResolveMultiCardPaymentRequest) GetReplyJson() string {
 		return x.ReplyJson
 	}
 	return ""
+}
+
+func (x *ResolveMultiCardPaymentRequest) GetExpectedUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpectedUpdateTime
+	}
+	return nil
 }
 
 // ResolveMultiCardPaymentResponse is the record after the resolution.
@@ -1955,7 +1970,7 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"last_error\x18\v \x01(\tR\tlastError\x12\x1a\n" +
 	"\bresolved\x18\f \x01(\bR\bresolved\x12!\n" +
 	"\fpayment_json\x18\r \x01(\fR\vpaymentJson\x12:\n" +
-	"\venvironment\x18\x0e \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\"\x81\x03\n" +
+	"\venvironment\x18\x0e \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\"\xcf\x03\n" +
 	"\x1eResolveMultiCardPaymentRequest\x12E\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\x12D\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x1e.payments.v1.ResolutionOutcomeB\n" +
@@ -1963,7 +1978,8 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\bevidence\x18\x03 \x01(\tB\x8a\x01\xbaH\x86\x01\xba\x01`\n" +
 	"\x12evidence.not_blank\x122evidence must say what the person saw: it is blank\x1a\x16this.matches('[^\\\\s]')r!(\x80 2\x1c^[^\\x00-\\x08\\x0b-\\x1f\\x7f]*$R\bevidence\x12(\n" +
 	"\n" +
-	"reply_json\x18\x04 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@R\treplyJson\"\x9f\x01\n" +
+	"reply_json\x18\x04 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@R\treplyJson\x12L\n" +
+	"\x14expected_update_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x12expectedUpdateTime\"\x9f\x01\n" +
 	"\x1fResolveMultiCardPaymentResponse\x12B\n" +
 	"\apayment\x18\x01 \x01(\v2(.payments.v1.GetMultiCardPaymentResponseR\apayment\x128\n" +
 	"\vaudit_entry\x18\x02 \x01(\v2\x17.payments.v1.AuditEntryR\n" +
@@ -2112,35 +2128,36 @@ var file_payments_v1_payments_proto_depIdxs = []int32{
 	23, // 22: payments.v1.MultiCardPaymentSummary.settlement_window_end_time:type_name -> google.protobuf.Timestamp
 	3,  // 23: payments.v1.MultiCardPaymentSummary.environment:type_name -> payments.v1.Environment
 	1,  // 24: payments.v1.ResolveMultiCardPaymentRequest.outcome:type_name -> payments.v1.ResolutionOutcome
-	8,  // 25: payments.v1.ResolveMultiCardPaymentResponse.payment:type_name -> payments.v1.GetMultiCardPaymentResponse
-	14, // 26: payments.v1.ResolveMultiCardPaymentResponse.audit_entry:type_name -> payments.v1.AuditEntry
-	23, // 27: payments.v1.AuditEntry.create_time:type_name -> google.protobuf.Timestamp
-	2,  // 28: payments.v1.AuditEntry.from_state:type_name -> payments.v1.PaymentState
-	2,  // 29: payments.v1.AuditEntry.to_state:type_name -> payments.v1.PaymentState
-	1,  // 30: payments.v1.AuditEntry.outcome:type_name -> payments.v1.ResolutionOutcome
-	3,  // 31: payments.v1.ProviderError.environment:type_name -> payments.v1.Environment
-	20, // 32: payments.v1.ListProviderEventsResponse.events:type_name -> payments.v1.ProviderEvent
-	20, // 33: payments.v1.WatchProviderEventsResponse.event:type_name -> payments.v1.ProviderEvent
-	23, // 34: payments.v1.ProviderEvent.receive_time:type_name -> google.protobuf.Timestamp
-	21, // 35: payments.v1.ProviderEvent.headers:type_name -> payments.v1.HttpHeader
-	3,  // 36: payments.v1.ProviderEvent.environment:type_name -> payments.v1.Environment
-	5,  // 37: payments.v1.PaymentsService.CreateMultiCardPayment:input_type -> payments.v1.CreateMultiCardPaymentRequest
-	7,  // 38: payments.v1.PaymentsService.GetMultiCardPayment:input_type -> payments.v1.GetMultiCardPaymentRequest
-	9,  // 39: payments.v1.PaymentsService.ListMultiCardPayments:input_type -> payments.v1.ListMultiCardPaymentsRequest
-	12, // 40: payments.v1.PaymentsService.ResolveMultiCardPayment:input_type -> payments.v1.ResolveMultiCardPaymentRequest
-	16, // 41: payments.v1.ProviderEventsService.ListProviderEvents:input_type -> payments.v1.ListProviderEventsRequest
-	18, // 42: payments.v1.ProviderEventsService.WatchProviderEvents:input_type -> payments.v1.WatchProviderEventsRequest
-	6,  // 43: payments.v1.PaymentsService.CreateMultiCardPayment:output_type -> payments.v1.CreateMultiCardPaymentResponse
-	8,  // 44: payments.v1.PaymentsService.GetMultiCardPayment:output_type -> payments.v1.GetMultiCardPaymentResponse
-	10, // 45: payments.v1.PaymentsService.ListMultiCardPayments:output_type -> payments.v1.ListMultiCardPaymentsResponse
-	13, // 46: payments.v1.PaymentsService.ResolveMultiCardPayment:output_type -> payments.v1.ResolveMultiCardPaymentResponse
-	17, // 47: payments.v1.ProviderEventsService.ListProviderEvents:output_type -> payments.v1.ListProviderEventsResponse
-	19, // 48: payments.v1.ProviderEventsService.WatchProviderEvents:output_type -> payments.v1.WatchProviderEventsResponse
-	43, // [43:49] is the sub-list for method output_type
-	37, // [37:43] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	23, // 25: payments.v1.ResolveMultiCardPaymentRequest.expected_update_time:type_name -> google.protobuf.Timestamp
+	8,  // 26: payments.v1.ResolveMultiCardPaymentResponse.payment:type_name -> payments.v1.GetMultiCardPaymentResponse
+	14, // 27: payments.v1.ResolveMultiCardPaymentResponse.audit_entry:type_name -> payments.v1.AuditEntry
+	23, // 28: payments.v1.AuditEntry.create_time:type_name -> google.protobuf.Timestamp
+	2,  // 29: payments.v1.AuditEntry.from_state:type_name -> payments.v1.PaymentState
+	2,  // 30: payments.v1.AuditEntry.to_state:type_name -> payments.v1.PaymentState
+	1,  // 31: payments.v1.AuditEntry.outcome:type_name -> payments.v1.ResolutionOutcome
+	3,  // 32: payments.v1.ProviderError.environment:type_name -> payments.v1.Environment
+	20, // 33: payments.v1.ListProviderEventsResponse.events:type_name -> payments.v1.ProviderEvent
+	20, // 34: payments.v1.WatchProviderEventsResponse.event:type_name -> payments.v1.ProviderEvent
+	23, // 35: payments.v1.ProviderEvent.receive_time:type_name -> google.protobuf.Timestamp
+	21, // 36: payments.v1.ProviderEvent.headers:type_name -> payments.v1.HttpHeader
+	3,  // 37: payments.v1.ProviderEvent.environment:type_name -> payments.v1.Environment
+	5,  // 38: payments.v1.PaymentsService.CreateMultiCardPayment:input_type -> payments.v1.CreateMultiCardPaymentRequest
+	7,  // 39: payments.v1.PaymentsService.GetMultiCardPayment:input_type -> payments.v1.GetMultiCardPaymentRequest
+	9,  // 40: payments.v1.PaymentsService.ListMultiCardPayments:input_type -> payments.v1.ListMultiCardPaymentsRequest
+	12, // 41: payments.v1.PaymentsService.ResolveMultiCardPayment:input_type -> payments.v1.ResolveMultiCardPaymentRequest
+	16, // 42: payments.v1.ProviderEventsService.ListProviderEvents:input_type -> payments.v1.ListProviderEventsRequest
+	18, // 43: payments.v1.ProviderEventsService.WatchProviderEvents:input_type -> payments.v1.WatchProviderEventsRequest
+	6,  // 44: payments.v1.PaymentsService.CreateMultiCardPayment:output_type -> payments.v1.CreateMultiCardPaymentResponse
+	8,  // 45: payments.v1.PaymentsService.GetMultiCardPayment:output_type -> payments.v1.GetMultiCardPaymentResponse
+	10, // 46: payments.v1.PaymentsService.ListMultiCardPayments:output_type -> payments.v1.ListMultiCardPaymentsResponse
+	13, // 47: payments.v1.PaymentsService.ResolveMultiCardPayment:output_type -> payments.v1.ResolveMultiCardPaymentResponse
+	17, // 48: payments.v1.ProviderEventsService.ListProviderEvents:output_type -> payments.v1.ListProviderEventsResponse
+	19, // 49: payments.v1.ProviderEventsService.WatchProviderEvents:output_type -> payments.v1.WatchProviderEventsResponse
+	44, // [44:50] is the sub-list for method output_type
+	38, // [38:44] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_payments_v1_payments_proto_init() }
