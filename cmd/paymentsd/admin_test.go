@@ -670,7 +670,14 @@ func TestResolvedOnlyUntilTheNextAttempt(t *testing.T) {
 	// The caller tries again; the provider still resets: in doubt again.
 	_, err = co.client.CreateMultiCardPayment(t.Context(), validRequest("k-again"))
 	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
-	if s := list(); s.GetResolved() || s.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN {
+	// An unknown outcome is answered before its record commits: wait for
+	// the record to leave IN_PROGRESS.
+	s := list()
+	for end := time.Now().Add(10 * time.Second); s.GetState() == paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond) // polling the record, as waitForState does: its commit has no other signal
+		s = list()
+	}
+	if s.GetResolved() || s.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN {
 		t.Errorf("summary after a new attempt left it unknown = %v; want OUTCOME_UNKNOWN and not resolved", s)
 	}
 	got, err := admin.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-again"})
