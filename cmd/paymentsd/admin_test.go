@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -534,6 +535,27 @@ func TestAdminCallersNeedClientCA(t *testing.T) {
 	}
 }
 
+// resolveWhenQuiet resolves req, first waiting out the quiet period of
+// settlement's last request (ABORTED, PAYMENT_IN_PROGRESS, with a
+// RetryInfo), which may outlast the "gave up" log line.
+func resolveWhenQuiet(t *testing.T, c paymentsv1.PaymentsServiceClient, req *paymentsv1.ResolveMultiCardPaymentRequest) (*paymentsv1.ResolveMultiCardPaymentResponse, error) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); ; {
+		res, err := c.ResolveMultiCardPayment(t.Context(), req)
+		st := status.Convert(err)
+		if st.Code() != codes.Aborted || time.Now().After(end) {
+			return res, err
+		}
+		wait := 100 * time.Millisecond
+		for _, d := range st.Details() {
+			if ri, ok := d.(*errdetails.RetryInfo); ok {
+				wait = ri.GetRetryDelay().AsDuration()
+			}
+		}
+		time.Sleep(wait) // the RetryInfo's delay, as a caller would
+	}
+}
+
 // TestAuditActorIsTheAdminIdentity: an admin admitted by its
 // certificate's DNS SAN, whose first URI SAN is an ordinary caller's
 // identity, is recorded in the audit entry by the name that made it an
@@ -567,7 +589,7 @@ func TestAuditActorIsTheAdminIdentity(t *testing.T) {
 	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
 	in.logs.waitFor(t, gaveUp, nil)
 
-	res, err := both.client.ResolveMultiCardPayment(t.Context(), &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-actor",
+	res, err := resolveWhenQuiet(t, both.client, &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-actor",
 		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the provider's dashboard"})
 	if err != nil {
 		t.Fatalf("ResolveMultiCardPayment by a DNS-SAN admin = %v", err)
@@ -651,7 +673,7 @@ func TestResolvedOnlyUntilTheNextAttempt(t *testing.T) {
 	_, err := co.client.CreateMultiCardPayment(t.Context(), validRequest("k-again"))
 	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
 	in.logs.waitFor(t, gaveUp, nil)
-	if _, err := admin.client.ResolveMultiCardPayment(t.Context(), &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-again",
+	if _, err := resolveWhenQuiet(t, admin.client, &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-again",
 		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the provider's dashboard"}); err != nil {
 		t.Fatal(err)
 	}
