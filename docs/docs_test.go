@@ -298,11 +298,16 @@ func TestCommandBlocks(t *testing.T) {
 	type todo struct {
 		page   *page
 		blocks []block
+		env    []string // for the page's paymentsd --simulate
 	}
 	var work []todo
 	for _, p := range pages(t) {
 		var run []block
+		var env []string
 		for _, b := range p.blocks {
+			if b.lang == "sh" && b.attrs == "{needs=foreground}" {
+				env = append(env, simulateEnv(b.body)...)
+			}
 			ok, err := runnable(b)
 			if err != nil {
 				t.Errorf("%s:%d: %v", p.path, b.line, err)
@@ -312,7 +317,7 @@ func TestCommandBlocks(t *testing.T) {
 			}
 		}
 		if len(run) > 0 {
-			work = append(work, todo{p, run})
+			work = append(work, todo{p, run, env})
 		}
 	}
 	if testing.Short() {
@@ -332,7 +337,7 @@ func TestCommandBlocks(t *testing.T) {
 	}
 	for _, w := range work {
 		t.Run(w.page.path, func(t *testing.T) {
-			grpcAddr, httpAddr := simulate(t, filepath.Join(bin, "paymentsd"))
+			grpcAddr, httpAddr := simulate(t, filepath.Join(bin, "paymentsd"), w.env)
 			env := []string{"PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH"), "PAYMENTS_CLI_ADDR=" + grpcAddr}
 			for _, kv := range os.Environ() {
 				if !strings.HasPrefix(kv, "PATH=") && !strings.HasPrefix(kv, "PAYMENTS_CLI_") {
@@ -360,16 +365,31 @@ func TestCommandBlocks(t *testing.T) {
 	}
 }
 
-// simulate starts bin --simulate on free loopback ports, stops it when
-// the test ends, and returns its gRPC and HTTP addresses.
-func simulate(t *testing.T, bin string) (grpcAddr, httpAddr string) {
+// startsSimulate matches a command line that starts paymentsd --simulate,
+// with the variables set before it.
+var startsSimulate = regexp.MustCompile(`^((?:PAYMENTS_[A-Z0-9_]+=[^\s'"]*\s+)*)(?:go run \./cmd/paymentsd|paymentsd)\s+--simulate\b`)
+
+// simulateEnv is what a page's own start of paymentsd --simulate sets
+// (PAYMENTS_SETTLEMENT_WINDOW=20s go run ./cmd/paymentsd --simulate), so
+// that the paymentsd its blocks run against is the one it tells the
+// reader to start.
+func simulateEnv(body string) []string {
+	var env []string
+	for _, line := range strings.Split(body, "\n") {
+		if m := startsSimulate.FindStringSubmatch(strings.TrimSpace(line)); m != nil {
+			env = append(env, strings.Fields(m[1])...)
+		}
+	}
+	return env
+}
+
+// simulate starts bin --simulate on free loopback ports, with env, stops
+// it when the test ends, and returns its gRPC and HTTP addresses.
+func simulate(t *testing.T, bin string, env []string) (grpcAddr, httpAddr string) {
 	t.Helper()
 	cmd := exec.Command(bin, "--simulate")
-	cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"),
-		"PAYMENTS_GRPC_ADDR=127.0.0.1:0",
-		"PAYMENTS_HTTP_ADDR=127.0.0.1:0",
-	}
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	cmd.Env = append(cmd.Env, "PAYMENTS_GRPC_ADDR=127.0.0.1:0", "PAYMENTS_HTTP_ADDR=127.0.0.1:0")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -396,7 +416,13 @@ func simulate(t *testing.T, bin string) (grpcAddr, httpAddr string) {
 		exitErr = cmd.Wait()
 		close(exited)
 	}()
+	served := false
 	t.Cleanup(func() {
+		if !served {
+			cmd.Process.Kill()
+			<-exited
+			return
+		}
 		cmd.Process.Signal(syscall.SIGTERM)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -412,6 +438,7 @@ func simulate(t *testing.T, bin string) (grpcAddr, httpAddr string) {
 	})
 	select {
 	case a := <-serving:
+		served = true
 		return a[0], a[1]
 	case <-exited:
 		t.Fatalf("paymentsd --simulate exited before serving: %v", exitErr)
