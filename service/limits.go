@@ -20,7 +20,7 @@ import (
 
 // Limits that hold against hostile or careless callers. Each is sized so a
 // pod with a 256 MiB memory limit survives every connection and call slot
-// being used at once; README.md ("Security") gives the arithmetic.
+// being used at once; docs/security.md ("Limits") gives the arithmetic.
 const (
 	// DefaultMaxInFlight is the default cap on calls in progress, gRPC
 	// streams (counted from their headers, before any message) and REST

@@ -608,7 +608,7 @@ func TestInboxFinding5VolumeReserve(t *testing.T) {
 // commit for SQLite's one writer. Deliveries now go to the writer one at a
 // time, so a payment waits for at most one of them. (The writer is busy
 // with deliveries most of the time, so a payment still waits for about
-// one delivery's commit: the README gives the figures.)
+// one delivery's commit: docs/webhooks.md ("Quota") gives the figures.)
 func TestInboxFinding5PaymentsBesideAFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and floods the binary")
