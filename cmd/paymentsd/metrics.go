@@ -48,8 +48,10 @@ func listenMetrics(cfg *config, g prometheus.Gatherer, tlsConfig *tls.Config, lo
 	s := &scrapePort{
 		ln: service.LimitListener(ln, metricsMaxConnections),
 		srv: &http.Server{
-			Handler:           mux,
-			TLSConfig:         tlsConfig,
+			Handler: mux,
+			// Its own copy: ServeTLS adds HTTP/2 to the config it is given,
+			// which the http port's server reads at the same time.
+			TLSConfig:         tlsConfig.Clone(),
 			MaxHeaderBytes:    service.MaxHeaderBytes,
 			ReadHeaderTimeout: metricsReadHeaderTimeout,
 			ReadTimeout:       metricsReadHeaderTimeout,
