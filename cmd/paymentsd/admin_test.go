@@ -744,7 +744,7 @@ func TestResolveRefusedIfChangedSinceLookedUp(t *testing.T) {
 	earlier := timestamppb.New(seen.GetUpdateTime().AsTime().Add(-time.Millisecond))
 	req := &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-stale",
 		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the dashboard", ExpectedUpdateTime: earlier}
-	_, err = admin.client.ResolveMultiCardPayment(t.Context(), req)
+	_, err = resolveWhenQuiet(t, admin.client, req)
 	checkCode(t, "ResolveMultiCardPayment after the record changed", err, codes.FailedPrecondition, service.ReasonRecordChanged)
 	body := `{"idempotencyKey":"k-stale","outcome":"RESOLUTION_OUTCOME_NOT_CREATED","evidence":"not on the dashboard","expectedUpdateTime":"` +
 		earlier.AsTime().Format(time.RFC3339Nano) + `"}`
