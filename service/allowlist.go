@@ -15,17 +15,12 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// ErrorInfo reasons of the callers' gate.
-const (
-	// ReasonCallerNotAllowed is the ErrorInfo reason of PERMISSION_DENIED
-	// for a caller whose identity is not in the allowlist.
-	ReasonCallerNotAllowed = "CALLER_NOT_ALLOWED"
-	// ReasonCallerNotIdentified is the ErrorInfo reason of UNAUTHENTICATED
-	// for a caller whose client certificate, though it chains to the
-	// trusted CA, names no identity (see Identity): it is refused
-	// everything but health checks and reflection.
-	ReasonCallerNotIdentified = "CALLER_NOT_IDENTIFIED"
-)
+// ReasonCallerNotAllowed is the ErrorInfo reason of PERMISSION_DENIED for
+// a caller whose identity is not in the allowlist, or, when client
+// certificates are required, whose certificate names no identity (see
+// Identity; the ErrorInfo metadata "problem" then says why). Existing
+// callers already stop on it: nothing was sent.
+const ReasonCallerNotAllowed = "CALLER_NOT_ALLOWED"
 
 // CallerAttribute is the server span attribute that carries the caller's
 // identity.
@@ -124,8 +119,8 @@ func (g gate) check(ctx context.Context, fullMethod string) error {
 			msg = "this caller's client certificate names no identity paymentsd accepts (" + c.problem.Error() + "); this call sent nothing to the provider: present a certificate whose one URI SAN is the caller's SPIFFE ID (or, without a URI SAN, whose one DNS SAN is its name)"
 			md["problem"] = c.problem.Error()
 		}
-		st := status.New(codes.Unauthenticated, msg)
-		return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotIdentified, Domain: ErrorDomain, Metadata: md})
+		st := status.New(codes.PermissionDenied, msg)
+		return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: md})
 	}
 	if g.allowed != nil && !g.allowed.has(c.id) {
 		st := status.New(codes.PermissionDenied, "this caller's identity may not call paymentsd; this call sent nothing to the provider: ask the payments team to add the caller's SPIFFE ID (or dns:name) to PAYMENTS_ALLOWED_CALLERS")

@@ -75,7 +75,7 @@ type Options struct {
 	// header's bound is the http.Server's.)
 	ReadTimeout time.Duration
 	// RequireIdentity refuses every call but health checks and reflection
-	// (UNAUTHENTICATED, CALLER_NOT_IDENTIFIED) from a caller whose client
+	// (PERMISSION_DENIED, CALLER_NOT_ALLOWED) from a caller whose client
 	// certificate names no Identity: set it whenever client certificates
 	// are required.
 	RequireIdentity bool

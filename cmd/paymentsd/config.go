@@ -286,7 +286,7 @@ func variables() []variable {
 			"The server certificate's PEM private key.",
 			fileSetting(func(c *config) *string { return &c.TLSKeyFile })},
 		{"PAYMENTS_TLS_CLIENT_CA_FILE", "",
-			"PEM roots that callers' client certificates must chain to (mTLS) on the gRPC and HTTP ports: with it every caller has an identity, the one SPIFFE ID (URI SAN) or DNS name (DNS SAN) of its certificate, and a certificate naming none is refused (CALLER_NOT_IDENTIFIED). Needs the server certificate. Re-read every PAYMENTS_SECRET_RELOAD_INTERVAL. Unset: callers are not identified, which paymentsd says at start; live refuses to start so unless PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS is true.",
+			"PEM roots that callers' client certificates must chain to (mTLS) on the gRPC and HTTP ports: with it every caller has an identity, the one SPIFFE ID (URI SAN) or DNS name (DNS SAN) of its certificate, and a certificate naming none is refused (CALLER_NOT_ALLOWED). Needs the server certificate. Re-read every PAYMENTS_SECRET_RELOAD_INTERVAL. Unset: callers are not identified, which paymentsd says at start; live refuses to start so unless PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS is true.",
 			fileSetting(func(c *config) *string { return &c.TLSClientCAFile })},
 		{"PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS", "false",
 			"true lets live start without PAYMENTS_TLS_CLIENT_CA_FILE, so without caller identities: every caller that reaches the ports may pay and look up any key, nobody may list, resolve or read events, and records name no caller. For a deployment that identifies its callers some other way; paymentsd logs an error at start all the same.",

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -17,7 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -149,7 +153,7 @@ func TestForgedIdentitiesRefused(t *testing.T) {
 						t.Helper()
 						code := status.Code(err)
 						switch code {
-						case codes.Unauthenticated, codes.PermissionDenied, codes.Unavailable:
+						case codes.PermissionDenied, codes.Unavailable:
 							return
 						}
 						for _, c := range alsoOK {
@@ -257,4 +261,111 @@ func (p *party) tryDo(method, path string) (restResult, error) {
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	return restResult{status: resp.StatusCode, header: resp.Header, raw: raw}, err
+}
+
+// TestLiveRequiresCallerIdentity: live refuses to start without client
+// certificates, naming the variable and the opt-out; with the opt-out it
+// starts and says at ERROR that callers are not identified; sandbox says
+// so at WARN; with mTLS nothing is said.
+func TestLiveRequiresCallerIdentity(t *testing.T) {
+	t.Parallel()
+	live := liveEnv(t, fakeProvider(t, "live"))
+	delete(live, "PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS")
+	_, _, err := runRefused(t, with(live, "PAYMENTS_GRPC_ADDR", "127.0.0.1:0", "PAYMENTS_HTTP_ADDR", "127.0.0.1:0",
+		"PAYMENTS_DATABASE_URL", "sqlite:"+filepath.Join(t.TempDir(), "live.db")))
+	if err == nil || !strings.Contains(err.Error(), "PAYMENTS_TLS_CLIENT_CA_FILE") || !strings.Contains(err.Error(), "PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS") {
+		t.Errorf("live without client certificates = %v; want a refusal naming PAYMENTS_TLS_CLIENT_CA_FILE and the opt-out", err)
+	}
+
+	const unidentified = "callers are not identified: PAYMENTS_TLS_CLIENT_CA_FILE is not set"
+	in := start(t, with(live, "PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS", "true"))
+	if l := in.logs.lines(unidentified); len(l) != 1 || l[0]["level"] != "ERROR" || l[0]["variable"] != "PAYMENTS_TLS_CLIENT_CA_FILE" {
+		t.Errorf("live with the opt-out logged %v; want one ERROR line naming PAYMENTS_TLS_CLIENT_CA_FILE", l)
+	}
+	sandbox := start(t, sandboxEnv(fakeProvider(t, "sandbox")))
+	if l := sandbox.logs.lines(unidentified); len(l) != 1 || l[0]["level"] != "WARN" {
+		t.Errorf("sandbox without client certificates logged %v; want one WARN line", l)
+	}
+	mtls, _ := mtlsDeployment(t, sandboxEnv(fakeProvider(t, "sandbox")))
+	if l := mtls.logs.lines(unidentified); len(l) != 0 {
+		t.Errorf("with mTLS paymentsd logged %v", l)
+	}
+}
+
+// TestProbesNeedNoClientCertificate: with client certificates required on
+// the gRPC and HTTP ports, the kubelet's probes (cleartext gRPC health
+// checks, plain HTTP GETs, no certificate) get their answers on the health
+// port, which serves nothing else; and the metrics port is scraped
+// without a certificate.
+func TestProbesNeedNoClientCertificate(t *testing.T) {
+	t.Parallel()
+	in, _ := mtlsDeployment(t, with(sandboxEnv(fakeProvider(t, "sandbox")),
+		"PAYMENTS_HEALTH_ADDR", "127.0.0.1:0", "PAYMENTS_METRICS_ADDR", "127.0.0.1:0"))
+	serving := in.logs.lines("serving")[0]
+	health, metrics := serving["health_addr"].(string), serving["metrics_addr"].(string)
+	for service, want := range map[string]healthpb.HealthCheckResponse_ServingStatus{"": healthpb.HealthCheckResponse_SERVING, "liveness": healthpb.HealthCheckResponse_SERVING} {
+		if got, err := grpcProbe(t, health, service); err != nil || got != want {
+			t.Errorf("gRPC probe of %q on the health port = %v, %v; want %v", service, got, err, want)
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if code := httpProbe(t, "http://"+health+path); code != http.StatusOK {
+			t.Errorf("HTTP probe GET %s = %d, want 200", path, code)
+		}
+	}
+	for _, path := range []string{"/metrics", "/openapi.json", "/v1/multi-card-payments"} {
+		if code := httpProbe(t, "http://"+health+path); code != http.StatusNotFound {
+			t.Errorf("health port GET %s = %d, want 404: it serves health and nothing else", path, code)
+		}
+	}
+	conn, err := grpc.NewClient(health, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := paymentsv1.NewPaymentsServiceClient(conn).ListMultiCardPayments(t.Context(), &paymentsv1.ListMultiCardPaymentsRequest{}); status.Code(err) != codes.Unimplemented {
+		t.Errorf("PaymentsService on the health port = %v, want UNIMPLEMENTED", err)
+	}
+	// The same probes on the gRPC port fail: it wants a certificate.
+	if _, err := grpcProbe(t, in.grpcAddr, ""); err == nil {
+		t.Error("a cleartext gRPC probe of the gRPC port succeeded; it serves mTLS only")
+	}
+	if code := httpProbe(t, "http://"+metrics+"/metrics"); code != http.StatusOK {
+		t.Errorf("scrape of the metrics port without a certificate = %d, want 200", code)
+	}
+}
+
+// grpcProbe checks service's health at addr as the kubelet's gRPC probe
+// does: cleartext HTTP/2, no certificate, grpc.health.v1 Check.
+func grpcProbe(t *testing.T, addr, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUserAgent("kube-probe/1.33"))
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	return resp.GetStatus(), err
+}
+
+// httpProbe GETs url as the kubelet's httpGet probe does, and returns the
+// status, or 0 if the request failed.
+func httpProbe(t *testing.T, url string) int {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("User-Agent", "kube-probe/1.33")
+	transport := &http.Transport{}
+	defer transport.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: transport, Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return 0
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }
