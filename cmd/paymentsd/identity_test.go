@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
+	"errors"
 	"io"
 	"math/big"
 	"net/http"
@@ -18,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -368,4 +371,87 @@ func httpProbe(t *testing.T, url string) int {
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// TestTLSFilesRotate: a renewed serving certificate, swapped into its
+// Secret volume as the kubelet does, is what the next handshake gets,
+// without a restart; a new client CA admits the callers it signs from the
+// next handshake on; a file that no longer makes a key pair leaves the last
+// good one in use, and says so in paymentsd_secret_file_ok.
+func TestTLSFilesRotate(t *testing.T) {
+	t.Parallel()
+	serverCA, oldCA, newCA := newTestCA(t, "server CA"), newTestCA(t, "client CA"), newTestCA(t, "next client CA")
+	dir := filepath.Join(t.TempDir(), "paymentsd-tls")
+	serve := func(ca *testCA, dnsName string) {
+		t.Helper()
+		certPEM, keyPEM, _ := serverCA.issueLeaf(t, &x509.Certificate{DNSNames: []string{dnsName},
+			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+		atomicWrite(t, dir, map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM, "ca.crt": ca.pem})
+	}
+	serve(oldCA, "first.paymentsd.test")
+	in := start(t, with(sandboxEnv(fakeProvider(t, "sandbox")),
+		"PAYMENTS_TLS_CERT_FILE", filepath.Join(dir, "tls.crt"), "PAYMENTS_TLS_KEY_FILE", filepath.Join(dir, "tls.key"),
+		"PAYMENTS_TLS_CLIENT_CA_FILE", filepath.Join(dir, "ca.crt"),
+		"PAYMENTS_SECRET_RELOAD_INTERVAL", "20ms", "PAYMENTS_METRICS_ADDR", "127.0.0.1:0"))
+	// handshake connects with cert, and returns the server certificate's
+	// DNS name, or the handshake's error.
+	handshake := func(cert tls.Certificate) (string, error) {
+		conn, err := tls.Dial("tcp", in.grpcAddr, &tls.Config{RootCAs: serverCA.pool, Certificates: []tls.Certificate{cert},
+			InsecureSkipVerify: true, NextProtos: []string{"h2"}}) // the name is what is looked at
+		if err != nil {
+			return "", err
+		}
+		defer conn.Close()
+		// TLS 1.3 reports a refused client certificate on the first read.
+		conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := conn.Read(make([]byte, 1)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			return "", err
+		}
+		return conn.ConnectionState().PeerCertificates[0].DNSNames[0], nil
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !ok(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10s", what)
+			}
+			time.Sleep(20 * time.Millisecond) // the next reload; it has no other signal than the next handshake
+		}
+	}
+	oldClient, newClient := oldCA.issueClient(t, []string{checkout}, nil), newCA.issueClient(t, []string{checkout}, nil)
+	if name, err := handshake(oldClient); err != nil || name != "first.paymentsd.test" {
+		t.Fatalf("handshake = %q, %v; want the first certificate", name, err)
+	}
+	if _, err := handshake(newClient); err == nil {
+		t.Fatal("a client of the next CA was admitted before the CA rotated")
+	}
+
+	serve(newCA, "renewed.paymentsd.test")
+	waitFor("the renewed certificate served", func() bool { name, _ := handshake(newClient); return name == "renewed.paymentsd.test" })
+	if _, err := handshake(oldClient); err == nil {
+		t.Error("a client of the old CA is still admitted after the CA file changed")
+	}
+	in.logs.waitFor(t, "TLS file reloaded", nil)
+
+	// Half-written: a key that is not the certificate's.
+	_, otherKey, _ := serverCA.issueLeaf(t, &x509.Certificate{DNSNames: []string{"other.paymentsd.test"}, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour)})
+	certPEM, _ := os.ReadFile(filepath.Join(dir, "tls.crt"))
+	atomicWrite(t, dir, map[string][]byte{"tls.crt": certPEM, "tls.key": otherKey, "ca.crt": newCA.pem})
+	in.logs.waitFor(t, "TLS file not reloaded: the last good one stays in use until it is fixed", nil)
+	if name, err := handshake(newClient); err != nil || name != "renewed.paymentsd.test" {
+		t.Errorf("handshake with a broken key file = %q, %v; want the last good certificate", name, err)
+	}
+	resp, err := http.Get("http://" + in.logs.lines("serving")[0]["metrics_addr"].(string) + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	metrics, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := sample(metrics, "paymentsd_secret_file_ok", map[string]string{"secret": "tls_certificate"}); v != 0 {
+		t.Errorf("paymentsd_secret_file_ok{tls_certificate} = %v with a broken key file, want 0", v)
+	}
 }
