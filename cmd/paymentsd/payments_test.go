@@ -339,12 +339,12 @@ func seedRecords(tb testing.TB, dbURL string, rs []seedRecord) {
 		provider_status, reply, request_id, trace_id, caller, created_at, updated_at, settle_by, next_settle_at,
 		lease_expires_at, gave_up)
 		VALUES ($1::text, sha256(convert_to($1::text, 'UTF8')), NULL, sha256(''::bytea), 'EUR', $2, $6, $7, $3, '', '', $4,
-		$5::timestamptz, $5::timestamptz, $5::timestamptz + interval '1 day', $5::timestamptz, $5::timestamptz, $8)`
+		$5::timestamptz, $5::timestamptz, $9::timestamptz, $5::timestamptz, $5::timestamptz, $8)`
 	if path, ok := strings.CutPrefix(dbURL, "sqlite:"); ok {
 		driver, dsn, insert = "sqlite", "file:"+path+"?_pragma=busy_timeout(10000)", `INSERT INTO records (key, body, body_sha256,
 		currency, amount, state, provider_status, reply, request_id, trace_id, caller, created_at, updated_at, settle_by,
 		next_settle_at, lease_expires_at, gave_up)
-		VALUES (?1, NULL, zeroblob(32), 'EUR', ?2, ?6, ?7, ?3, '', '', ?4, ?5, ?5, ?5 + 86400000000, 0, 0, ?8)`
+		VALUES (?1, NULL, zeroblob(32), 'EUR', ?2, ?6, ?7, ?3, '', '', ?4, ?5, ?5, ?9, 0, 0, ?8)`
 	}
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
@@ -362,8 +362,16 @@ func seedRecords(tb testing.TB, dbURL string, rs []seedRecord) {
 			created = r.created.UnixMicro()
 		}
 		state, providerStatus, reply, gaveUp, caller := 2, 201, []byte(r.reply), false, cmp.Or(r.caller, checkout)
+		settleBy := r.created.Add(24 * time.Hour)
 		if r.inDoubt {
+			// Settlement gave up: its window closed a minute after the
+			// payment was made.
 			state, providerStatus, reply, gaveUp = 4, 0, nil, true
+			settleBy = r.created.Add(time.Minute)
+		}
+		var settle any = settleBy
+		if driver == "sqlite" {
+			settle = settleBy.UnixMicro()
 		}
 		var gave any = gaveUp
 		if driver == "sqlite" && gaveUp {
@@ -371,7 +379,7 @@ func seedRecords(tb testing.TB, dbURL string, rs []seedRecord) {
 		} else if driver == "sqlite" {
 			gave = 0
 		}
-		if _, err := tx.Exec(insert, r.key, r.amount, reply, caller, created, state, providerStatus, gave); err != nil {
+		if _, err := tx.Exec(insert, r.key, r.amount, reply, caller, created, state, providerStatus, gave, settle); err != nil {
 			tb.Fatal(err)
 		}
 	}
