@@ -92,6 +92,10 @@ func (t *serverTLS) config(nextProtos []string, clientAuth bool) *tls.Config {
 		if pool := t.clientCAs.Load(); clientAuth && pool != nil {
 			c.ClientAuth = tls.RequireAndVerifyClientCert
 			c.ClientCAs = pool
+			// No resumption: every connection's certificate is verified
+			// against the CA in use now, not the one of an earlier
+			// session. gRPC connections are long-lived; this costs little.
+			c.SessionTicketsDisabled = true
 		}
 		return c
 	}
