@@ -123,13 +123,21 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 		TombstoneRetention: time.Hour,
 		RetentionInterval:  100 * time.Millisecond,
 	})
+	var allowed []service.Identity
+	for _, c := range opts.allowedCallers {
+		id, err := service.ParseIdentity(c)
+		if err != nil {
+			return nil, nil, err
+		}
+		allowed = append(allowed, id)
+	}
 	reg := prometheus.NewRegistry()
 	srv, err := service.NewServer(svc, service.Options{
 		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registerer:      reg,
 		Gatherer:        reg,
 		MaxRequestBytes: 64 << 10,
-		AllowedCallers:  opts.allowedCallers,
+		AllowedCallers:  allowed,
 		GRPCOptions:     opts.grpcOptions,
 	})
 	if err != nil {
