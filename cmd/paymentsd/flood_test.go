@@ -120,6 +120,12 @@ func startProcess(t *testing.T, env map[string]string) *process {
 	return startCommand(t, exec.Command(paymentsdBinary(t)), env)
 }
 
+// startProcessArgs is startProcess with command-line arguments.
+func startProcessArgs(t *testing.T, env map[string]string, args ...string) *process {
+	t.Helper()
+	return startCommand(t, exec.Command(paymentsdBinary(t), args...), env)
+}
+
 // startBinary starts bin with env and waits until it serves.
 func startBinary(t *testing.T, bin string, env map[string]string) *process {
 	t.Helper()

@@ -131,7 +131,9 @@ func TestInboxFinding1PoisonBytes(t *testing.T) {
 	}{{"sqlite", storetest.SQLiteURL}, {"postgres", storetest.PostgresURL}} {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			p := startProcess(t, hookEnv(t, "PAYMENTS_DATABASE_URL", b.url(t)))
+			// --simulate: every caller reads events (who may in a real
+			// deployment is TestEventsOnlyForReaders').
+			p := startProcessArgs(t, hookEnv(t, "PAYMENTS_DATABASE_URL", b.url(t)), "--simulate")
 			client := newClient(t)
 			const poison = "application/json; charset=\xe9"
 			if status := post(t, client, p.hookURL(), poison, []byte(`{"a":1}`)); status != http.StatusOK {
@@ -227,10 +229,13 @@ func TestInboxMemoryBudget(t *testing.T) {
 		maxBody  = inbox.LargestMaxBytes
 		large    = 24
 	)
-	p := startProcess(t, hookEnv(t,
+	// --simulate: every caller reads events, so the watches need no
+	// certificates (who may read in a real deployment is
+	// TestEventsOnlyForReaders').
+	p := startProcessArgs(t, hookEnv(t,
 		"GOMEMLIMIT", deployedGoMemLimit(t),
 		"PAYMENTS_WEBHOOK_MAX_BYTES", strconv.Itoa(maxBody),
-		"PAYMENTS_LOG_LEVEL", "error"))
+		"PAYMENTS_LOG_LEVEL", "error"), "--simulate")
 	client := newClient(t)
 	for i := range large + 8 {
 		n := maxBody

@@ -32,8 +32,8 @@ import (
 
 // TestAlertsOnARealPrometheus loads deploy/monitoring/alerts.yaml into a
 // real Prometheus (Debian's prometheus package: 2.42 on bookworm, which
-// .ci/run installs), which scrapes a running paymentsd's metrics port over
-// mTLS every second and evaluates the rules every second. Through
+// .ci/run installs), which scrapes a running paymentsd's metrics port every
+// second and evaluates the rules every second. Through
 // Prometheus' HTTP API it sees every rule evaluate without error, absence
 // per environment (live, never scraped here, is absent; sandbox is not),
 // PaymentsdRecordsUnsettled fire once a payment's outcome stays unknown
@@ -65,14 +65,7 @@ func TestAlertsOnARealPrometheus(t *testing.T) {
 	))
 	in := start(t, d.env)
 	metricsAddr, _ := in.logs.lines("serving")[0]["metrics_addr"].(string)
-	// Prometheus scrapes with a client certificate of its own, as the
-	// metrics port asks for one when the server's mTLS does.
-	scraperCert, scraperKey := writePEMFiles(t, d.clientCA.issueClient(t, []string{"spiffe://corp.example/ns/monitoring/sa/prometheus"}, nil))
-	prom := startPrometheus(t, bin, prometheusConfig{
-		rules:  rulesWithoutFor(t, alertsFile, t.TempDir()),
-		target: metricsAddr,
-		caFile: d.caFile, certFile: scraperCert, keyFile: scraperKey,
-	})
+	prom := startPrometheus(t, bin, rulesWithoutFor(t, alertsFile, t.TempDir()), metricsAddr)
 
 	// Every rule loads and evaluates on this Prometheus.
 	prom.waitEvaluatedSince(t, time.Now())
@@ -231,13 +224,6 @@ func ruleNodes(t *testing.T, doc *yaml.Node) []*yaml.Node {
 	return out
 }
 
-// prometheusConfig is what the test's Prometheus loads: the rules, and one
-// target scraped over mTLS.
-type prometheusConfig struct {
-	rules, target             string
-	caFile, certFile, keyFile string
-}
-
 // prometheusServer is a running Prometheus and a client of its HTTP API.
 type prometheusServer struct {
 	api  promv1.API
@@ -248,10 +234,11 @@ type prometheusServer struct {
 // listeningOn is Prometheus' log line naming the address it bound.
 var listeningOn = regexp.MustCompile(`msg="Listening on" address=(\S+)`)
 
-// startPrometheus starts Prometheus on a free loopback port, scraping and
-// evaluating every second, and waits until it is ready. It is stopped
-// (SIGTERM) when the test ends.
-func startPrometheus(t *testing.T, bin string, c prometheusConfig) *prometheusServer {
+// startPrometheus starts Prometheus on a free loopback port with the rules
+// file rules, scraping target's /metrics (plaintext, as the metrics port
+// serves it) and evaluating every second, and waits until it is ready. It
+// is stopped (SIGTERM) when the test ends.
+func startPrometheus(t *testing.T, bin, rules, target string) *prometheusServer {
 	t.Helper()
 	dir := t.TempDir()
 	config := fmt.Sprintf(`global:
@@ -261,10 +248,8 @@ func startPrometheus(t *testing.T, bin string, c prometheusConfig) *prometheusSe
 rule_files: [%q]
 scrape_configs:
 - job_name: paymentsd
-  scheme: https
-  tls_config: {ca_file: %q, cert_file: %q, key_file: %q}
   static_configs: [{targets: [%q]}]
-`, c.rules, c.caFile, c.certFile, c.keyFile, c.target)
+`, rules, target)
 	configFile := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(configFile, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
