@@ -30,6 +30,7 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/inbox"
+	"example.com/paymentsd/internal/testenv"
 	"example.com/paymentsd/service"
 	"example.com/paymentsd/store"
 	"example.com/paymentsd/store/storetest"
@@ -350,7 +351,7 @@ func TestInboxFinding4TokenlessFlood(t *testing.T) {
 	)
 	p := startProcess(t, hookEnv(t, "PAYMENTS_MAX_CONNECTIONS", strconv.Itoa(maxConns)))
 	if c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).Dial("tcp", p.webhookAddr); err != nil {
-		t.Skipf("can't dial from 127.0.0.2: %v", err)
+		testenv.Missing(t, "can't dial from 127.0.0.2: %v", err)
 	} else {
 		c.Close()
 	}
@@ -534,7 +535,8 @@ func TestInboxFinding5Quota(t *testing.T) {
 // SQLite volume for payments, which carry on; and once the volume fills
 // for another reason, /readyz says the store can't write, and recovers
 // with it. The volume is a tmpfs of its own, mounted in a mount namespace
-// of paymentsd's own (unshare); the test skips where that isn't allowed.
+// of paymentsd's own (unshare); the test skips where that isn't allowed,
+// and fails under CI=true.
 func TestInboxFinding5VolumeReserve(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -547,7 +549,7 @@ func TestInboxFinding5VolumeReserve(t *testing.T) {
 	}
 	mount := `mount -t tmpfs -o size=$1 tmpfs "$0"`
 	if out, err := exec.Command("unshare", "-rm", "sh", "-c", mount, vol, "1m").CombinedOutput(); err != nil {
-		t.Skipf("can't mount a volume of paymentsd's own with unshare: %v %s", err, out)
+		testenv.Missing(t, "can't mount a volume of paymentsd's own with unshare: %v %s", err, out)
 	}
 	cmd := exec.Command("unshare", "-rm", "sh", "-c", mount+` && exec "$2"`, vol, strconv.Itoa(volume), paymentsdBinary(t))
 	p := startCommand(t, cmd, hookEnv(t,
@@ -579,7 +581,7 @@ func TestInboxFinding5VolumeReserve(t *testing.T) {
 	fill := fmt.Sprintf("/proc/%d/root%s/fill", p.cmd.Process.Pid, vol)
 	f, err := os.Create(fill)
 	if err != nil {
-		t.Skipf("can't reach paymentsd's volume through /proc: %v", err)
+		testenv.Missing(t, "can't reach paymentsd's volume through /proc: %v", err)
 	}
 	zeros := make([]byte, 1<<20)
 	for {
