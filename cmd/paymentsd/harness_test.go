@@ -208,6 +208,10 @@ func runRefused(t *testing.T, env map[string]string, args ...string) (stdout, st
 	go func() {
 		done <- run(ctx, append([]string{"paymentsd"}, args...), envList(env), &out, logs)
 	}()
+	// A guard against a hang, not a timed assertion: a refusal needs no
+	// waiting.
+	hang := time.NewTimer(time.Minute)
+	defer hang.Stop()
 	for {
 		logs.mu.Lock()
 		changed := logs.changed
@@ -221,6 +225,9 @@ func runRefused(t *testing.T, env map[string]string, args ...string) (stdout, st
 		case err := <-done:
 			return out.String(), logs.String(), err
 		case <-changed:
+		case <-hang.C:
+			cancel()
+			t.Fatalf("run() neither refused to start nor served within a minute; logs:\n%s", logs.String())
 		}
 	}
 }
