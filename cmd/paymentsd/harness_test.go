@@ -307,7 +307,7 @@ func (in *instance) rest(t *testing.T, body string, header http.Header) restResu
 }
 
 // postREST posts body to the REST endpoint at baseURL.
-func postREST(t *testing.T, client *http.Client, baseURL, body string, header http.Header) restResult {
+func postREST(t testing.TB, client *http.Client, baseURL, body string, header http.Header) restResult {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, baseURL+"/v1/multi-card-payments", strings.NewReader(body))
 	if err != nil {
