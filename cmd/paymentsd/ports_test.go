@@ -270,7 +270,7 @@ func TestRESTRefusalsSayNotSent(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			conn.SetDeadline(time.Now().Add(time.Minute)) // a guard against a hang
 			io.WriteString(conn, tt.request)
 			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 			if err != nil {
@@ -322,9 +322,12 @@ func TestSlowBodyCutOffOnEveryPath(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			// With a 1s timeout, a connection still held after 6s fails
-			// the test.
-			conn.SetReadDeadline(time.Now().Add(6 * time.Second))
+			// A guard against a hang, not a timed assertion: at a byte
+			// every 100ms the body would take 100s to arrive whole (the
+			// one over the size limit hours), so an answer before the
+			// guard is the read timeout's, however long the machine takes
+			// to give it.
+			conn.SetReadDeadline(time.Now().Add(time.Minute))
 			fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: paymentsd\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", tt.method, tt.path, tt.length)
 			stop := make(chan struct{})
 			var trickle sync.WaitGroup
