@@ -443,6 +443,7 @@ var checks = []check{
 	{"GoMemLimit", checkGoMemLimit},
 	{"ServiceAccountToken", checkServiceAccountToken},
 	{"Service", checkService},
+	{"GRPCHeadlessService", checkGRPCHeadlessService},
 	{"HorizontalPodAutoscaler", checkHPA},
 	{"PodDisruptionBudget", checkPDB},
 	{"NetworkPolicy", checkNetworkPolicy},
@@ -907,6 +908,41 @@ func checkService(t *testing.T, r *rendered, _ string) {
 		if p.TargetPort != nil && !portIs(p.TargetPort, port, name) {
 			t.Errorf("Service port %q targetPort = %v, want %d or %q", name, p.TargetPort, port, name)
 		}
+	}
+}
+
+// checkGRPCHeadlessService: gRPC callers balance over the pods themselves
+// (paymentsclient's round_robin) through a headless Service, whose name
+// resolves to every ready pod: no cluster IP, no pod that isn't ready, and
+// only the gRPC port, which must be the container's own, since callers
+// connect to the pods directly.
+func checkGRPCHeadlessService(t *testing.T, r *rendered, _ string) {
+	i := slices.IndexFunc(typed[corev1.Service](t, r, "Service"), func(s *corev1.Service) bool { return s.Name == "paymentsd-grpc" })
+	if i < 0 {
+		t.Fatal("rendered no Service paymentsd-grpc: gRPC callers have no name that resolves to every pod")
+	}
+	s := typed[corev1.Service](t, r, "Service")[i]
+	if s.Spec.ClusterIP != corev1.ClusterIPNone || (s.Spec.Type != "" && s.Spec.Type != corev1.ServiceTypeClusterIP) {
+		t.Errorf("Service paymentsd-grpc type %q clusterIP %q, want headless (clusterIP: None)", s.Spec.Type, s.Spec.ClusterIP)
+	}
+	if s.Spec.PublishNotReadyAddresses {
+		t.Error("Service paymentsd-grpc publishes pods that aren't ready: callers would send payments to pods starting or draining")
+	}
+	d := typed[appsv1.Deployment](t, r, "Deployment")[0]
+	if !selects(labelSelector{MatchLabels: s.Spec.Selector}, d.Spec.Template.Labels) {
+		t.Errorf("Service paymentsd-grpc selector %v does not select the pod labels %v", s.Spec.Selector, d.Spec.Template.Labels)
+	}
+	if len(s.Spec.Ports) != 1 || s.Spec.Ports[0].Name != "grpc" || s.Spec.Ports[0].Port != grpcPort {
+		t.Fatalf("Service paymentsd-grpc ports = %+v, want only grpc %d", s.Spec.Ports, grpcPort)
+	}
+	switch tp := s.Spec.Ports[0].TargetPort; {
+	case tp == intstr.IntOrString{}, tp.Type == intstr.Int && tp.IntVal == grpcPort, tp.Type == intstr.String && tp.StrVal == "grpc":
+	default:
+		t.Errorf("Service paymentsd-grpc targetPort = %v, want %d or \"grpc\"", tp.String(), grpcPort)
+	}
+	c := d.Spec.Template.Spec.Containers[slices.IndexFunc(d.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return c.Name == containerName })]
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "grpc" && p.ContainerPort == grpcPort }) {
+		t.Errorf("container %s has no port grpc %d, which callers of the headless Service dial", c.Name, grpcPort)
 	}
 }
 

@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 )
 
@@ -41,24 +39,20 @@ func TLSConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
 	}, nil
 }
 
-// DialTLS returns a connection to paymentsd at target (for example
-// "dns:///paymentsd.payments-live:9090") over mTLS, with TLSConfig's
-// configuration, for New. Like grpc.NewClient it does not connect until
-// the first call. It reconnects after a lost connection within 5 s at
-// most (gRPC's default waits up to 2 minutes, which a Create with a short
-// deadline would spend failing); opts, added after, may change that. Close
-// it when done.
+// DialTLS returns a connection to paymentsd at target over mTLS, with
+// TLSConfig's configuration and DialOptions, for New. The target should
+// name paymentsd's headless Service through the dns resolver, for example
+// "dns:///paymentsd-grpc.payments-live.svc.cluster.local:9090": it
+// resolves to every ready replica, and calls are spread over them all
+// (see DialOptions). Like grpc.NewClient it does not connect until the
+// first call. opts, added after DialOptions, may change them. Close it
+// when done.
 func DialTLS(target, caFile, certFile, keyFile string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	cfg, err := TLSConfig(caFile, certFile, keyFile)
 	if err != nil {
 		return nil, err
 	}
-	reconnect := backoff.DefaultConfig
-	reconnect.MaxDelay = 5 * time.Second
-	defaults := []grpc.DialOption{
-		grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnect, MinConnectTimeout: 5 * time.Second}),
-	}
+	defaults := append(DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	conn, err := grpc.NewClient(target, append(defaults, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("paymentsclient: %w", err)

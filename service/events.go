@@ -35,7 +35,7 @@ const DefaultEventPollInterval = time.Second
 
 // Byte budgets of the inbox's readers. Every read is bounded in bytes as
 // well as in events, and the memory they can hold together is bounded;
-// README.md ("Memory budget") gives the arithmetic.
+// docs/security.md ("Memory budget of the inbox") gives the arithmetic.
 const (
 	// MaxEventPageBytes bounds a ListProviderEvents page (its encoded
 	// events), so that a page fits a gRPC client's default 4 MiB receive

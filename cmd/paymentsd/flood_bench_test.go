@@ -14,8 +14,8 @@ import (
 // its own and reports how far its peak resident set (VmHWM, paymentsd's
 // process alone: stacks, heap and buffers, none of the flooding client's)
 // rose over its idle RSS: peak-rise-MiB. The unbounded server rose by 140
-// to 470 MiB; the README gives the figures since, and deploy/'s pod has
-// 256 MiB in all.
+// to 470 MiB; docs/security.md gives the figures since, and deploy/'s pod
+// has 256 MiB in all.
 //
 //	go test -run '^$' -bench Flood -benchtime 3x ./cmd/paymentsd/
 func BenchmarkFlood(b *testing.B) {

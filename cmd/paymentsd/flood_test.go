@@ -31,8 +31,8 @@ import (
 // its own process, and check that paymentsd answers each flood as it
 // should and keeps taking payments. They are scaled to run in a few
 // seconds on 2 cores. What a flood costs in memory is BenchmarkFlood's
-// figure (flood_bench_test.go): the peak resident set of paymentsd's own
-// process, which is why it runs as one.
+// figure (flood_bench_test.go; docs/security.md gives it): the peak
+// resident set of paymentsd's own process, which is why it runs as one.
 //
 // PAYMENTSD_FLOOD_BIN runs them against another build (such as the
 // previous commit's, to measure what a change bought).

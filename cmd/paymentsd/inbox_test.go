@@ -640,7 +640,8 @@ func TestInboxFinding5VolumeReserve(t *testing.T) {
 // time, so a payment waits for at most one of them. Every payment made
 // beside the flood must succeed, while the flood's deliveries go on
 // getting through. How long the payments take, quiet and beside the
-// flood, is BenchmarkPaymentsBesideAFlood's figure.
+// flood, is BenchmarkPaymentsBesideAFlood's figure (docs/webhooks.md,
+// "Quota", gives it).
 func TestInboxFinding5PaymentsBesideAFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and floods the binary")

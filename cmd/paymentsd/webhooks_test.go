@@ -109,7 +109,7 @@ func TestWebhookInboxEndToEnd(t *testing.T) {
 	if got, _ := base64.StdEncoding.DecodeString(rest.Events[0].Body); !bytes.Equal(got, body) || rest.Events[0].ContentType != contentType {
 		t.Errorf("REST event body, content type = %q, %q; want %q, %q", got, rest.Events[0].ContentType, body, contentType)
 	}
-	// As the README writes it: empty values mean the defaults.
+	// As the docs write it: empty values mean the defaults.
 	if status, raw := get(t, in.http, "http://"+in.httpAddr+"/v1/provider-events?afterSequence=&pageSize="); status != http.StatusOK || !bytes.Contains(raw, []byte(`"events"`)) {
 		t.Errorf("GET /v1/provider-events?afterSequence=&pageSize= = %d %s, want 200 as with no parameters", status, raw)
 	}
