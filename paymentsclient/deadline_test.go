@@ -233,10 +233,11 @@ func TestCreateNotCreatedAfterAttemptsThatNeverLeft(t *testing.T) {
 	p.onlyKey(t, key)
 }
 
-// waitForState polls key's record until it is in state want, or the test
-// ends: the record changes without an event a test can wait on.
+// waitForState polls key's record until it is in state want, for at most
+// a minute: the record changes without an event a test can wait on.
 func waitForState(t *testing.T, c *paymentsclient.Client, key string, want paymentsv1.PaymentState) {
 	t.Helper()
+	deadline := time.After(time.Minute)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -245,8 +246,8 @@ func waitForState(t *testing.T, c *paymentsclient.Client, key string, want payme
 			return
 		}
 		select {
-		case <-t.Context().Done():
-			t.Fatalf("key %s's record never became %v (last: %v, %v)", key, want, rec.GetState(), err)
+		case <-deadline:
+			t.Fatalf("key %s's record did not become %v within a minute (last: %v, %v)", key, want, rec.GetState(), err)
 		case <-tick.C:
 		}
 	}

@@ -263,11 +263,15 @@ func TestWaiterOnStoreFailureHearsInProgress(t *testing.T) {
 		_, err := f.svc.CreateMultiCardPayment(context.Background(), payment("held"))
 		waited <- err
 	}()
-	// Once the second call is waiting, the store goes away.
+	// Once the second call is waiting, the store goes away. The wait
+	// counter is the only signal that it is.
+	deadline := time.After(30 * time.Second)
 	for counterValue(f.svc.metrics.waits) < 1 {
 		select {
 		case err := <-waited:
 			t.Fatalf("second call ended before it waited: %v", err)
+		case <-deadline:
+			t.Fatal("second call did not wait within 30s")
 		case <-time.After(time.Millisecond):
 		}
 	}

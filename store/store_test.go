@@ -967,15 +967,17 @@ func testStore(t *testing.T, b backend) {
 		// The reader polls from the last sequence it saw, as a webhook
 		// consumer does; a late-committing lower sequence would be skipped
 		// and show up as a gap.
+		// A writer that fails leaves the reader short of total: it gives
+		// up after a minute.
 		done := make(chan struct{})
 		wg.Go(func() {
 			defer close(done)
+			deadline := time.Now().Add(time.Minute)
 			var last int64
 			for last < total {
-				select {
-				case <-ctx.Done():
+				if time.Now().After(deadline) {
+					errs <- fmt.Errorf("reader saw sequences up to %d of %d in a minute", last, total)
 					return
-				default:
 				}
 				got, err := s.ListEvents(ctx, store.EventQuery{After: last, Limit: 7})
 				if err != nil {

@@ -88,7 +88,7 @@ func newClient(t *testing.T, cfg upstream.Config) *upstream.Client {
 }
 
 // closedURL is a base URL on which nothing listens.
-func closedURL(t *testing.T) string {
+func closedURL(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -779,14 +779,38 @@ func waitCanceled(t *testing.T, srv *upstreamtest.Server) {
 	t.Helper()
 	select {
 	case <-srv.Canceled():
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Error("the provider never saw the request canceled")
+	}
+}
+
+// createReturns is c.CreateMultiCardPayment for a call that must end on an
+// event (a deadline, a cancellation, a capped wait) while the provider, or
+// the wait it asked for, would hold it for an hour. That the call returns
+// at all is the proof; a call still running after a minute fails t.
+func createReturns(t *testing.T, ctx context.Context, c *upstream.Client, p upstream.Payment) (*upstream.Reply, error) {
+	t.Helper()
+	type result struct {
+		r   *upstream.Reply
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := c.CreateMultiCardPayment(ctx, p)
+		done <- result{r, err}
+	}()
+	select {
+	case res := <-done:
+		return res.r, res.err
+	case <-time.After(time.Minute):
+		t.Fatal("CreateMultiCardPayment still running after a minute, held by the provider or its wait")
+		return nil, nil
 	}
 }
 
 func TestDeadline(t *testing.T) {
 	t.Parallel()
-	const long = 10 * time.Second
+	const long = time.Hour // the provider's delay: only a deadline ends the call
 	tests := []struct {
 		name    string
 		reply   upstreamtest.Reply
@@ -821,9 +845,7 @@ func TestDeadline(t *testing.T) {
 				ctx, cancel = context.WithTimeout(ctx, tt.ctxTime)
 				defer cancel()
 			}
-			start := time.Now()
-			_, err := c.CreateMultiCardPayment(ctx, payment("k"))
-			elapsed := time.Since(start)
+			_, err := createReturns(t, ctx, c, payment("k"))
 			ue := callError(t, err)
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("error %v, want context.DeadlineExceeded", err)
@@ -831,16 +853,13 @@ func TestDeadline(t *testing.T) {
 			if ue.Attempts != 1 || !ue.MaybeCreated {
 				t.Errorf("Attempts, MaybeCreated = %d, %v; want 1, true", ue.Attempts, ue.MaybeCreated)
 			}
-			if elapsed > long/2 {
-				t.Errorf("call took %v, want it to end at the deadline, well before %v", elapsed, long)
-			}
 			waitCanceled(t, srv)
 		})
 	}
 }
 
 // A wait that would outlast the deadline is not started: the caller gets
-// the provider's answer at once.
+// the provider's answer, not its own deadline.
 func TestBackoffPastDeadline(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, upstreamtest.Always(upstreamtest.Reply{
@@ -850,9 +869,7 @@ func TestBackoffPastDeadline(t *testing.T) {
 	c := newClient(t, testConfig(t, srv.URL)) // MaxRetryAfter 10s
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
-	start := time.Now()
 	_, err := c.CreateMultiCardPayment(ctx, payment("k"))
-	elapsed := time.Since(start)
 	ue := callError(t, err)
 	if se := statusError(t, err); se.Status != http.StatusServiceUnavailable || se.RetryAfter != 5*time.Second {
 		t.Errorf("StatusError %d, RetryAfter %v; want 503, 5s", se.Status, se.RetryAfter)
@@ -863,42 +880,40 @@ func TestBackoffPastDeadline(t *testing.T) {
 	if ue.Attempts != 1 || !ue.MaybeCreated {
 		t.Errorf("Attempts, MaybeCreated = %d, %v; want 1, true", ue.Attempts, ue.MaybeCreated)
 	}
-	if elapsed >= 500*time.Millisecond {
-		t.Errorf("call took %v, want it to return without waiting", elapsed)
-	}
 }
 
-// A caller that gives up during the backoff gets its own context's error,
-// and nothing more is sent.
+// A caller that gives up during the backoff gets its own context's error
+// at once, not after the wait, and nothing more is sent.
 func TestCanceledDuringBackoff(t *testing.T) {
 	t.Parallel()
 	arrived := make(chan struct{}, 1)
 	srv := newServer(t, func(n int, _ upstreamtest.Request) upstreamtest.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Status: http.StatusServiceUnavailable, Header: http.Header{"Retry-After": {"5"}}}
+		return upstreamtest.Reply{Status: http.StatusServiceUnavailable, Header: http.Header{"Retry-After": {"3600"}}}
 	})
-	c := newClient(t, testConfig(t, srv.URL))
+	cfg := testConfig(t, srv.URL)
+	cfg.MaxRetryAfter = time.Hour // the wait only the cancellation can end
+	c := newClient(t, cfg)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	go func() {
 		<-arrived
 		cancel()
 	}()
-	start := time.Now()
-	_, err := c.CreateMultiCardPayment(ctx, payment("k"))
-	elapsed := time.Since(start)
+	_, err := createReturns(t, ctx, c, payment("k"))
 	ue := callError(t, err)
 	if !errors.Is(err, context.Canceled) || ue.Attempts != 1 || !ue.MaybeCreated {
 		t.Errorf("got %v, Attempts %d, MaybeCreated %v; want context.Canceled, 1, true", err, ue.Attempts, ue.MaybeCreated)
-	}
-	if elapsed > 4*time.Second {
-		t.Errorf("call took %v, want it to end when canceled, before the 5s Retry-After", elapsed)
 	}
 	if n := len(srv.Requests()); n != 1 {
 		t.Errorf("provider got %d requests, want 1", n)
 	}
 }
 
+// TestRetryAfterHonoured: the client waits at least the Retry-After
+// before its next attempt. That is a floor, which no load can make flaky;
+// how much longer the wait takes is not this test's business (and
+// TestRetryAfterParse checks the wait each value asks for).
 func TestRetryAfterHonoured(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -932,8 +947,8 @@ func TestRetryAfterHonoured(t *testing.T) {
 			if r.Attempts != 2 {
 				t.Errorf("Attempts = %d, want 2", r.Attempts)
 			}
-			if elapsed < tt.min || elapsed > 5*time.Second {
-				t.Errorf("call took %v, want the Retry-After wait, %v to 5s", elapsed, tt.min)
+			if elapsed < tt.min {
+				t.Errorf("call took %v, want at least the Retry-After wait, %v", elapsed, tt.min)
 			}
 		})
 	}
@@ -972,7 +987,8 @@ func TestRetryAfterCapped(t *testing.T) {
 		})
 	}
 
-	// And the capped wait is what the client waits.
+	// And the capped wait is what the client waits: at least the cap, and
+	// not the hour asked for (the call returns).
 	t.Run("wait", func(t *testing.T) {
 		t.Parallel()
 		srv := newServer(t, upstreamtest.Sequence(upstreamtest.Reply{
@@ -983,13 +999,13 @@ func TestRetryAfterCapped(t *testing.T) {
 		cfg.MaxRetryAfter = 50 * time.Millisecond
 		c := newClient(t, cfg)
 		start := time.Now()
-		r, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
+		r, err := createReturns(t, t.Context(), c, payment("k"))
 		elapsed := time.Since(start)
 		if err != nil {
 			t.Fatalf("CreateMultiCardPayment: %v", err)
 		}
-		if r.Attempts != 2 || elapsed < 50*time.Millisecond || elapsed > 5*time.Second {
-			t.Errorf("success after %d attempts in %v, want 2 attempts after about 50ms", r.Attempts, elapsed)
+		if r.Attempts != 2 || elapsed < 50*time.Millisecond {
+			t.Errorf("success after %d attempts in %v, want 2 attempts after at least 50ms", r.Attempts, elapsed)
 		}
 	})
 }

@@ -208,7 +208,7 @@ func variables() []variable {
 			"A listen address serving GET /metrics and nothing else, in plaintext even when the other ports serve TLS, so that the scraper needs neither access to PAYMENTS_HTTP_ADDR, whose REST API takes payments, nor a client certificate. Unset: /metrics on PAYMENTS_HTTP_ADDR only.",
 			addrSetting(func(c *config) *string { return &c.MetricsAddr })},
 		{"PAYMENTS_HEALTH_ADDR", "",
-			"A listen address serving health checks and nothing else, in plaintext and without client certificates, for the kubelet's probes: grpc.health.v1 Check over cleartext HTTP/2 (service \"\" for readiness, \"liveness\" for liveness) and GET /healthz and /readyz. Unset: health checks on PAYMENTS_GRPC_ADDR and PAYMENTS_HTTP_ADDR only, which need a client certificate when PAYMENTS_TLS_CLIENT_CA_FILE is set.",
+			"A listen address serving health checks and nothing else, in plaintext and without client certificates, for the kubelet's probes: grpc.health.v1 Check and List over cleartext HTTP/2 (service \"\" for readiness, \"liveness\" for liveness) and GET /healthz and /readyz. Unset: health checks on PAYMENTS_GRPC_ADDR and PAYMENTS_HTTP_ADDR only, which need a client certificate when PAYMENTS_TLS_CLIENT_CA_FILE is set.",
 			addrSetting(func(c *config) *string { return &c.HealthAddr })},
 		{"PAYMENTS_DATABASE_URL", "sqlite:paymentsd-sandbox.db in sandbox; none in live",
 			"The record store: sqlite:PATH, or a postgres:// URL for replicas sharing one database (percent-encode @ / ? # % in its user name and password). Required in live; --simulate keeps records in memory unless it is set.",

@@ -71,71 +71,82 @@ var (
 	htmlPage = []byte("<html><body>502 Bad Gateway</body></html>")
 )
 
-func TestFaults(t *testing.T) {
-	t.Parallel()
-	const notCreated, unknown, inProgress = "PAYMENT_NOT_CREATED", "PAYMENT_OUTCOME_UNKNOWN", "PAYMENT_IN_PROGRESS"
+// faultCase is a way the provider can fail a payment, and what paymentsd's
+// caller must hear.
+type faultCase struct {
+	name         string
+	replies      []upstreamtest.Reply
+	env          []string      // extra configuration
+	deadline     time.Duration // the caller's; 0 for none
+	wantCode     codes.Code
+	wantREST     int
+	wantAttempts int
+	wantReason   string // for errors
+	// retryAfter, if set, is the Retry-After the provider sent: its
+	// second attempt must come no sooner.
+	retryAfter   time.Duration
+	wantCanceled bool // the provider saw the caller go away
+}
+
+const (
+	notCreated = "PAYMENT_NOT_CREATED"
+	unknown    = "PAYMENT_OUTCOME_UNKNOWN"
+	inProgress = "PAYMENT_IN_PROGRESS"
+)
+
+// faultCases are the provider's failures TestFaults checks the answers
+// to, and BenchmarkFaults times.
+func faultCases() []faultCase {
 	type R = upstreamtest.Reply
-	tests := []struct {
-		name         string
-		replies      []R
-		env          []string      // extra configuration
-		deadline     time.Duration // the caller's; 0 for none
-		wantCode     codes.Code
-		wantREST     int
-		wantAttempts int
-		wantReason   string        // for errors
-		minElapsed   time.Duration // lower bound, where time is the point
-		maxElapsed   time.Duration
-		wantCanceled bool // the provider saw the caller go away
-	}{
+	return []faultCase{
 		// Any status but a 2xx or a refusal before processing may come
 		// from something in front of the provider while it works on: the
 		// request may still be there, so nothing follows it.
 		{name: "503", replies: []R{{Status: 503}, {Status: 200, Body: okBody}},
-			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 1, wantReason: unknown},
 		{name: "408", replies: []R{{Status: 408}, {Status: 200, Body: okBody}},
-			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown},
 		{name: "500", replies: []R{{Status: 500}, {Status: 200, Body: okBody}},
-			wantCode: codes.Internal, wantREST: 500, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+			wantCode: codes.Internal, wantREST: 500, wantAttempts: 1, wantReason: unknown},
 		{name: "504", replies: []R{{Status: 504}, {Status: 200, Body: okBody}},
-			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown},
 		{name: "429 with Retry-After seconds", replies: []R{{Status: 429, Header: http.Header{"Retry-After": {"1"}}}, {Status: 200, Body: okBody}},
-			wantCode: codes.OK, wantREST: 200, wantAttempts: 2, minElapsed: time.Second, maxElapsed: 4 * time.Second},
+			wantCode: codes.OK, wantREST: 200, wantAttempts: 2, retryAfter: time.Second},
 		{name: "429 on every attempt", replies: []R{{Status: 429}},
-			wantCode: codes.ResourceExhausted, wantREST: 429, wantAttempts: 3, wantReason: notCreated, maxElapsed: 5 * time.Second},
+			wantCode: codes.ResourceExhausted, wantREST: 429, wantAttempts: 3, wantReason: notCreated},
 		// A retry the caller can't wait for still happens: the request is
 		// paymentsd's, not the caller's, and the caller hears that it is
 		// in progress (its retry gets the outcome).
 		{name: "Retry-After past the deadline", replies: []R{{Status: 429, Header: http.Header{"Retry-After": {"4"}}}, {Status: 200, Body: okBody}},
 			deadline: 1500 * time.Millisecond,
-			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: inProgress, minElapsed: time.Second, maxElapsed: 2 * time.Second},
+			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: inProgress},
 		{name: "400 is tried once", replies: []R{{Status: 400, Body: []byte(`{"error":"bad"}`)}},
-			wantCode: codes.InvalidArgument, wantREST: 400, wantAttempts: 1, wantReason: notCreated, maxElapsed: 2 * time.Second},
+			wantCode: codes.InvalidArgument, wantREST: 400, wantAttempts: 1, wantReason: notCreated},
 		{name: "401 is tried once", replies: []R{{Status: 401}},
-			wantCode: codes.Unauthenticated, wantREST: 401, wantAttempts: 1, wantReason: notCreated, maxElapsed: 2 * time.Second},
+			wantCode: codes.Unauthenticated, wantREST: 401, wantAttempts: 1, wantReason: notCreated},
 		{name: "403 is tried once", replies: []R{{Status: 403}},
-			wantCode: codes.PermissionDenied, wantREST: 403, wantAttempts: 1, wantReason: notCreated, maxElapsed: 2 * time.Second},
+			wantCode: codes.PermissionDenied, wantREST: 403, wantAttempts: 1, wantReason: notCreated},
 		// A request lost after it was sent may still be at the provider:
 		// nothing follows it until its quiet period is over.
 		{name: "reset", replies: []R{{Fault: upstreamtest.Reset}, {Status: 200, Body: okBody}},
-			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 1, wantReason: unknown},
 		{name: "EOF before a response", replies: []R{{Fault: upstreamtest.Hangup}},
-			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 1, wantReason: unknown},
 		{name: "reply cut off mid-body", replies: []R{{Status: 200, Body: okBody, Fault: upstreamtest.CutBody}},
-			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 3, wantReason: unknown, maxElapsed: 5 * time.Second},
+			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 3, wantReason: unknown},
 		{name: "cut off then whole", replies: []R{{Status: 200, Body: okBody, Fault: upstreamtest.CutBody}, {Status: 200, Body: okBody}},
-			wantCode: codes.OK, wantREST: 200, wantAttempts: 2, maxElapsed: 3 * time.Second},
+			wantCode: codes.OK, wantREST: 200, wantAttempts: 2},
 		{name: "2xx HTML page", replies: []R{{Status: 200, Body: htmlPage}},
-			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown},
 		{name: "2xx JSON array", replies: []R{{Status: 200, Body: []byte(`[{"id":"pay_1"}]`)}},
-			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown},
 		{name: "2xx malformed JSON", replies: []R{{Status: 201, Body: []byte(`{"id":"pay_1",`)}},
-			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown},
 		{name: "2xx empty body", replies: []R{{Status: 200}},
-			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown},
 		{name: "2xx over the size limit", replies: []R{{Status: 200, Body: big2xx}},
 			env:      []string{"PAYMENTS_UPSTREAM_MAX_RESPONSE_BYTES", "1024"},
-			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown, maxElapsed: 2 * time.Second},
+			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown},
 		// The caller's deadline does not cut paymentsd's request off: the
 		// provider would go on working on it anyway. The caller hears the
 		// request is still at the provider; paymentsd waits on (here until
@@ -143,40 +154,40 @@ func TestFaults(t *testing.T) {
 		{name: "slow provider past the caller's deadline", replies: []R{{Delay: time.Minute}},
 			env:      []string{"PAYMENTS_UPSTREAM_TIMEOUT", "3s"},
 			deadline: time.Second,
-			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: inProgress,
-			minElapsed: 800 * time.Millisecond, maxElapsed: 3 * time.Second},
+			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: inProgress},
 		{name: "slow provider past the upstream timeout", replies: []R{{Delay: time.Minute}},
 			env:      []string{"PAYMENTS_UPSTREAM_TIMEOUT", "300ms"},
-			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown,
-			minElapsed: 300 * time.Millisecond, maxElapsed: 2 * time.Second, wantCanceled: true},
+			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown, wantCanceled: true},
 		{name: "upstream timeout shorter than the caller's deadline", replies: []R{{Delay: time.Minute}},
 			env: []string{"PAYMENTS_UPSTREAM_TIMEOUT", "300ms"}, deadline: time.Minute,
-			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown,
-			minElapsed: 300 * time.Millisecond, maxElapsed: 2 * time.Second, wantCanceled: true},
+			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown, wantCanceled: true},
 		{name: "provider dribbling its body", replies: []R{{Status: 200, Body: okBody, Fault: upstreamtest.Dribble, DribbleInterval: 100 * time.Millisecond}},
 			env:      []string{"PAYMENTS_UPSTREAM_TIMEOUT", "3s"},
 			deadline: time.Second,
-			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: inProgress,
-			maxElapsed: 3 * time.Second},
+			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: inProgress},
 	}
-	for _, tt := range tests {
+}
+
+// TestFaults checks what a caller hears when the provider fails in each
+// way, over gRPC and REST, and what the provider saw. How long each answer
+// takes is BenchmarkFaults' figure, not an assertion here.
+func TestFaults(t *testing.T) {
+	t.Parallel()
+	for _, tt := range faultCases() {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			p := fakeProvider(t, "sandbox")
-			p.SetScript(perKey(tt.replies...))
+			arrivals := arrivalTimes(p, perKey(tt.replies...))
 			env := with(sandboxEnv(p), append([]string{"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000"}, tt.env...)...)
 			in := start(t, env)
 
-			check := func(t *testing.T, transport, key string, code codes.Code, reason string, elapsed time.Duration) {
+			check := func(t *testing.T, transport, key string, code codes.Code, reason string) {
 				t.Helper()
 				if code != tt.wantCode {
 					t.Errorf("%s: code = %v, want %v", transport, code, tt.wantCode)
 				}
 				if tt.wantCode != codes.OK && reason != tt.wantReason {
 					t.Errorf("%s: ErrorInfo reason = %q, want %q", transport, reason, tt.wantReason)
-				}
-				if elapsed < tt.minElapsed || elapsed > tt.maxElapsed {
-					t.Errorf("%s: took %v, want between %v and %v", transport, elapsed, tt.minElapsed, tt.maxElapsed)
 				}
 				attempts := attemptsFor(p, key)
 				if len(attempts) != tt.wantAttempts {
@@ -187,10 +198,15 @@ func TestFaults(t *testing.T) {
 						t.Errorf("%s: attempt %d differs from the first: key or body changed", transport, i+1)
 					}
 				}
+				// The wait the provider asked for is a floor, which no load
+				// can make flaky: a retry may come later, never sooner.
+				if at := arrivals(key); tt.retryAfter > 0 && len(at) >= 2 && at[1].Sub(at[0]) < tt.retryAfter {
+					t.Errorf("%s: second attempt %v after the first, before its Retry-After of %v", transport, at[1].Sub(at[0]), tt.retryAfter)
+				}
 				if tt.wantCanceled {
 					select {
 					case <-p.Canceled():
-					case <-time.After(10 * time.Second):
+					case <-time.After(time.Minute):
 						t.Errorf("%s: the provider never saw the request cancelled", transport)
 					}
 				}
@@ -203,19 +219,12 @@ func TestFaults(t *testing.T) {
 					ctx, cancel = context.WithTimeout(ctx, tt.deadline)
 					defer cancel()
 				}
-				begin := time.Now()
 				_, err := in.client.CreateMultiCardPayment(ctx, validRequest("grpc-"+tt.name))
 				st := status.Convert(err)
-				check(t, "gRPC", "grpc-"+tt.name, st.Code(), reasonOf(st), time.Since(begin))
+				check(t, "gRPC", "grpc-"+tt.name, st.Code(), reasonOf(st))
 			})
 			t.Run("REST", func(t *testing.T) {
-				var header http.Header
-				if tt.deadline > 0 {
-					header = http.Header{"Grpc-Timeout": {fmt.Sprintf("%dm", tt.deadline.Milliseconds())}}
-				}
-				begin := time.Now()
-				r := in.rest(t, validBody("rest-"+tt.name), header)
-				elapsed := time.Since(begin)
+				r := in.rest(t, validBody("rest-"+tt.name), deadlineHeader(tt.deadline))
 				if r.status != tt.wantREST {
 					t.Errorf("REST: status = %d, want %d (%s)", r.status, tt.wantREST, r.raw)
 				}
@@ -225,7 +234,7 @@ func TestFaults(t *testing.T) {
 					code = restCode(r)
 					reason = restReason(r)
 				}
-				check(t, "REST", "rest-"+tt.name, code, reason, elapsed)
+				check(t, "REST", "rest-"+tt.name, code, reason)
 			})
 
 			// Whatever happened, the service still serves.
@@ -235,6 +244,34 @@ func TestFaults(t *testing.T) {
 			}
 		})
 	}
+}
+
+// arrivalTimes scripts p with script, and returns a function that gives
+// the times the provider received each attempt with a key.
+func arrivalTimes(p *upstreamtest.Server, script upstreamtest.Script) func(key string) []time.Time {
+	var mu sync.Mutex
+	at := map[string][]time.Time{}
+	p.SetScript(func(n int, r upstreamtest.Request) upstreamtest.Reply {
+		key := idempotencyKey(r.Body)
+		mu.Lock()
+		at[key] = append(at[key], time.Now())
+		mu.Unlock()
+		return script(n, r)
+	})
+	return func(key string) []time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]time.Time(nil), at[key]...)
+	}
+}
+
+// deadlineHeader is the gateway's header for a caller's deadline d, or nil
+// for none.
+func deadlineHeader(d time.Duration) http.Header {
+	if d <= 0 {
+		return nil
+	}
+	return http.Header{"Grpc-Timeout": {fmt.Sprintf("%dm", d.Milliseconds())}}
 }
 
 // restCode and restReason read the gateway's google.rpc.Status body.
@@ -275,14 +312,10 @@ func TestProviderUnreachable(t *testing.T) {
 		"PAYMENTS_SANDBOX_API_KEY":           sandboxKey,
 		"PAYMENTS_UPSTREAM_BREAKER_FAILURES": "1000",
 	})
-	begin := time.Now()
 	_, err = in.client.CreateMultiCardPayment(t.Context(), validRequest("k-refused"))
 	st := status.Convert(err)
 	if st.Code() != codes.Unavailable || reasonOf(st) != "PAYMENT_NOT_CREATED" {
 		t.Errorf("connection refused: code, reason = %v, %q, want Unavailable, PAYMENT_NOT_CREATED", st.Code(), reasonOf(st))
-	}
-	if elapsed := time.Since(begin); elapsed > 5*time.Second {
-		t.Errorf("connection refused took %v, want fast failure", elapsed)
 	}
 	if r := in.rest(t, validBody("k-refused-rest"), nil); r.status != http.StatusServiceUnavailable {
 		t.Errorf("connection refused: REST status = %d, want 503", r.status)
@@ -302,7 +335,6 @@ func TestCircuitBreaker(t *testing.T) {
 		in.client.CreateMultiCardPayment(t.Context(), validRequest(fmt.Sprint("k-brk-", i)))
 	}
 	seen := len(p.Requests())
-	begin := time.Now()
 	_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-brk-open"))
 	st := status.Convert(err)
 	if st.Code() != codes.Unavailable || reasonOf(st) != "PAYMENT_NOT_CREATED" {
@@ -310,9 +342,6 @@ func TestCircuitBreaker(t *testing.T) {
 	}
 	if n := len(p.Requests()) - seen; n != 0 {
 		t.Errorf("with the circuit open the provider saw %d requests, want 0", n)
-	}
-	if elapsed := time.Since(begin); elapsed > time.Second {
-		t.Errorf("with the circuit open the call took %v, want it to fail fast", elapsed)
 	}
 }
 

@@ -208,6 +208,10 @@ func runRefused(t *testing.T, env map[string]string, args ...string) (stdout, st
 	go func() {
 		done <- run(ctx, append([]string{"paymentsd"}, args...), envList(env), &out, logs)
 	}()
+	// A guard against a hang, not a timed assertion: a refusal needs no
+	// waiting.
+	hang := time.NewTimer(time.Minute)
+	defer hang.Stop()
 	for {
 		logs.mu.Lock()
 		changed := logs.changed
@@ -221,6 +225,9 @@ func runRefused(t *testing.T, env map[string]string, args ...string) (stdout, st
 		case err := <-done:
 			return out.String(), logs.String(), err
 		case <-changed:
+		case <-hang.C:
+			cancel()
+			t.Fatalf("run() neither refused to start nor served within a minute; logs:\n%s", logs.String())
 		}
 	}
 }
@@ -303,7 +310,7 @@ func (in *instance) rest(t *testing.T, body string, header http.Header) restResu
 }
 
 // postREST posts body to the REST endpoint at baseURL.
-func postREST(t *testing.T, client *http.Client, baseURL, body string, header http.Header) restResult {
+func postREST(t testing.TB, client *http.Client, baseURL, body string, header http.Header) restResult {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, baseURL+"/v1/multi-card-payments", strings.NewReader(body))
 	if err != nil {

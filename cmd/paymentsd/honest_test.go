@@ -72,10 +72,45 @@ type answers struct {
 	notCreated map[string]bool // keys answered PAYMENT_NOT_CREATED
 	paid       map[string]int  // keys answered OK and not replayed
 	ok         map[string]bool // keys answered OK
+	changed    chan struct{}   // closed and replaced on every answer
 }
 
 func newAnswers() *answers {
-	return &answers{byReason: map[string]int{}, notCreated: map[string]bool{}, paid: map[string]int{}, ok: map[string]bool{}}
+	return &answers{byReason: map[string]int{}, notCreated: map[string]bool{}, paid: map[string]int{}, ok: map[string]bool{}, changed: make(chan struct{})}
+}
+
+// count is how many answers had reason ("" for all).
+func (a *answers) count(reason string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if reason != "" {
+		return a.byReason[reason]
+	}
+	n := 0
+	for _, c := range a.byReason {
+		n += c
+	}
+	return n
+}
+
+// waitFor waits until n answers have reason ("" for any); after a minute
+// it fails t, saying what it waited for.
+func (a *answers) waitFor(t *testing.T, reason string, n int, what string) {
+	t.Helper()
+	timeout := time.After(time.Minute)
+	for {
+		a.mu.Lock()
+		changed := a.changed
+		a.mu.Unlock()
+		if a.count(reason) >= n {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("%s: %d answers %q in a minute, want %d; answers: %s", what, a.count(reason), reason, n, a.String())
+		}
+	}
 }
 
 func (a *answers) String() string {
@@ -110,6 +145,8 @@ func (a *answers) callUntilSettled(ctx context.Context, t *testing.T, client pay
 		case "PAYMENT_NOT_CREATED":
 			a.notCreated[key] = true
 		}
+		close(a.changed)
+		a.changed = make(chan struct{})
 		a.mu.Unlock()
 		switch reason {
 		case "OK", "PAYMENT_NOT_CREATED":
@@ -210,21 +247,30 @@ func TestStoreStoppedMidLoad(t *testing.T) {
 					}
 				})
 			}
-			time.Sleep(2 * time.Second) // load with the store up
+			// A phase that fails the test stops the callers too.
+			defer func() {
+				stopNew.Store(true)
+				cancel()
+				workers.Wait()
+			}()
+			// Load with the store up, then down, then back: each phase
+			// lasts until the callers have had answers enough to show it.
+			a.waitFor(t, "OK", 16, "with the store up")
 			db.Stop(mode)
 			downAt := a.String()
-			time.Sleep(3 * time.Second) // load with the store down
+			all, notSent := a.count(""), a.count("REQUEST_NOT_SENT")
+			// Once paymentsd sees the store down, it refuses calls with
+			// REQUEST_NOT_SENT; the callers carry on past that.
+			a.waitFor(t, "REQUEST_NOT_SENT", notSent+1, "with the store down")
+			a.waitFor(t, "", all+32, "with the store down")
 			db.Start()
-			time.Sleep(2 * time.Second) // and back
+			a.waitFor(t, "OK", a.count("OK")+16, "with the store back")
 			stopNew.Store(true)
 			workers.Wait()
 			if n := unsettled.Load(); n > 0 {
 				t.Errorf("%d keys had no answer within 90s", n)
 			}
 			t.Logf("answers when the store stopped: %s; in all: %s", downAt, a.String())
-			if a.byReason["REQUEST_NOT_SENT"] == 0 {
-				t.Errorf("no call was refused with REQUEST_NOT_SENT: the store never looked down to paymentsd")
-			}
 			checkProvider(t, p, a)
 		})
 	}

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,18 +29,21 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/inbox"
+	"example.com/paymentsd/internal/testenv"
 	"example.com/paymentsd/service"
 	"example.com/paymentsd/store"
 	"example.com/paymentsd/store/storetest"
 )
 
 // The inbox tests replay the attacks on issue 16 against the built binary,
-// each named for the finding it reproduces. Like the flood tests, they read
-// paymentsd's own memory from /proc; PAYMENTSD_FLOOD_BIN runs them against
-// another build.
+// each named for the finding it reproduces, and check what paymentsd does
+// under each. What the attacks cost (memory, a payment's latency beside a
+// flood, the share of deliveries a flood turns away) is measured by the
+// benchmarks in inbox_bench_test.go, which reuse the attacks from here.
+// PAYMENTSD_FLOOD_BIN runs both against another build.
 
 // hookEnv is a sandbox deployment with the intake on a loopback port.
-func hookEnv(t *testing.T, kv ...string) map[string]string {
+func hookEnv(t testing.TB, kv ...string) map[string]string {
 	return with(with(sandboxEnv(fakeProvider(t, "sandbox")),
 		"PAYMENTS_WEBHOOK_ADDR", "127.0.0.1:0",
 		"PAYMENTS_SANDBOX_WEBHOOK_TOKEN", webhookToken,
@@ -53,7 +55,7 @@ func (p *process) hookURL() string {
 }
 
 // dial is a gRPC connection to p with a default client's limits.
-func (p *process) dial(t *testing.T) paymentsv1.ProviderEventsServiceClient {
+func (p *process) dial(t testing.TB) paymentsv1.ProviderEventsServiceClient {
 	t.Helper()
 	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -64,7 +66,7 @@ func (p *process) dial(t *testing.T) paymentsv1.ProviderEventsServiceClient {
 }
 
 // families scrapes p's /metrics.
-func (p *process) families(t *testing.T) map[string]*dto.MetricFamily {
+func (p *process) families(t testing.TB) map[string]*dto.MetricFamily {
 	t.Helper()
 	resp, err := http.Get("http://" + p.httpAddr + "/metrics")
 	if err != nil {
@@ -80,14 +82,14 @@ func (p *process) families(t *testing.T) map[string]*dto.MetricFamily {
 }
 
 // metric returns the value of p's series in family with labels.
-func (p *process) metric(t *testing.T, family string, labels map[string]string) float64 {
+func (p *process) metric(t testing.TB, family string, labels map[string]string) float64 {
 	t.Helper()
 	v, _ := sample(p.families(t), family, labels)
 	return v
 }
 
 // waitMetric waits until p's series reaches want.
-func (p *process) waitMetric(t *testing.T, family string, labels map[string]string, want float64) {
+func (p *process) waitMetric(t testing.TB, family string, labels map[string]string, want float64) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for p.metric(t, family, labels) < want {
@@ -99,7 +101,7 @@ func (p *process) waitMetric(t *testing.T, family string, labels map[string]stri
 }
 
 // post delivers body with contentType and returns the status.
-func post(t *testing.T, client *http.Client, url, contentType string, body []byte) int {
+func post(t testing.TB, client *http.Client, url, contentType string, body []byte) int {
 	t.Helper()
 	resp, err := client.Post(url, contentType, bytes.NewReader(body))
 	if err != nil {
@@ -110,7 +112,7 @@ func post(t *testing.T, client *http.Client, url, contentType string, body []byt
 	return resp.StatusCode
 }
 
-func newClient(t *testing.T) *http.Client {
+func newClient(t testing.TB) *http.Client {
 	transport := &http.Transport{}
 	t.Cleanup(transport.CloseIdleConnections)
 	return &http.Client{Transport: transport, Timeout: time.Minute}
@@ -191,7 +193,7 @@ func (c *h2Conn) h2Call(streamID uint32, authority, method string) {
 }
 
 // deployedGoMemLimit is GOMEMLIMIT as deploy/base/deployment.yaml sets it.
-func deployedGoMemLimit(t *testing.T) string {
+func deployedGoMemLimit(t testing.TB) string {
 	t.Helper()
 	b, err := os.ReadFile("../../deploy/base/deployment.yaml")
 	if err != nil {
@@ -204,30 +206,37 @@ func deployedGoMemLimit(t *testing.T) string {
 	return string(m[1])
 }
 
-// TestInboxMemoryBudget puts paymentsd in the worst case its memory budget
-// counts, with deploy/'s GOMEMLIMIT and bodies at the largest
-// PAYMENTS_WEBHOOK_MAX_BYTES, and checks its peak RSS (VmHWM) stays inside
-// the pod's 256 MiB:
-//
-//   - every watch open (64) with a caller that never reads;
-//   - every delivery's share of the byte budget held by a body of the
-//     largest size that never finishes arriving;
-//   - lists at their largest page (page_size 1000 of events of the largest
-//     size), over gRPC with a default client and over REST, as fast as
-//     they can go.
+// TestInboxWorstCase puts paymentsd in the worst case its memory budget
+// counts (startFullInbox, holdInboxBudget, listInbox), with deploy/'s
+// GOMEMLIMIT and bodies at the largest PAYMENTS_WEBHOOK_MAX_BYTES: every
+// list page must reach its reader, over gRPC with a default client and
+// over REST, and payments must go on. Its peak RSS against the pod's
+// 256 MiB is BenchmarkInboxWorstCase's figure.
 //
 // Findings 2, 3 and 6: 64 watches that never read took 2.65 GB; a List of
 // 1000 events of 256 KiB 697 MB over gRPC and 2.97 GB over REST, and
 // failed for a default client (26 MB pages, 4 MiB limit); 16 deliveries of
 // 16 MiB 1.24 GB.
-func TestInboxMemoryBudget(t *testing.T) {
+func TestInboxWorstCase(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and floods the binary")
 	}
+	p := startFullInbox(t)
+	holdInboxBudget(t, p)
+	for _, err := range listInbox(t, p, 3) {
+		t.Error(err)
+	}
+	p.pays(t, "during-the-inbox-worst-case")
+}
+
+// startFullInbox starts paymentsd with deploy/'s GOMEMLIMIT and the largest
+// PAYMENTS_WEBHOOK_MAX_BYTES, and delivers 24 events of the largest size
+// and 8 small ones.
+func startFullInbox(t testing.TB) *process {
+	t.Helper()
 	const (
-		podLimit = 256 << 20
-		maxBody  = inbox.LargestMaxBytes
-		large    = 24
+		maxBody = inbox.LargestMaxBytes
+		large   = 24
 	)
 	// --simulate: every caller reads events, so the watches need no
 	// certificates (who may read in a real deployment is
@@ -249,9 +258,15 @@ func TestInboxMemoryBudget(t *testing.T) {
 		}
 	}
 	client.CloseIdleConnections()
-	idle, _ := p.memory(t)
+	return p
+}
 
-	// 64 watches, on one connection that reads nothing.
+// holdInboxBudget opens every watch p allows (64), on one connection that
+// reads nothing, and holds every delivery's share of the byte budget with
+// a body of the largest size that never finishes arriving.
+func holdInboxBudget(t testing.TB, p *process) {
+	t.Helper()
+	const maxBody = inbox.LargestMaxBytes
 	h2 := dialH2(t, p.grpcAddr)
 	for i := range service.MaxWatchStreams {
 		h2.h2Call(uint32(2*i+1), p.grpcAddr, paymentsv1.ProviderEventsService_WatchProviderEvents_FullMethodName)
@@ -259,7 +274,7 @@ func TestInboxMemoryBudget(t *testing.T) {
 	h2.bw.Flush()
 	p.waitMetric(t, "paymentsd_provider_event_watches_open", nil, service.MaxWatchStreams)
 
-	// Every delivery's share of the budget, held by bodies one byte short.
+	// Bodies one byte short.
 	for range inbox.DefaultMaxInFlight {
 		conn, err := net.Dial("tcp", p.webhookAddr)
 		if err != nil {
@@ -272,15 +287,20 @@ func TestInboxMemoryBudget(t *testing.T) {
 		}()
 	}
 	p.waitMetric(t, "paymentsd_webhook_deliveries_in_progress", nil, inbox.DefaultMaxInFlight)
+}
 
-	// Lists at their largest page, over both ports, each reading the
-	// whole inbox three times.
+// listInbox pages through p's whole inbox at the largest page size
+// (1000), rounds times, with 4 gRPC clients of a default client's limits
+// and 4 REST clients at once, as fast as they can go. It returns what
+// went wrong.
+func listInbox(t testing.TB, p *process, rounds int) []error {
+	t.Helper()
 	var wg sync.WaitGroup
-	errs := make(chan error, 16)
+	errs := make(chan error, 8)
 	events := p.dial(t)
 	for range 4 {
 		wg.Go(func() {
-			for range 3 {
+			for range rounds {
 				var after int64
 				for {
 					resp, err := events.ListProviderEvents(t.Context(), &paymentsv1.ListProviderEventsRequest{AfterSequence: after, PageSize: 1000})
@@ -297,7 +317,7 @@ func TestInboxMemoryBudget(t *testing.T) {
 		})
 		wg.Go(func() {
 			rest := newClient(t)
-			for range 3 {
+			for range rounds {
 				var after int64
 				for {
 					resp, err := rest.Get(fmt.Sprintf("http://%s/v1/provider-events?pageSize=1000&afterSequence=%d", p.httpAddr, after))
@@ -322,17 +342,11 @@ func TestInboxMemoryBudget(t *testing.T) {
 	}
 	wg.Wait()
 	close(errs)
+	var out []error
 	for err := range errs {
-		t.Error(err)
+		out = append(out, err)
 	}
-	p.pays(t, "during-the-inbox-worst-case")
-	_, peak := p.memory(t)
-	heap, _ := sample(p.families(t), "go_memstats_heap_inuse_bytes", nil)
-	t.Logf("GOMEMLIMIT=%s: idle RSS %.1f MiB; peak (VmHWM) %.1f MiB with 64 unread watches, %d bodies of %d KiB held and lists of pages of up to %d MiB; heap in use at the end %.1f MiB",
-		deployedGoMemLimit(t), mib(idle), mib(peak), inbox.DefaultMaxInFlight, maxBody>>10, 3, heap/(1<<20))
-	if peak > podLimit {
-		t.Errorf("peak RSS %.1f MiB, want it inside the pod's %d MiB", mib(peak), podLimit>>20)
-	}
+	return out
 }
 
 // TestInboxFinding4TokenlessFlood: without the token, 500 connections that
@@ -340,27 +354,67 @@ func TestInboxMemoryBudget(t *testing.T) {
 // about 100/s kept it shut: every delivery failed. Now a connection that
 // shows no token is closed after its answer or its header timeout, each
 // address holds at most 64, and a new connection takes the place of the
-// oldest that showed none. Deliveries, over a kept-alive connection as a
-// proxy's and over a new connection each, keep getting through while
-// strangers from eight addresses flood the port as fast as they can.
+// oldest that showed none. While strangers from eight addresses flood the
+// port as fast as they can, for twice the header timeout, every delivery
+// over a kept-alive connection, as a proxy's, gets through; and so does
+// every delivery over a new connection each, within the provider's
+// retries (a new connection can lose its place if the flood brings a
+// port's worth of newer ones before its request is read). How many first
+// tries fail, and how long deliveries take, is
+// BenchmarkInboxTokenlessFlood's figure.
 func TestInboxFinding4TokenlessFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and floods the binary")
 	}
+	const retries = 10 // a generous provider's
+	p := startTokenlessFlood(t)
+	keptAlive := newClient(t)
+	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	var delivered int
+	end := time.Now().Add(2 * inbox.ReadHeaderTimeout)
+	for i := 0; time.Now().Before(end); i++ {
+		if err := deliverOnce(keptAlive, p, i); err != nil {
+			t.Errorf("delivery %d over a kept-alive connection: %v", i, err)
+		}
+		var err error
+		for range retries {
+			if err = deliverOnce(fresh, p, i); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Errorf("delivery %d over a new connection each try: %d tries failed, the last with %v", i, retries, err)
+		}
+		delivered++
+	}
+	if delivered == 0 {
+		t.Error("no delivery was tried during the flood")
+	}
+}
+
+// startTokenlessFlood starts paymentsd with a port of 200 connections, and
+// strangers who flood it without the token from eight loopback addresses,
+// 96 connections each (more than an address may hold), each reopened as
+// soon as the server closes it: half send a whole GET /x and wait for the
+// answer, half a header that never ends. It returns once the flood has
+// opened twice the port's connections; the flood stops when the test
+// ends. It needs 127.0.0.2-9.
+func startTokenlessFlood(t testing.TB) *process {
+	t.Helper()
 	const (
 		maxConns  = 200
 		addresses = 8
-		perAddr   = 96 // more than an address may hold
-		duration  = 2 * inbox.ReadHeaderTimeout
+		perAddr   = 96
 	)
 	p := startProcess(t, hookEnv(t, "PAYMENTS_MAX_CONNECTIONS", strconv.Itoa(maxConns)))
 	if c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).Dial("tcp", p.webhookAddr); err != nil {
-		t.Skipf("can't dial from 127.0.0.2: %v", err)
+		testenv.Missing(t, "can't dial from 127.0.0.2: %v", err)
 	} else {
 		c.Close()
 	}
 
 	stop := make(chan struct{})
+	filled := make(chan struct{})
 	var flood sync.WaitGroup
 	var opened atomic.Int64
 	for a := range addresses {
@@ -378,10 +432,9 @@ func TestInboxFinding4TokenlessFlood(t *testing.T) {
 					if err != nil {
 						continue
 					}
-					opened.Add(1)
-					// Half send a whole request and wait for the answer; half
-					// a header that never ends. Both wait for the server to
-					// close, and open another at once.
+					if opened.Add(1) == 2*maxConns {
+						close(filled)
+					}
 					if g%2 == 0 {
 						io.WriteString(c, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
 					} else {
@@ -395,57 +448,34 @@ func TestInboxFinding4TokenlessFlood(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
+		close(stop)
 		flood.Wait()
+		families := p.families(t)
+		evicted, _ := sample(families, "paymentsd_webhook_connections_dropped_total", map[string]string{"reason": "evicted"})
+		perIP, _ := sample(families, "paymentsd_webhook_connections_dropped_total", map[string]string{"reason": "per_ip"})
+		t.Logf("flood: %d connections opened from %d addresses; paymentsd evicted %.0f and refused %.0f past an address's share", opened.Load(), addresses, evicted, perIP)
 	})
+	select {
+	case <-filled:
+	case <-time.After(time.Minute):
+		t.Fatalf("the flood opened %d connections in a minute, want %d before delivering", opened.Load(), 2*maxConns)
+	}
+	return p
+}
 
-	// Let the flood fill the port before delivering.
-	for opened.Load() < 2*maxConns {
-		time.Sleep(10 * time.Millisecond) // the flood's own count is the signal
+// deliverOnce delivers a small body to p with client, and says why it
+// did not get through.
+func deliverOnce(client *http.Client, p *process, i int) error {
+	resp, err := client.Post(p.hookURL(), "application/json", strings.NewReader(fmt.Sprintf(`{"n":%d}`, i)))
+	if err != nil {
+		return err
 	}
-	keptAlive := newClient(t)
-	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
-	var ok, failed [2]int
-	var worst [2]time.Duration
-	end := time.Now().Add(duration)
-	for i := 0; time.Now().Before(end); i++ {
-		for k, c := range []*http.Client{keptAlive, fresh} {
-			start := time.Now()
-			resp, err := c.Post(p.hookURL(), "application/json", strings.NewReader(fmt.Sprintf(`{"n":%d}`, i)))
-			if err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-			if err == nil && resp.StatusCode == http.StatusOK {
-				ok[k]++
-				worst[k] = max(worst[k], time.Since(start))
-			} else {
-				failed[k]++
-			}
-		}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
 	}
-	close(stop)
-	flood.Wait()
-	total := opened.Load()
-	families := p.families(t)
-	evicted, _ := sample(families, "paymentsd_webhook_connections_dropped_total", map[string]string{"reason": "evicted"})
-	perIP, _ := sample(families, "paymentsd_webhook_connections_dropped_total", map[string]string{"reason": "per_ip"})
-	t.Logf("flood: %d connections opened from %d addresses in %v (%.0f/s); paymentsd evicted %.0f and refused %.0f past an address's share",
-		total, addresses, duration, float64(total)/duration.Seconds(), evicted, perIP)
-	t.Logf("deliveries over a kept-alive connection: %d ok, %d failed, slowest %v; over a new connection each: %d ok, %d failed, slowest %v",
-		ok[0], failed[0], worst[0].Round(time.Millisecond), ok[1], failed[1], worst[1].Round(time.Millisecond))
-	if failed[0] > 0 || ok[0] == 0 {
-		t.Errorf("deliveries over a kept-alive connection: %d failed of %d, want none", failed[0], ok[0]+failed[0])
-	}
-	// A new connection can lose its place if the flood brings a port's
-	// worth of newer ones before its request is read; the provider retries.
-	if ok[1] == 0 || failed[1]*20 > ok[1]+failed[1] {
-		t.Errorf("deliveries over new connections: %d failed of %d, want at most 5%%", failed[1], ok[1]+failed[1])
-	}
+	return nil
 }
 
 // readyz returns the status of p's GET /readyz.
@@ -539,7 +569,8 @@ func TestInboxFinding5Quota(t *testing.T) {
 // SQLite volume for payments, which carry on; and once the volume fills
 // for another reason, /readyz says the store can't write, and recovers
 // with it. The volume is a tmpfs of its own, mounted in a mount namespace
-// of paymentsd's own (unshare); the test skips where that isn't allowed.
+// of paymentsd's own (unshare); the test skips where that isn't allowed,
+// and fails under CI=true.
 func TestInboxFinding5VolumeReserve(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -552,7 +583,7 @@ func TestInboxFinding5VolumeReserve(t *testing.T) {
 	}
 	mount := `mount -t tmpfs -o size=$1 tmpfs "$0"`
 	if out, err := exec.Command("unshare", "-rm", "sh", "-c", mount, vol, "1m").CombinedOutput(); err != nil {
-		t.Skipf("can't mount a volume of paymentsd's own with unshare: %v %s", err, out)
+		testenv.Missing(t, "can't mount a volume of paymentsd's own with unshare: %v %s", err, out)
 	}
 	cmd := exec.Command("unshare", "-rm", "sh", "-c", mount+` && exec "$2"`, vol, strconv.Itoa(volume), paymentsdBinary(t))
 	p := startCommand(t, cmd, hookEnv(t,
@@ -584,7 +615,7 @@ func TestInboxFinding5VolumeReserve(t *testing.T) {
 	fill := fmt.Sprintf("/proc/%d/root%s/fill", p.cmd.Process.Pid, vol)
 	f, err := os.Create(fill)
 	if err != nil {
-		t.Skipf("can't reach paymentsd's volume through /proc: %v", err)
+		testenv.Missing(t, "can't reach paymentsd's volume through /proc: %v", err)
 	}
 	zeros := make([]byte, 1<<20)
 	for {
@@ -609,45 +640,60 @@ func TestInboxFinding5VolumeReserve(t *testing.T) {
 }
 
 // TestInboxFinding5PaymentsBesideAFlood: under a flood of deliveries,
-// payments' p50 went from 2.1 ms to 79 ms, queued behind every delivery's
-// commit for SQLite's one writer. Deliveries now go to the writer one at a
-// time, so a payment waits for at most one of them. (The writer is busy
-// with deliveries most of the time, so a payment still waits for about
-// one delivery's commit: docs/webhooks.md ("Quota") gives the figures.)
+// payments queued behind every delivery's commit for SQLite's one writer
+// (p50 from 2.1 ms to 79 ms). Deliveries now go to the writer one at a
+// time, so a payment waits for at most one of them. Every payment made
+// beside the flood must succeed, while the flood's deliveries go on
+// getting through. How long the payments take, quiet and beside the
+// flood, is BenchmarkPaymentsBesideAFlood's figure (docs/webhooks.md,
+// "Quota", gives it).
 func TestInboxFinding5PaymentsBesideAFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and floods the binary")
 	}
 	p := startProcess(t, hookEnv(t))
+	payments := paymentsClient(t, p)
+	delivered := startDeliveryFlood(t, p)
+	before := delivered.Load()
+	for i := range 200 {
+		if _, err := payments.CreateMultiCardPayment(t.Context(), validRequest(fmt.Sprintf("flooded-%d", i))); err != nil {
+			t.Fatalf("payment %d beside the flood: %v", i, err)
+		}
+	}
+	if delivered.Load() == before {
+		t.Error("no delivery got through while the payments were made: they were not beside a flood")
+	}
+}
+
+// paymentsClient is a gRPC payments client of p's.
+func paymentsClient(t testing.TB, p *process) paymentsv1.PaymentsServiceClient {
+	t.Helper()
 	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	payments := paymentsv1.NewPaymentsServiceClient(conn)
-	p50 := func(name string) time.Duration {
-		var took []time.Duration
-		for i := range 200 {
-			start := time.Now()
-			if _, err := payments.CreateMultiCardPayment(t.Context(), validRequest(fmt.Sprintf("%s-%d", name, i))); err != nil {
-				t.Fatalf("payment %s-%d: %v", name, i, err)
-			}
-			took = append(took, time.Since(start))
-		}
-		slices.Sort(took)
-		return took[len(took)/2]
-	}
-	quiet := p50("quiet")
-	// As many senders as the deliveries' budget holds bodies: more only
-	// adds 503s, answered at once.
-	const senders = inbox.DefaultMaxInFlight
+	t.Cleanup(func() { conn.Close() })
+	return paymentsv1.NewPaymentsServiceClient(conn)
+}
 
+// deliverySenders is how many senders startDeliveryFlood runs: as many as
+// the deliveries' budget holds bodies; more only adds 503s, answered at
+// once.
+const deliverySenders = inbox.DefaultMaxInFlight
+
+// startDeliveryFlood starts deliverySenders senders delivering random
+// bodies of the default largest size to p, each as fast as it can, and
+// returns the count of deliveries that got through once there have been
+// ten. The flood stops when the test ends.
+func startDeliveryFlood(t testing.TB, p *process) *atomic.Int64 {
+	t.Helper()
 	stop := make(chan struct{})
+	started := make(chan struct{})
 	var flood sync.WaitGroup
 	var delivered atomic.Int64
-	for range senders {
+	for range deliverySenders {
+		client := newClient(t)
 		flood.Go(func() {
-			client := newClient(t)
 			body := make([]byte, inbox.DefaultMaxBytes)
 			for {
 				select {
@@ -660,23 +706,21 @@ func TestInboxFinding5PaymentsBesideAFlood(t *testing.T) {
 				if err == nil {
 					io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
-					if resp.StatusCode == http.StatusOK {
-						delivered.Add(1)
+					if resp.StatusCode == http.StatusOK && delivered.Add(1) == 10 {
+						close(started)
 					}
 				}
 			}
 		})
 	}
-	for delivered.Load() < 10 {
-		time.Sleep(10 * time.Millisecond) // the flood's own count is the signal
+	t.Cleanup(func() {
+		close(stop)
+		flood.Wait()
+	})
+	select {
+	case <-started:
+	case <-time.After(time.Minute):
+		t.Fatalf("%d deliveries got through in a minute, want 10 before the payments", delivered.Load())
 	}
-	start, before := time.Now(), delivered.Load()
-	flooded := p50("flooded")
-	rate := float64(delivered.Load()-before) / time.Since(start).Seconds()
-	close(stop)
-	flood.Wait()
-	t.Logf("payment p50: %v quiet, %v beside %d senders delivering %.0f bodies of %d KiB a second", quiet, flooded, senders, rate, inbox.DefaultMaxBytes>>10)
-	if limit := 10*quiet + 20*time.Millisecond; flooded > limit {
-		t.Errorf("payment p50 beside the flood = %v, want at most %v", flooded, limit)
-	}
+	return &delivered
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+
+	"example.com/paymentsd/internal/testenv"
 )
 
 // EnvPostgresURL names the environment variable holding an admin (superuser)
@@ -37,10 +39,7 @@ func PostgresURL(t testing.TB) string {
 	t.Helper()
 	admin := os.Getenv(EnvPostgresURL)
 	if admin == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not set and CI=true; run eval \"$(bash .ci/postgres)\" first", EnvPostgresURL)
-		}
-		t.Skipf("%s is not set; run eval \"$(bash .ci/postgres)\" to test PostgreSQL", EnvPostgresURL)
+		testenv.Missing(t, "%s is not set; run eval \"$(bash .ci/postgres)\" to test PostgreSQL", EnvPostgresURL)
 	}
 	u, err := url.Parse(admin)
 	if err != nil {

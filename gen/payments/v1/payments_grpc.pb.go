@@ -828,8 +828,10 @@ type ProviderEventsServiceClient interface {
 	ListProviderEvents(ctx context.Context, in *ListProviderEventsRequest, opts ...grpc.CallOption) (*ListProviderEventsResponse, error)
 	// WatchProviderEvents first sends every stored event with a sequence
 	// greater than after_sequence, then each new event as it is committed,
-	// until the caller cancels or paymentsd shuts down. Resume after a broken
-	// stream with the last sequence received. Each message carries one
+	// until the caller cancels, paymentsd shuts down, or the stream's
+	// connection reaches its maximum age plus grace (about 5 minutes 20 s),
+	// which end it with UNAVAILABLE. Resume after a broken stream with the
+	// last sequence received. Each message carries one
 	// event, well within a gRPC client's default 4 MiB receive limit. Each replica keeps at most 64
 	// watches open; past that a watch fails with RESOURCE_EXHAUSTED (use
 	// ListProviderEvents, or watch again later).
@@ -911,8 +913,10 @@ type ProviderEventsServiceServer interface {
 	ListProviderEvents(context.Context, *ListProviderEventsRequest) (*ListProviderEventsResponse, error)
 	// WatchProviderEvents first sends every stored event with a sequence
 	// greater than after_sequence, then each new event as it is committed,
-	// until the caller cancels or paymentsd shuts down. Resume after a broken
-	// stream with the last sequence received. Each message carries one
+	// until the caller cancels, paymentsd shuts down, or the stream's
+	// connection reaches its maximum age plus grace (about 5 minutes 20 s),
+	// which end it with UNAVAILABLE. Resume after a broken stream with the
+	// last sequence received. Each message carries one
 	// event, well within a gRPC client's default 4 MiB receive limit. Each replica keeps at most 64
 	// watches open; past that a watch fails with RESOURCE_EXHAUSTED (use
 	// ListProviderEvents, or watch again later).
