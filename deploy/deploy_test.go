@@ -2,8 +2,9 @@
 // kustomize (tools.go.mod), decodes every rendered object strictly into the
 // Kubernetes API's own types (an unknown or misspelt field fails), and
 // checks the manifests: probes, security context, shutdown timing,
-// autoscaling, disruption budget, network policies in and out, the pinned
-// image, the namespace, the caller allowlist, and that each overlay carries
+// autoscaling, disruption budget, spread over zones and nodes, the
+// PodMonitor, network policies in and out, the pinned image, the
+// namespace, the caller allowlist, and that each overlay carries
 // only its own provider environment and takes every secret from a mounted
 // Secret that deploy/README.md says how to create.
 package deploy_test
@@ -191,6 +192,11 @@ var apiTypes = map[string]func() any{
 	"cert-manager.io/v1/Certificate":                           func() any { return &certificate{} },
 	"cert-manager.io/v1/ClusterIssuer":                         func() any { return &clusterIssuer{} },
 	"policy.cert-manager.io/v1alpha1/CertificateRequestPolicy": func() any { return &certificateRequestPolicy{} },
+	// prometheus-operator's Go types would bring its whole module (and a
+	// second copy of the Kubernetes client libraries) for one object: a
+	// local type holds the fields the manifests use, and strict decoding
+	// refuses any other.
+	"monitoring.coreos.com/v1/PodMonitor": func() any { return &podMonitor{} },
 }
 
 // strict decodes o into its Kubernetes API type, failing on any field the
@@ -256,12 +262,13 @@ type deployment struct {
 }
 
 type podSpec struct {
-	AutomountServiceAccountToken  *bool            `yaml:"automountServiceAccountToken"`
-	TerminationGracePeriodSeconds *int64           `yaml:"terminationGracePeriodSeconds"`
-	SecurityContext               *securityContext `yaml:"securityContext"`
-	InitContainers                []container      `yaml:"initContainers"`
-	Containers                    []container      `yaml:"containers"`
-	Volumes                       []volume         `yaml:"volumes"`
+	AutomountServiceAccountToken  *bool                      `yaml:"automountServiceAccountToken"`
+	TerminationGracePeriodSeconds *int64                     `yaml:"terminationGracePeriodSeconds"`
+	SecurityContext               *securityContext           `yaml:"securityContext"`
+	InitContainers                []container                `yaml:"initContainers"`
+	Containers                    []container                `yaml:"containers"`
+	Volumes                       []volume                   `yaml:"volumes"`
+	TopologySpreadConstraints     []topologySpreadConstraint `yaml:"topologySpreadConstraints"`
 }
 
 type securityContext struct {
@@ -361,10 +368,43 @@ type hpa struct {
 
 type pdb struct {
 	Spec struct {
-		MinAvailable   any           `yaml:"minAvailable"`
-		MaxUnavailable any           `yaml:"maxUnavailable"`
-		Selector       labelSelector `yaml:"selector"`
+		MinAvailable               any           `yaml:"minAvailable"`
+		MaxUnavailable             any           `yaml:"maxUnavailable"`
+		Selector                   labelSelector `yaml:"selector"`
+		UnhealthyPodEvictionPolicy string        `yaml:"unhealthyPodEvictionPolicy"`
 	} `yaml:"spec"`
+}
+
+// podMonitor is prometheus-operator's PodMonitor (monitoring.coreos.com/v1),
+// as far as these manifests use it; decoded strictly (see apiTypes), any
+// other field fails, a misspelt one included. The field names are the
+// CRD's.
+type podMonitor struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string            `json:"name"`
+		Namespace string            `json:"namespace"`
+		Labels    map[string]string `json:"labels"`
+	} `json:"metadata"`
+	Spec struct {
+		Selector struct {
+			MatchLabels map[string]string `json:"matchLabels"`
+		} `json:"selector"`
+		PodMetricsEndpoints []struct {
+			Port     string `json:"port"`
+			Path     string `json:"path"`
+			Scheme   string `json:"scheme"`
+			Interval string `json:"interval"`
+		} `json:"podMetricsEndpoints"`
+	} `json:"spec"`
+}
+
+type topologySpreadConstraint struct {
+	MaxSkew           int           `yaml:"maxSkew"`
+	TopologyKey       string        `yaml:"topologyKey"`
+	WhenUnsatisfiable string        `yaml:"whenUnsatisfiable"`
+	LabelSelector     labelSelector `yaml:"labelSelector"`
 }
 
 // ---- helpers ----
@@ -455,6 +495,8 @@ var checks = []check{
 	{"GRPCHeadlessService", checkGRPCHeadlessService},
 	{"HorizontalPodAutoscaler", checkHPA},
 	{"PodDisruptionBudget", checkPDB},
+	{"TopologySpread", checkTopologySpread},
+	{"PodMonitor", checkPodMonitor},
 	{"NetworkPolicy", checkNetworkPolicy},
 	{"WebhookIntake", checkWebhookIntake},
 	{"WebhookTokenFromSecretFile", checkWebhookTokenFromSecretFile},
@@ -687,6 +729,9 @@ func TestImageCanBeSetAsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := os.CopyFS(filepath.Join(dir, "overlays", "live"), os.DirFS("overlays/live")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(filepath.Join(dir, "components"), os.DirFS("components")); err != nil {
 		t.Fatal(err)
 	}
 	const image = "registry.example.com/payments/paymentsd@sha256:1111111111111111111111111111111111111111111111111111111111111111"
@@ -998,22 +1043,105 @@ func checkHPA(t *testing.T, r *rendered, _ string) {
 	}
 }
 
-func checkPDB(t *testing.T, r *rendered, _ string) {
+// minAvailableThroughDrains is how many ready pods each environment keeps
+// through voluntary disruptions (node drains), at every replica count the
+// HPA may choose: live, which takes real payments, at least two.
+var minAvailableThroughDrains = map[string]int{"sandbox": 1, "live": 2}
+
+// checkPDB: the budget selects the pods and, at every replica count from
+// the HPA's minimum to its maximum, keeps the environment's floor of pods
+// while still letting a drain evict one; pods that are not ready may
+// always be evicted, so a broken pod never blocks a drain.
+func checkPDB(t *testing.T, r *rendered, env string) {
 	d := one[deployment](t, r, "Deployment", "apps/v1")
 	p := one[pdb](t, r, "PodDisruptionBudget", "policy/v1")
+	h := one[hpa](t, r, "HorizontalPodAutoscaler", "autoscaling/v2")
 	if !selects(p.Spec.Selector, d.Spec.Template.Metadata.Labels) {
 		t.Errorf("PodDisruptionBudget selector %v does not select the pod labels %v", p.Spec.Selector, d.Spec.Template.Metadata.Labels)
 	}
-	switch {
-	case p.Spec.MinAvailable == nil && p.Spec.MaxUnavailable == nil:
-		t.Error("PodDisruptionBudget sets neither minAvailable nor maxUnavailable")
-	case p.Spec.MinAvailable != nil:
-		if n, ok := p.Spec.MinAvailable.(int); ok && n < 1 {
-			t.Errorf("PodDisruptionBudget minAvailable = %d, want >= 1", n)
+	if p.Spec.UnhealthyPodEvictionPolicy != "AlwaysAllow" {
+		t.Errorf("PodDisruptionBudget unhealthyPodEvictionPolicy = %q, want AlwaysAllow: a pod that is not ready takes no traffic, and must not block a drain", p.Spec.UnhealthyPodEvictionPolicy)
+	}
+	minAvailable, minSet := p.Spec.MinAvailable.(int)
+	maxUnavailable, maxSet := p.Spec.MaxUnavailable.(int)
+	if minSet == maxSet {
+		t.Fatalf("PodDisruptionBudget minAvailable %v, maxUnavailable %v: want exactly one, as a number of pods", p.Spec.MinAvailable, p.Spec.MaxUnavailable)
+	}
+	lowest := 1 // the API default
+	if h.Spec.MinReplicas != nil {
+		lowest = *h.Spec.MinReplicas
+	}
+	for n := lowest; n <= h.Spec.MaxReplicas; n++ {
+		// What the disruption controller allows with n healthy pods.
+		keeps := minAvailable
+		if maxSet {
+			keeps = n - maxUnavailable
 		}
-		h := one[hpa](t, r, "HorizontalPodAutoscaler", "autoscaling/v2")
-		if n, ok := p.Spec.MinAvailable.(int); ok && h.Spec.MinReplicas != nil && n >= *h.Spec.MinReplicas {
-			t.Errorf("PodDisruptionBudget minAvailable = %d, want < the HPA's minReplicas (%d) so nodes can drain", n, *h.Spec.MinReplicas)
+		if keeps < minAvailableThroughDrains[env] {
+			t.Errorf("with %d pods, the PodDisruptionBudget lets a drain leave %d, want at least %d in %s", n, keeps, minAvailableThroughDrains[env], env)
+		}
+		if n-keeps < 1 {
+			t.Errorf("with %d pods, the PodDisruptionBudget lets a drain evict none: nodes could never be drained", n)
+		}
+	}
+}
+
+// checkTopologySpread: pods spread across zones and across nodes, so that
+// losing one takes a share of them; neither constraint refuses to schedule
+// a pod when it can't be met (one zone, or a zone down).
+func checkTopologySpread(t *testing.T, r *rendered, _ string) {
+	d := one[deployment](t, r, "Deployment", "apps/v1")
+	spread := map[string]bool{}
+	for _, c := range d.Spec.Template.Spec.TopologySpreadConstraints {
+		if !selects(c.LabelSelector, d.Spec.Template.Metadata.Labels) {
+			t.Errorf("topology spread over %s: labelSelector %v does not select the pod labels", c.TopologyKey, c.LabelSelector)
+			continue
+		}
+		if c.MaxSkew != 1 || c.WhenUnsatisfiable != "ScheduleAnyway" {
+			t.Errorf("topology spread over %s: maxSkew %d, %s; want 1, ScheduleAnyway", c.TopologyKey, c.MaxSkew, c.WhenUnsatisfiable)
+		}
+		spread[c.TopologyKey] = true
+	}
+	for _, key := range []string{"topology.kubernetes.io/zone", "kubernetes.io/hostname"} {
+		if !spread[key] {
+			t.Errorf("the pods are not spread over %s", key)
+		}
+	}
+}
+
+// checkPodMonitor: one PodMonitor scrapes the pods' metrics port (the
+// container port named metrics, which serves GET /metrics and nothing
+// else, the one the NetworkPolicy admits Prometheus to), in plaintext as
+// the manifests serve it.
+func checkPodMonitor(t *testing.T, r *rendered, _ string) {
+	d := one[deployment](t, r, "Deployment", "apps/v1")
+	pms := typed[podMonitor](t, r, "PodMonitor")
+	if len(pms) != 1 {
+		t.Fatalf("rendered %d PodMonitors, want 1", len(pms))
+	}
+	pm := pms[0]
+	if pm.APIVersion != "monitoring.coreos.com/v1" {
+		t.Errorf("PodMonitor apiVersion = %q, want monitoring.coreos.com/v1", pm.APIVersion)
+	}
+	if !selects(labelSelector{MatchLabels: pm.Spec.Selector.MatchLabels}, d.Spec.Template.Metadata.Labels) {
+		t.Errorf("PodMonitor selector %v does not select the pod labels %v", pm.Spec.Selector.MatchLabels, d.Spec.Template.Metadata.Labels)
+	}
+	if len(pm.Spec.PodMetricsEndpoints) != 1 {
+		t.Fatalf("PodMonitor has %d endpoints, want 1 (the metrics port)", len(pm.Spec.PodMetricsEndpoints))
+	}
+	ep := pm.Spec.PodMetricsEndpoints[0]
+	port := 0
+	for _, p := range paymentsd(t, d).Ports {
+		if p.Name == ep.Port {
+			port = p.ContainerPort
+		}
+	}
+	if port != metricsPort || ep.Path != "/metrics" || ep.Scheme != "http" {
+		t.Errorf("PodMonitor scrapes port %q (container port %d), path %q, scheme %q; want the port named metrics (%d), /metrics, http", ep.Port, port, ep.Path, ep.Scheme, metricsPort)
+	}
+	if ep.Interval != "" {
+		if _, err := time.ParseDuration(ep.Interval); err != nil {
+			t.Errorf("PodMonitor interval %q: %v", ep.Interval, err)
 		}
 	}
 }

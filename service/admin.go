@@ -163,7 +163,7 @@ func (s *Service) ListMultiCardPayments(ctx context.Context, req *paymentsv1.Lis
 	}
 	start := time.Now()
 	page, err := s.store.ListRecords(ctx, q)
-	s.metrics.storeOp("list", start, err)
+	s.metrics.storeOp(opList, start, err)
 	if err != nil {
 		return nil, s.readError(ctx, err)
 	}
@@ -307,7 +307,7 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 	}
 	start := time.Now()
 	got, err := s.store.Resolve(ctx, res)
-	s.metrics.storeOp("resolve", start, err)
+	s.metrics.storeOp(opResolve, start, err)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil, status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment", quoteKey(res.Key), envName(s.env))

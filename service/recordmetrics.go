@@ -2,6 +2,7 @@ package service
 
 import (
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -63,7 +64,7 @@ func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
 		}, []string{"op"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paymentsd_store_errors_total",
-			Help: "Record store operations that failed (not counting not-found and lost leases).",
+			Help: "Record store operations that failed: the database erred or did not answer. The store's answers about a record (none for the key, a lease lost, a key it can't store exactly, a resolution refused by the record's state) are not failures.",
 		}, []string{"op"}),
 		clockOffset: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paymentsd_clock_offset_seconds",
@@ -87,12 +88,48 @@ func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
 	for _, outcome := range []string{"succeeded", "not_created"} {
 		m.resolutions.WithLabelValues(outcome)
 	}
+	// Counters alerts take a rate of start at zero: a series born at its
+	// first error has no earlier sample, and rate() would miss that error.
+	for _, op := range storeOps {
+		m.storeErrors.WithLabelValues(op)
+	}
 	return m
 }
 
+// Record store operations: the op label of paymentsd_store_duration_seconds
+// and paymentsd_store_errors_total.
+const (
+	opBegin    = "begin"
+	opFinish   = "finish"
+	opGet      = "get"
+	opAudit    = "audit"
+	opList     = "list"
+	opResolve  = "resolve"
+	opClaimDue = "claim_due"
+	opGiveUp   = "give_up"
+	opStats    = "stats"
+	opDelete   = "delete"
+)
+
+var storeOps = []string{opBegin, opFinish, opGet, opAudit, opList, opResolve, opClaimDue, opGiveUp, opStats, opDelete}
+
+// storeAnswers are the store's answers about a record: each is the store
+// working, and each is answered to the caller as such, so none counts as a
+// store error (which pages).
+var storeAnswers = []error{
+	store.ErrNotFound,       // no record for the key
+	store.ErrLeaseLost,      // another owner took the record over
+	store.ErrKeyNotStorable, // the key can't be stored exactly
+	store.ErrNotUnknown,     // Resolve: the record is not in doubt
+	store.ErrChanged,        // Resolve: the record changed since it was looked at
+	store.ErrInFlight,       // Resolve: a request with the key may be at the provider
+}
+
+// storeOp records an operation's latency and, unless err is nil or one of
+// the store's answers, its failure.
 func (m *recordMetrics) storeOp(op string, start time.Time, err error) {
 	m.storeTime.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrLeaseLost) && !errors.Is(err, store.ErrKeyNotStorable) {
+	if err != nil && !slices.ContainsFunc(storeAnswers, func(answer error) bool { return errors.Is(err, answer) }) {
 		m.storeErrors.WithLabelValues(op).Inc()
 	}
 }

@@ -92,7 +92,7 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		// process's wall clock says.
 		claimed := time.Now()
 		began, err := s.store.Begin(ctx, claim)
-		s.metrics.storeOp("begin", claimed, err)
+		s.metrics.storeOp(opBegin, claimed, err)
 		if err != nil {
 			return nil, s.beginError(ctx, claim, err)
 		}
@@ -380,7 +380,7 @@ func (s *Service) finishLater(ctx context.Context, fin store.Finish) {
 	s.store.FinishLater(fin, func(ferr error) {
 		s.pending.CompareAndDelete(fin.Key, done)
 		close(done)
-		s.metrics.storeOp("finish", start, ferr)
+		s.metrics.storeOp(opFinish, start, ferr)
 		s.waiters.notify(fin.Key)
 		if ferr != nil {
 			s.logFinishError(ctx, fin, ferr)
@@ -415,7 +415,7 @@ func (s *Service) finish(ctx context.Context, fin store.Finish) error {
 	defer cancel()
 	start := time.Now()
 	_, err := s.store.Finish(fctx, fin)
-	s.metrics.storeOp("finish", start, err)
+	s.metrics.storeOp(opFinish, start, err)
 	s.waiters.notify(fin.Key)
 	return err
 }
@@ -505,7 +505,7 @@ func (s *Service) waitForOutcome(ctx context.Context, key string) (store.Record,
 		s.waitPending(ctx, key)
 		start := time.Now()
 		rec, err := s.store.Get(ctx, key)
-		s.metrics.storeOp("get", start, err)
+		s.metrics.storeOp(opGet, start, err)
 		switch {
 		case err == nil && (rec.State != store.StateInProgress || !rec.LeaseExpiresAt.After(rec.ReadAt)):
 			return rec, nil
@@ -545,7 +545,7 @@ func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 	s.waitPending(ctx, key)
 	start := time.Now()
 	rec, err := s.store.Get(ctx, key)
-	s.metrics.storeOp("get", start, err)
+	s.metrics.storeOp(opGet, start, err)
 	if err == nil && s.scoped(ctx) && rec.Caller != CallerFromContext(ctx) {
 		// Another caller's record: answered as if there were none.
 		return nil, s.noRecordError(key)
@@ -569,7 +569,7 @@ func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 	if !rec.ResolvedAt.IsZero() {
 		start := time.Now()
 		entries, err := s.store.AuditEntries(ctx, rec)
-		s.metrics.storeOp("audit", start, err)
+		s.metrics.storeOp(opAudit, start, err)
 		if err != nil {
 			return nil, s.lookupError(ctx, err)
 		}

@@ -61,7 +61,7 @@ func (s *Service) settleDue(ctx context.Context) {
 		}
 		claimed := time.Now()
 		recs, err := s.store.ClaimDue(ctx, s.owner, s.leaseTTL, s.quiet, 1)
-		s.metrics.storeOp("claim_due", claimed, err)
+		s.metrics.storeOp(opClaimDue, claimed, err)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.logger.Warn("settlement could not claim records", slog.String("error", err.Error()))
@@ -121,7 +121,7 @@ func (s *Service) settle(ctx context.Context, claimed time.Time, rec store.Recor
 func (s *Service) giveUp(ctx context.Context) {
 	start := time.Now()
 	recs, err := s.store.GiveUp(ctx, settleBatch*4)
-	s.metrics.storeOp("give_up", start, err)
+	s.metrics.storeOp(opGiveUp, start, err)
 	if err != nil {
 		return
 	}
@@ -144,7 +144,7 @@ func (s *Service) giveUp(ctx context.Context) {
 func (s *Service) updateStats(ctx context.Context) {
 	start := time.Now()
 	st, err := s.store.Stats(ctx)
-	s.metrics.storeOp("stats", start, err)
+	s.metrics.storeOp(opStats, start, err)
 	if err != nil {
 		return
 	}
@@ -161,7 +161,7 @@ func (s *Service) deleteExpired(ctx context.Context) {
 	for ctx.Err() == nil {
 		start := time.Now()
 		n, err := s.store.DeleteExpired(ctx, keep, retentionBatch)
-		s.metrics.storeOp("delete", start, err)
+		s.metrics.storeOp(opDelete, start, err)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.logger.Warn("retention could not delete expired records", slog.String("error", err.Error()))

@@ -50,8 +50,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"fingerprint"}),
 	}
 	reg.MustRegister(m.requests, m.duration, m.retries, m.inFlight, m.connections, m.keyInUse)
+	// Outcomes alerts take a rate of start at zero: a series born at its
+	// first request has no earlier sample, and rate() would miss that
+	// request (the first short episode of an open circuit, or of a revoked
+	// key). 401 and 403 are the statuses the provider documents; other
+	// statuses appear as they are seen.
+	for _, outcome := range []string{outcomeCircuitOpen, outcomeUnreachable, outcomeConnectionLost, outcomeDeadlineExceeded, outcomeCanceled, "401", "403"} {
+		m.requests.WithLabelValues(outcome)
+	}
 	return m
 }
+
+// Transport outcomes: the outcome label of a request that got no status.
+const (
+	outcomeCircuitOpen      = "circuit_open"
+	outcomeUnreachable      = "unreachable"
+	outcomeConnectionLost   = "connection_lost"
+	outcomeDeadlineExceeded = "deadline_exceeded"
+	outcomeCanceled         = "canceled"
+)
 
 // setKeys shows the set's keys, and no other.
 func (m *Metrics) setKeys(s *keySet) {
@@ -102,12 +119,12 @@ func (m *Metrics) connOpened() {
 func transportLabel(err error) string {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
-		return "deadline_exceeded"
+		return outcomeDeadlineExceeded
 	case errors.Is(err, context.Canceled):
-		return "canceled"
+		return outcomeCanceled
 	case errors.Is(err, ErrUnreachable):
-		return "unreachable"
+		return outcomeUnreachable
 	default:
-		return "connection_lost"
+		return outcomeConnectionLost
 	}
 }

@@ -330,7 +330,7 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		}
 		done, err := c.breaker.Allow()
 		if err != nil {
-			c.metrics.observe("circuit_open", 0)
+			c.metrics.observe(outcomeCircuitOpen, 0)
 			if failure.Attempts == 0 {
 				failure.Err = ErrCircuitOpen
 			}

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -440,6 +441,8 @@ func TestResolveRefusedWhileInFlight(t *testing.T) {
 		done <- err
 	}()
 	<-arrived
+	// Refusals are the store answering: no store error is counted.
+	storeErrorsBefore := storeErrors(t, admin)
 	for _, outcome := range []paymentsv1.ResolutionOutcome{paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_SUCCEEDED} {
 		_, err := admin.client.ResolveMultiCardPayment(t.Context(), &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-flight",
 			Outcome: outcome, Evidence: "not on the dashboard yet"})
@@ -455,6 +458,9 @@ func TestResolveRefusedWhileInFlight(t *testing.T) {
 	_, err := admin.client.ResolveMultiCardPayment(t.Context(), &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-flight",
 		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "too late"})
 	checkCode(t, "ResolveMultiCardPayment after a 2xx", err, codes.FailedPrecondition, service.ReasonRecordNotUnknown)
+	if after := storeErrors(t, admin); !maps.Equal(after, storeErrorsBefore) {
+		t.Errorf("paymentsd_store_errors_total after refused resolves = %v, want unchanged %v", after, storeErrorsBefore)
+	}
 	got, err := admin.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-flight"})
 	if err != nil || got.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED || len(got.GetAuditEntries()) != 0 {
 		t.Errorf("GetMultiCardPayment = %v with %d audit entries, %v; want SUCCEEDED and none", got.GetState(), len(got.GetAuditEntries()), err)
@@ -742,7 +748,7 @@ func TestResolveRefusedIfChangedSinceLookedUp(t *testing.T) {
 	earlier := timestamppb.New(seen.GetUpdateTime().AsTime().Add(-time.Millisecond))
 	req := &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-stale",
 		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the dashboard", ExpectedUpdateTime: earlier}
-	_, err = admin.client.ResolveMultiCardPayment(t.Context(), req)
+	_, err = resolveWhenQuiet(t, admin.client, req)
 	checkCode(t, "ResolveMultiCardPayment after the record changed", err, codes.FailedPrecondition, service.ReasonRecordChanged)
 	body := `{"idempotencyKey":"k-stale","outcome":"RESOLUTION_OUTCOME_NOT_CREATED","evidence":"not on the dashboard","expectedUpdateTime":"` +
 		earlier.AsTime().Format(time.RFC3339Nano) + `"}`

@@ -1,18 +1,30 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"os"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/promql/parser"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/service"
+	"example.com/paymentsd/upstream/upstreamtest"
 )
 
 // The alerting rules and the dashboard live beside the manifests.
@@ -27,7 +39,9 @@ type query struct {
 	where, expr string
 }
 
+// alertRule is an alerting rule, or with Record set a recording rule.
 type alertRule struct {
+	Record      string            `yaml:"record"`
 	Alert       string            `yaml:"alert"`
 	Expr        string            `yaml:"expr"`
 	Labels      map[string]string `yaml:"labels"`
@@ -231,13 +245,19 @@ func TestMonitoringQueriesUseExportedMetrics(t *testing.T) {
 	}
 	exp := exportedBy(t, reg, families)
 	// The description route must see what /metrics does not: a vector
-	// with no series yet.
-	if _, scraped := families["paymentsd_store_errors_total"]; scraped || !exp.names["paymentsd_store_errors_total"] {
-		t.Fatalf("paymentsd_store_errors_total scraped %v, described %v; want only described (no store error yet)", scraped, exp.names["paymentsd_store_errors_total"])
+	// with no series yet (no secret file is watched here).
+	if _, scraped := families["paymentsd_secret_file_ok"]; scraped || !exp.names["paymentsd_secret_file_ok"] {
+		t.Fatalf("paymentsd_secret_file_ok scraped %v, described %v; want only described (no secret file watched)", scraped, exp.names["paymentsd_secret_file_ok"])
 	}
 
 	var qs []query
+	recorded := map[string]bool{} // the names recording rules give their results
 	for _, r := range readAlertRules(t) {
+		if r.Record != "" {
+			recorded[r.Record] = true
+			qs = append(qs, query{"recording rule " + r.Record, r.Expr})
+			continue
+		}
 		qs = append(qs, query{"alert " + r.Alert, r.Expr})
 	}
 	dash := dashboardQueries(t)
@@ -257,6 +277,9 @@ func TestMonitoringQueriesUseExportedMetrics(t *testing.T) {
 				continue
 			}
 			used[vs.Name] = true
+			if recorded[vs.Name] {
+				continue
+			}
 			if !exp.names[vs.Name] {
 				t.Errorf("%s: %s is not a metric paymentsd exports", q.where, vs.Name)
 				continue
@@ -300,6 +323,9 @@ func TestAlertRulesHaveRunbooks(t *testing.T) {
 		}
 	}
 	for _, r := range readAlertRules(t) {
+		if r.Record != "" {
+			continue
+		}
 		for _, a := range []string{"summary", "description", "runbook_url"} {
 			if strings.TrimSpace(r.Annotations[a]) == "" {
 				t.Errorf("alert %s has no %s annotation", r.Alert, a)
@@ -330,4 +356,124 @@ func githubAnchor(heading string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestLabelledSeriesStartAtZero: on a fresh process every series an alert
+// takes a rate or an increase of is exported at zero before anything
+// happens. A series born at its first event has no earlier sample, so
+// rate() and increase() miss that event: the first short episode of an
+// open circuit breaker, a revoked key or a store failure would raise
+// nothing.
+func TestLabelledSeriesStartAtZero(t *testing.T) {
+	t.Parallel()
+	in := start(t, webhookEnv(t))
+	families, _ := scrape(t, in)
+	type series struct {
+		family string
+		labels map[string]string
+	}
+	var want []series
+	// The transport outcomes, and the two statuses the provider documents.
+	for _, o := range []string{"circuit_open", "unreachable", "connection_lost", "deadline_exceeded", "canceled", "401", "403"} {
+		want = append(want, series{"paymentsd_provider_requests_total", map[string]string{"outcome": o}})
+	}
+	for _, op := range []string{"begin", "finish", "get", "audit", "list", "resolve", "claim_due", "give_up", "stats", "delete"} {
+		want = append(want, series{"paymentsd_store_errors_total", map[string]string{"op": op}})
+	}
+	for _, o := range []string{"store_failure", "over_quota"} {
+		want = append(want, series{"paymentsd_webhook_deliveries_total", map[string]string{"outcome": o, "token": "first"}})
+	}
+	want = append(want,
+		series{"paymentsd_webhook_deliveries_total", map[string]string{"outcome": "bad_token", "token": "none"}},
+		series{"paymentsd_settlement_gave_up_total", nil},
+		series{"grpc_server_handled_total", map[string]string{"grpc_method": "CreateMultiCardPayment", "grpc_code": "Unavailable"}},
+	)
+	for _, s := range want {
+		s.labels = with(s.labels, "environment", "sandbox")
+		if v, ok := sample(families, s.family, s.labels); !ok || v != 0 {
+			t.Errorf("%s%v on a fresh process = %v (present %v), want 0", s.family, s.labels, v, ok)
+		}
+	}
+}
+
+// storeErrors reads paymentsd_store_errors_total by op (a missing series
+// reads 0).
+func storeErrors(t *testing.T, p *party) map[string]float64 {
+	t.Helper()
+	r := p.do(t, http.MethodGet, "/metrics", "")
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(r.raw))
+	if err != nil {
+		t.Fatalf("/metrics: %v", err)
+	}
+	out := map[string]float64{}
+	for _, m := range families["paymentsd_store_errors_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "op" {
+				out[l.GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+// TestRefusedResolvesAreNoStoreErrors: a resolution refused because of the
+// record's state (no such record, not in doubt, changed since it was
+// looked at, settlement's last request maybe still at the provider) is the
+// store answering, not failing: it leaves paymentsd_store_errors_total,
+// which pages on any rise, as it was. TestResolveRefusedWhileInFlight
+// checks the same of a request at the provider.
+func TestRefusedResolvesAreNoStoreErrors(t *testing.T) {
+	t.Parallel()
+	p := idempotentProvider(t)
+	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+		if idempotencyKey(r.Body) == "k-doubt" {
+			return upstreamtest.Reply{Fault: upstreamtest.Reset}
+		}
+		return upstreamtest.Reply{}
+	})
+	in, ps := mtlsDeployment(t, with(sandboxEnv(p),
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
+		"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
+		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
+		"PAYMENTS_PROVIDER_QUIET_PERIOD", "1s",
+	))
+	co, admin := ps["checkout"], ps["oncall"]
+	if _, err := co.client.CreateMultiCardPayment(t.Context(), validRequest("k-ok")); err != nil {
+		t.Fatalf("CreateMultiCardPayment(k-ok) = %v", err)
+	}
+	_, err := co.client.CreateMultiCardPayment(t.Context(), validRequest("k-doubt"))
+	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
+	in.logs.waitFor(t, gaveUpLine, nil)
+	seen, err := admin.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-doubt"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := timestamppb.New(seen.GetUpdateTime().AsTime().Add(-time.Millisecond))
+
+	const notCreated = paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED
+	for _, tt := range []struct {
+		name   string
+		req    *paymentsv1.ResolveMultiCardPaymentRequest
+		code   codes.Code
+		reason string
+	}{
+		{"no such record", &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-none", Outcome: notCreated, Evidence: "x"},
+			codes.NotFound, ""},
+		{"not in doubt", &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-ok", Outcome: notCreated, Evidence: "x"},
+			codes.FailedPrecondition, service.ReasonRecordNotUnknown},
+		// Settlement's last request may keep k-doubt quiet a moment longer
+		// (ABORTED, PAYMENT_IN_PROGRESS): resolveWhenQuiet waits it out,
+		// and those refusals must not count either.
+		{"changed since looked at", &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-doubt", Outcome: notCreated, Evidence: "x", ExpectedUpdateTime: stale},
+			codes.FailedPrecondition, service.ReasonRecordChanged},
+	} {
+		before := storeErrors(t, admin)
+		_, err := resolveWhenQuiet(t, admin.client, tt.req)
+		checkCode(t, "ResolveMultiCardPayment ("+tt.name+")", err, tt.code, tt.reason)
+		if after := storeErrors(t, admin); !maps.Equal(after, before) {
+			t.Errorf("paymentsd_store_errors_total after a refused resolve (%s) = %v, want unchanged %v", tt.name, after, before)
+		}
+	}
 }
