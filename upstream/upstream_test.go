@@ -811,16 +811,20 @@ func createReturns(t *testing.T, ctx context.Context, c *upstream.Client, p upst
 func TestDeadline(t *testing.T) {
 	t.Parallel()
 	const long = time.Hour // the provider's delay: only a deadline ends the call
+	// short ends a call that has reached the provider: long enough for the
+	// request to get there on a loaded machine (a deadline before it left
+	// would rightly say nothing was sent), short beside long.
+	const short = 2 * time.Second
 	tests := []struct {
 		name    string
 		reply   upstreamtest.Reply
 		timeout time.Duration // Config.Timeout
 		ctxTime time.Duration // the caller's deadline
 	}{
-		{"caller deadline during delay", upstreamtest.Reply{Delay: long}, 0, 100 * time.Millisecond},
-		{"Config.Timeout during delay", upstreamtest.Reply{Delay: long}, 100 * time.Millisecond, 0},
-		{"caller deadline before Config.Timeout", upstreamtest.Reply{Delay: long}, time.Hour, 100 * time.Millisecond},
-		{"Config.Timeout before caller deadline", upstreamtest.Reply{Delay: long}, 100 * time.Millisecond, time.Hour},
+		{"caller deadline during delay", upstreamtest.Reply{Delay: long}, 0, short},
+		{"Config.Timeout during delay", upstreamtest.Reply{Delay: long}, short, 0},
+		{"caller deadline before Config.Timeout", upstreamtest.Reply{Delay: long}, time.Hour, short},
+		{"Config.Timeout before caller deadline", upstreamtest.Reply{Delay: long}, short, time.Hour},
 		{
 			"caller deadline during dribbled body",
 			upstreamtest.Reply{
@@ -829,7 +833,7 @@ func TestDeadline(t *testing.T) {
 				Fault:           upstreamtest.Dribble,
 				DribbleInterval: 50 * time.Millisecond,
 			},
-			0, 300 * time.Millisecond,
+			0, short,
 		},
 	}
 	for _, tt := range tests {
