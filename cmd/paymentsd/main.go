@@ -118,6 +118,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		sim := upstreamtest.NewServer()
 		defer sim.Close()
 		sim.KeepRequests(false)
+		// An idempotent provider that plays every outcome for its test
+		// keys (docs/simulator.md).
+		sim.Idempotent(true)
+		sim.SetScript(sim.TestKeys())
 		key := randomKey()
 		sim.AllowKey(key)
 		cfg.BaseURL, cfg.APIKeys, cfg.APIKeyFrom = sim.URL, []secret{secret(key)}, "simulator"
