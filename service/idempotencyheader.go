@@ -98,6 +98,14 @@ func applyHeaderKey(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentR
 	}
 	key, present, err := headerKey(c.idempotencyKeys)
 	switch {
+	case !present && req.GetIdempotencyKey() == "":
+		// Validation would name only the body's field: over REST the key
+		// may come in either place.
+		msg := "the request has no idempotency key: send the payment's key in the body's idempotencyKey or in an " + IdempotencyKeyHeader + " header"
+		return headerKeyRefusal(msg,
+			&errdetails.BadRequest_FieldViolation{Field: "idempotency_key", Description: "missing: give it here or in the " + IdempotencyKeyHeader + " header"},
+			&errdetails.BadRequest_FieldViolation{Field: IdempotencyKeyHeader, Description: "missing: give it here or in the body's idempotencyKey"},
+		)
 	case !present:
 		return nil
 	case err != nil:

@@ -77,6 +77,9 @@ type Options struct {
 	// client certificate URI or DNS SANs, matched exactly) that may call
 	// anything but health checks and reflection.
 	AllowedCallers []string
+	// Version is the build's version, which GET /openapi.json gives as
+	// the document's info.version; empty leaves the generated one.
+	Version string
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -200,6 +203,10 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	if err != nil {
 		return nil, err
 	}
+	doc, err := openAPIWithVersion(openAPI, opts.Version)
+	if err != nil {
+		return nil, err
+	}
 	gateway := runtime.NewServeMux(
 		runtime.WithRoutingErrorHandler(rs.routingError),
 		runtime.WithMiddlewares(requireJSON),
@@ -220,12 +227,9 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		}),
 		runtime.WithErrorHandler(restError),
 		runtime.WithForwardResponseOption(markReplayed),
-		runtime.WithOutgoingHeaderMatcher(func(h string) (string, bool) {
-			if h == RequestIDHeader {
-				return "X-Request-Id", true
-			}
-			return "", false
-		}),
+		// X-Request-Id is set on every answer by withRequestID, with the
+		// ID the call was given.
+		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
 	)
 	// The gateway calls the service in-process, through the same chain as
 	// gRPC calls, rather than over a loopback connection.
@@ -270,9 +274,9 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		w.Write(openAPI)
+		w.Write(doc)
 	})
-	s.HTTP = readDeadline(readTimeout, identifyHTTP(mux))
+	s.HTTP = readDeadline(readTimeout, withRequestID(identifyHTTP(mux)))
 	return s, nil
 }
 
@@ -423,6 +427,9 @@ func restError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, 
 		if withInfo, err2 := st.WithDetails(notSentInfo()); err2 == nil {
 			err = withInfo.Err()
 		}
+	}
+	if st, ok := status.FromError(err); ok {
+		setRetryAfter(w, st)
 	}
 	if hasReason(err, ReasonKeyReused) || hasReason(err, ReasonRecordNotUnknown) || hasReason(err, ReasonRecordChanged) || (hasReason(err, ReasonKeyExpired) && createsPayment(r)) {
 		w = statusOverride{ResponseWriter: w, status: http.StatusUnprocessableEntity}
