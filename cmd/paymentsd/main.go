@@ -155,6 +155,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		MaxResponseBytes: cfg.UpstreamMaxResponseBytes,
 		BreakerFailures:  cfg.BreakerFailures,
 		BreakerCooldown:  cfg.BreakerCooldown,
+		UserAgent:        "paymentsd/" + releaseVersion(),
 		Metrics:          upstream.NewMetrics(registerer),
 		Logger:           logger,
 	})
@@ -216,6 +217,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		MaxInFlight:     cfg.MaxInFlight,
 		ReadTimeout:     cfg.HTTPReadTimeout,
 		AllowedCallers:  allowedCallers(cfg),
+		Version:         releaseVersion(),
 	}
 	if tlsConfig != nil {
 		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(tlsConfig)))
