@@ -67,9 +67,13 @@ func usageError(format string, args ...any) error {
 func callError(what string, err error) error {
 	st := status.Convert(err)
 	reason := ""
+	var retry time.Duration
 	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			reason = info.GetReason()
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			reason = d.GetReason()
+		case *errdetails.RetryInfo:
+			retry = d.GetRetryDelay().AsDuration()
 		}
 	}
 	code := exitFailure
@@ -87,7 +91,21 @@ func callError(what string, err error) error {
 	if reason != "" {
 		msg += " " + reason
 	}
+	if retry > 0 {
+		// PAYMENT_IN_PROGRESS and the like: say when trying again can help.
+		return &exitError{code, fmt.Errorf("%s: %s: %s (try again in %v)", what, msg, st.Message(), retry.Round(100*time.Millisecond))}
+	}
 	return &exitError{code, fmt.Errorf("%s: %s: %s", what, msg, st.Message())}
+}
+
+// retryDelayOf is the RetryInfo's delay in err's status, or 0.
+func retryDelayOf(err error) time.Duration {
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration()
+		}
+	}
+	return 0
 }
 
 // The CLI's environment variables, each the default of a flag. paymentsd
@@ -632,7 +650,9 @@ example on the provider's dashboard:
 The evidence (what you saw, such as the provider's payment ID) is required:
 give it with --evidence or type it when asked. resolve shows the payment and
 asks you to confirm unless --yes is given. The change and its audit entry
-are written together; 'paymentsd payments get KEY' shows them.
+are written together; 'paymentsd payments get KEY' shows them. While a
+request with the key may still be at the provider, paymentsd changes
+nothing (PAYMENT_IN_PROGRESS) and says how long to wait; --wait waits.
 `
 
 func paymentsResolve(ctx context.Context, args []string, env func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -643,6 +663,7 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 	evidence := fs.String("evidence", "", "what you saw, e.g. the provider dashboard's payment ID and status; asked for if not given")
 	replyFile := fs.String("reply-file", "", "with succeeded: a file holding the provider's payment JSON, exactly as you got it")
 	yes := fs.Bool("yes", false, "don't ask for confirmation")
+	wait := fs.Duration("wait", 0, "while a request with the key may still be at the provider (PAYMENT_IN_PROGRESS), wait as paymentsd asks and try again, for up to this long; 0: don't wait")
 	output := fs.String("o", "table", "output: table or json")
 	rest, err := parseArgs(fs, args, stdout)
 	if errors.Is(err, flag.ErrHelp) {
@@ -731,9 +752,7 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 			return &exitError{exitDeclined, errors.New("resolve: not confirmed; nothing changed (--yes skips the question)")}
 		}
 	}
-	callCtx, cancel = context.WithTimeout(ctx, conn.timeout)
-	defer cancel()
-	resp, err := client.ResolveMultiCardPayment(callCtx, req)
+	resp, err := resolveWaiting(ctx, client, req, conn.timeout, *wait, stderr)
 	if err != nil {
 		if status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded {
 			return fmt.Errorf("%w (the resolution may or may not have been recorded: 'paymentsd payments get' shows which)", callError("resolve", err))
@@ -750,6 +769,33 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 		return err
 	}
 	return writePayment(stdout, key, resp.GetPayment())
+}
+
+// resolveWaiting resolves req, and while paymentsd answers
+// PAYMENT_IN_PROGRESS (a request with the key is being sent, or may still
+// be at the provider) waits the RetryInfo's delay and asks again, for up
+// to wait. The request keeps its expected_update_time: if a request did
+// change the record meanwhile, paymentsd says RECORD_CHANGED and nothing
+// is resolved.
+func resolveWaiting(ctx context.Context, client paymentsv1.PaymentsServiceClient, req *paymentsv1.ResolveMultiCardPaymentRequest, timeout, wait time.Duration, stderr io.Writer) (*paymentsv1.ResolveMultiCardPaymentResponse, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, timeout)
+		resp, err := client.ResolveMultiCardPayment(callCtx, req)
+		cancel()
+		delay := retryDelayOf(err)
+		if err == nil || status.Code(err) != codes.Aborted || delay <= 0 || time.Now().Add(delay).After(deadline) {
+			return resp, err
+		}
+		fmt.Fprintf(stderr, "A request with the key may still be at the provider; trying again in %v.\n", delay.Round(100*time.Millisecond))
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // readParagraph reads lines until an empty line or the end of input.
