@@ -214,7 +214,10 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		// change the method.
 		runtime.WithDisablePathLengthFallback(),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, restMarshaler{&runtime.JSONPb{
-			MarshalOptions: protojson.MarshalOptions{EmitUnpopulated: true},
+			// Every scalar, enum and list, default or not (the OpenAPI
+			// document's required fields); a message field that is unset
+			// is left out, never null.
+			MarshalOptions: protojson.MarshalOptions{EmitDefaultValues: true},
 			// A misspelt field must not be silently dropped in a payments
 			// API: unknown fields are an error that names the field.
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -730,7 +731,7 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 
 	in := bufio.NewReader(stdin)
 	req.Evidence = *evidence
-	if strings.TrimSpace(req.Evidence) == "" && *evidence == "" {
+	if blank(req.Evidence) && *evidence == "" {
 		fmt.Fprint(stderr, "Evidence: what did you see, and where (for example the provider dashboard's payment ID and status)?\n"+
 			"End with an empty line.\n> ")
 		req.Evidence, err = readParagraph(in, stderr)
@@ -738,8 +739,8 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 			return err
 		}
 	}
-	if strings.TrimSpace(req.Evidence) == "" {
-		return usageError("resolve: the evidence is blank: say what you saw, and where; nothing changed")
+	if blank(req.Evidence) {
+		return usageError("resolve: the evidence is blank or invisible: say what you saw, and where; nothing changed")
 	}
 	if !*yes {
 		fmt.Fprintf(stderr, "Resolve %s as %s: %s.\nEvidence: %s\nProceed? [y/N] ",
@@ -796,6 +797,19 @@ func resolveWaiting(ctx context.Context, client paymentsv1.PaymentsServiceClient
 		case <-t.C:
 		}
 	}
+}
+
+// blank reports whether s has nothing a person can read: only separators
+// (Unicode category Z: spaces such as U+00A0 and U+3000) and invisible
+// characters (category C: controls, and format characters such as
+// U+200B), as paymentsd's own rule for evidence has it.
+func blank(s string) bool {
+	for _, r := range s {
+		if !unicode.In(r, unicode.Z, unicode.C) {
+			return false
+		}
+	}
+	return true
 }
 
 // readParagraph reads lines until an empty line or the end of input.
