@@ -244,15 +244,23 @@ func newFlagSet(name, text string, stdout, stderr io.Writer) *flag.FlagSet {
 
 // parseArgs parses flags given before, between or after the positional
 // arguments, and returns those; after "--" every argument is positional.
+// --help prints the usage once, on stdout; a bad flag, its error and the
+// usage on stderr.
 func parseArgs(fs *flag.FlagSet, args []string, stdout io.Writer) ([]string, error) {
+	usage := fs.Usage
+	// The flag package prints the usage itself on -help, to its output
+	// (stderr); it is printed here instead, where it belongs.
+	fs.Usage = func() {}
+	defer func() { fs.Usage = usage }()
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				fs.SetOutput(stdout)
-				fs.Usage()
+				usage()
 				return nil, flag.ErrHelp
 			}
+			usage()
 			return nil, &exitError{exitUsage, err}
 		}
 		consumed := len(args) - fs.NArg()
