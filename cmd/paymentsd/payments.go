@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -35,7 +36,7 @@ import (
 const (
 	exitFailure  = 1 // paymentsd could not be reached or failed; nothing is known to have changed
 	exitUsage    = 2 // bad flags or arguments, or a request paymentsd called invalid
-	exitDenied   = 3 // not allowed: not an admin (CALLER_NOT_ADMIN), not on the allowlist, or no identity
+	exitDenied   = 3 // not allowed: not an admin (CALLER_NOT_ADMIN), not on the allowlist, or no identity (no client certificate)
 	exitNotFound = 4 // no record of the key
 	exitRefused  = 5 // the record is not in a state for it (not OUTCOME_UNKNOWN, or a request is in flight); nothing changed
 	exitDeclined = 6 // the person did not confirm; nothing was sent
@@ -135,8 +136,9 @@ Commands:
 Run 'paymentsd payments <command> --help' for a command's flags.
 
 Exit status: 0 done; 1 paymentsd unreachable or failed; 2 bad flags or
-request; 3 not allowed (CALLER_NOT_ADMIN, not on the allowlist); 4 no such
-payment; 5 the payment is not in a state for it; 6 not confirmed.
+request; 3 not allowed (CALLER_NOT_ADMIN, not on the allowlist, no client
+certificate); 4 no such payment; 5 the payment is not in a state for it; 6
+not confirmed.
 `
 
 // runPayments is 'paymentsd payments …', the operators' CLI. It reads no
@@ -190,6 +192,7 @@ func (c *connFlags) register(fs *flag.FlagSet, env func(string) string) {
 // dial connects to paymentsd; grpc.NewClient connects on the first call.
 func (c *connFlags) dial() (paymentsv1.PaymentsServiceClient, func(), error) {
 	var creds credentials.TransportCredentials
+	var certAsked atomic.Bool
 	if c.insecure {
 		if c.caFile != "" || c.certFile != "" || c.keyFile != "" {
 			return nil, nil, usageError("--insecure is plaintext: it can't be used with --tls-ca, --tls-cert or --tls-key")
@@ -216,16 +219,39 @@ func (c *connFlags) dial() (paymentsv1.PaymentsServiceClient, func(), error) {
 			tc.Certificates = []tls.Certificate{cert}
 		case c.certFile != "" || c.keyFile != "":
 			return nil, nil, usageError("--tls-cert and --tls-key go together: give both or neither")
+		default:
+			// With no certificate of its own to give, note whether
+			// paymentsd asks for one: an mTLS paymentsd then ends the
+			// handshake, which the call sees as UNAVAILABLE.
+			tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+				certAsked.Store(true)
+				return &tls.Certificate{}, nil
+			}
 		}
 		creds = credentials.NewTLS(tc)
 	}
 	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(creds),
 		// An export page is at most 3 MiB; leave room for a larger one.
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
+		grpc.WithChainUnaryInterceptor(noIdentity(&certAsked)))
 	if err != nil {
 		return nil, nil, usageError("--addr %q: %w", c.addr, err)
 	}
 	return paymentsv1.NewPaymentsServiceClient(conn), func() { conn.Close() }, nil
+}
+
+// noIdentity turns a call that failed because paymentsd asked for a client
+// certificate and was given none (asked says it did) into
+// UNAUTHENTICATED, so that the CLI exits 3, not allowed, and says what to
+// give, rather than 1, unreachable.
+func noIdentity(asked *atomic.Bool) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if status.Code(err) == codes.Unavailable && asked.Load() {
+			return status.Error(codes.Unauthenticated, "paymentsd asks for a client certificate, your identity, and none was given: give --tls-cert and --tls-key ($"+envCLICert+", $"+envCLIKey+")")
+		}
+		return err
+	}
 }
 
 // newFlagSet makes a command's flag set; --help prints usage, the

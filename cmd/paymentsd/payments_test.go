@@ -271,6 +271,12 @@ func testPaymentsCLIOnCall(t *testing.T, db string) {
 	if r := cli(t, "", "resolve", notAdmin, "k-doubt-2", "--outcome", "not-created", "--evidence", "x", "--yes"); r.code != exitDenied || !strings.Contains(r.stderr, "CALLER_NOT_ADMIN") {
 		t.Errorf("resolve as a non-admin:\n%v\nwant exit %d, CALLER_NOT_ADMIN", r, exitDenied)
 	}
+	// No client certificate at all: no identity, so not allowed (3), not
+	// unreachable (1).
+	noCert := []string{"--addr", in.grpcAddr, "--tls-ca", d.caFile}
+	if r := cli(t, "", "list", noCert, "--in-doubt"); r.code != exitDenied {
+		t.Errorf("list without a client certificate:\n%v\nwant exit %d", r, exitDenied)
+	}
 	r = cli(t, "", "get", admin, "k-doubt-2", "-o", "json")
 	if got := jsonLines[paymentsv1.GetMultiCardPaymentResponse](t, r.stdout); r.code != 0 || len(got) != 1 ||
 		got[0].GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN || len(got[0].GetAuditEntries()) != 0 {
