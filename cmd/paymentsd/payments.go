@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -145,6 +147,10 @@ not confirmed.
 // PAYMENTS_* server configuration: only its flags, whose defaults come
 // from the PAYMENTS_CLI_* variables in environ.
 func runPayments(ctx context.Context, args, environ []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	// A closed terminal ends a command as Ctrl-C does (run already
+	// handles SIGINT and SIGTERM): an export removes its partial file.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGHUP)
+	defer stop()
 	if len(args) == 0 {
 		io.WriteString(stderr, paymentsUsage)
 		return usageError("payments: name a command: list, get, resolve or export")
