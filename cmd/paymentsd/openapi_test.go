@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -106,4 +107,52 @@ func checkAnswer(t *testing.T, what string, v map[string]any, required []string)
 		}
 	}
 	walk("", v)
+}
+
+// TestRESTRetryAfter: a REST answer carries a Retry-After header exactly
+// when its status carries a RetryInfo, with the RetryInfo's delay rounded
+// up to whole seconds, and an X-Request-Id always.
+func TestRESTRetryAfter(t *testing.T) {
+	t.Parallel()
+	in := start(t, nil, "--simulate")
+	for _, tt := range []struct {
+		what, key string
+		status    int
+	}{
+		{"a provider's 503", "sim-status-503-retry-after", http.StatusServiceUnavailable},
+		{"the same key in its quiet period", "sim-status-503-retry-after", http.StatusConflict},
+		{"a decline", "sim-decline-retry-after", http.StatusBadRequest},
+		{"a payment", "retry-after-ok", http.StatusOK},
+	} {
+		r := in.rest(t, validBody(tt.key), nil)
+		if r.status != tt.status {
+			t.Fatalf("%s: POST = %d %s, want %d", tt.what, r.status, r.raw, tt.status)
+		}
+		var st struct {
+			Details []struct {
+				Type       string `json:"@type"`
+				RetryDelay string `json:"retryDelay"`
+			}
+		}
+		json.Unmarshal(r.raw, &st)
+		want := ""
+		for _, d := range st.Details {
+			if d.Type == "type.googleapis.com/google.rpc.RetryInfo" {
+				delay, err := time.ParseDuration(d.RetryDelay)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want = strconv.Itoa(int((delay + time.Second - 1) / time.Second))
+			}
+		}
+		if got := r.header.Get("Retry-After"); got != want {
+			t.Errorf("%s: Retry-After %q, want %q (the RetryInfo's delay in whole seconds, rounded up)", tt.what, got, want)
+		}
+		if tt.status != http.StatusOK && want == "" && tt.status != http.StatusBadRequest {
+			t.Errorf("%s: no RetryInfo", tt.what)
+		}
+		if r.header.Get("X-Request-Id") == "" {
+			t.Errorf("%s: no X-Request-Id", tt.what)
+		}
+	}
 }
