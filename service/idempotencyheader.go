@@ -98,14 +98,6 @@ func applyHeaderKey(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentR
 	}
 	key, present, err := headerKey(c.idempotencyKeys)
 	switch {
-	case !present && req.GetIdempotencyKey() == "":
-		// Validation would name only the body's field: over REST the key
-		// may come in either place.
-		msg := "the request has no idempotency key: send the payment's key in the body's idempotencyKey or in an " + IdempotencyKeyHeader + " header"
-		return headerKeyRefusal(msg,
-			&errdetails.BadRequest_FieldViolation{Field: "idempotency_key", Description: "missing: give it here or in the " + IdempotencyKeyHeader + " header"},
-			&errdetails.BadRequest_FieldViolation{Field: IdempotencyKeyHeader, Description: "missing: give it here or in the body's idempotencyKey"},
-		)
 	case !present:
 		return nil
 	case err != nil:
@@ -124,6 +116,23 @@ func applyHeaderKey(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentR
 		)
 	}
 	return nil
+}
+
+// noKeyError is validation's refusal of a REST CreateMultiCardPayment
+// call with no key in the body or a header, saying that the key may come
+// in either: validation alone names only the body's field.
+func noKeyError(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.InvalidArgument {
+		return err
+	}
+	p := proto.CloneOf(st.Proto())
+	p.Message = "the request has no idempotency key: send the payment's key in the body's idempotencyKey or in an " + IdempotencyKeyHeader + " header; " + p.Message
+	with := status.FromProto(p)
+	return withDetails(with, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+		{Field: "idempotency_key", Description: "missing: give it here or in the " + IdempotencyKeyHeader + " header"},
+		{Field: IdempotencyKeyHeader, Description: "missing: give it here or in the body's idempotencyKey"},
+	}})
 }
 
 func headerKeyRefusal(msg string, violations ...*errdetails.BadRequest_FieldViolation) error {

@@ -376,7 +376,13 @@ func (c *chained) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		markReachedService(ctx)
 		return nil, err
 	}
-	return callChain(ctx, c.chain, createInfo, req, c.svc.CreateMultiCardPayment)
+	resp, err := callChain(ctx, c.chain, createInfo, req, c.svc.CreateMultiCardPayment)
+	if err != nil && req.GetIdempotencyKey() == "" {
+		// No key in the body or a header; refused by validation, which
+		// counts and logs it as any refusal.
+		err = noKeyError(err)
+	}
+	return resp, err
 }
 
 func (c *chained) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMultiCardPaymentRequest) (*paymentsv1.GetMultiCardPaymentResponse, error) {
