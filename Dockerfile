@@ -1,12 +1,29 @@
-# No Docker engine is available in this workplace: this file is reviewed, not built, here.
-FROM golang:1.26 AS build
+# No Docker engine is available in this workplace: this file is reviewed, not
+# built, here; cmd/paymentsd's TestDockerfile checks it, and TestBuildVersion
+# builds with its -ldflags.
+#
+# Build with the version and revision, which the binary can't learn itself
+# (.dockerignore leaves .git out of the context):
+#   docker build --build-arg VERSION=$(git describe --tags --always --dirty) \
+#     --build-arg REVISION=$(git rev-parse HEAD) -t paymentsd .
+#
+# Base images are pinned by digest (the tag says what it is, the digest which
+# one); bump both together, in a reviewed commit.
+FROM golang:1.26@sha256:595c7847cff97c9a9e76f015083c481d26078f961c9c8dca3923132f51fe12f1 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/paymentsd ./cmd/paymentsd
+ARG VERSION
+ARG REVISION
+RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags="-s -w -X main.buildVersion=${VERSION} -X main.buildRevision=${REVISION}" -o /out/paymentsd ./cmd/paymentsd
 
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM gcr.io/distroless/static-debian12:nonroot@sha256:d093aa3e30dbadd3efe1310db061a14da60299baff8450a17fe0ccc514a16639
+ARG VERSION
+ARG REVISION
+LABEL org.opencontainers.image.title=paymentsd \
+      org.opencontainers.image.version=${VERSION} \
+      org.opencontainers.image.revision=${REVISION}
 COPY --from=build /out/paymentsd /paymentsd
 # nonroot:nonroot, written numerically so the kubelet can verify runAsNonRoot.
 USER 65532:65532

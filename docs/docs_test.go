@@ -12,12 +12,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -328,6 +330,14 @@ func TestCommandBlocks(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		testenv.Missing(t, "curl is not installed; the docs' commands use it")
 	}
+	// The contract check: with PAYMENTS_DOCS_PRISM naming Stoplight
+	// Prism's CLI (.ci/run installs it), every REST request of the
+	// docs goes through prism proxy, which checks it and paymentsd's
+	// answer against the OpenAPI document.
+	prism := os.Getenv("PAYMENTS_DOCS_PRISM")
+	if prism == "" && os.Getenv("CI") == "true" {
+		t.Fatal("PAYMENTS_DOCS_PRISM is not set: under CI the docs' REST requests must go through the contract validator (.ci/run installs it)")
+	}
 	bin := t.TempDir()
 	build := exec.CommandContext(t.Context(), "go", "build", "-o", filepath.Join(bin, "paymentsd"), "./cmd/paymentsd")
 	build.Dir = root
@@ -343,7 +353,14 @@ func TestCommandBlocks(t *testing.T) {
 					env = append(env, kv)
 				}
 			}
-			ports := strings.NewReplacer("localhost:9090", grpcAddr, "localhost:8080", httpAddr)
+			restAddr := httpAddr
+			var violations func() []string
+			if prism != "" {
+				restAddr, violations = startPrism(t, prism, filepath.Join(root, "service", "openapi.json"), httpAddr)
+			}
+			// REST requests (and only those: /metrics, /readyz are not in
+			// the OpenAPI document) go through the contract validator.
+			ports := strings.NewReplacer("localhost:9090", grpcAddr, "localhost:8080/v1/", restAddr+"/v1/", "localhost:8080", httpAddr)
 			for _, b := range w.blocks {
 				// A guard against a command that never ends, not a timed
 				// assertion: the first grpcurl build takes minutes.
@@ -360,7 +377,73 @@ func TestCommandBlocks(t *testing.T) {
 				}
 				t.Logf("%s:%d:\n%s", w.page.path, b.line, out)
 			}
+			if violations != nil {
+				for _, v := range violations() {
+					t.Errorf("%s: the contract validator refused a request or an answer (the block's output above shows its problem+json): %s", w.page.path, v)
+				}
+			}
 		})
+	}
+}
+
+// startPrism starts `prism proxy doc http://upstream --errors` on a free
+// loopback port, stops it when the test ends, and returns its address and
+// a function giving the violations it has logged so far: each request or
+// answer that breaks the document. With --errors it answers such a call
+// with a problem+json saying what broke, in place of paymentsd's answer.
+func startPrism(t *testing.T, prism, doc, upstream string) (addr string, violations func() []string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cmd := exec.Command(prism, "proxy", doc, "http://"+upstream, "--errors", "--host", "127.0.0.1", "--port", fmt.Sprint(port))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", prism, err)
+	}
+	var mu sync.Mutex
+	var bad []string
+	listening := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(out)
+		once := sync.Once{}
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.Contains(line, "Prism is listening"):
+				once.Do(func() { close(listening) })
+			case strings.Contains(line, "✖"), strings.Contains(line, "⚠"):
+				mu.Lock()
+				bad = append(bad, line)
+				mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-done
+		cmd.Wait()
+	})
+	select {
+	case <-listening:
+	case <-done:
+		t.Fatalf("prism proxy exited before listening")
+	case <-t.Context().Done():
+		t.Fatal("the test ended before prism proxy listened")
+	}
+	return fmt.Sprintf("127.0.0.1:%d", port), func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(bad)
 	}
 }
 

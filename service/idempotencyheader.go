@@ -118,6 +118,23 @@ func applyHeaderKey(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentR
 	return nil
 }
 
+// noKeyError is validation's refusal of a REST CreateMultiCardPayment
+// call with no key in the body or a header, saying that the key may come
+// in either: validation alone names only the body's field.
+func noKeyError(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.InvalidArgument {
+		return err
+	}
+	p := proto.CloneOf(st.Proto())
+	p.Message = "the request has no idempotency key: send the payment's key in the body's idempotencyKey or in an " + IdempotencyKeyHeader + " header; " + p.Message
+	with := status.FromProto(p)
+	return withDetails(with, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+		{Field: "idempotency_key", Description: "missing: give it here or in the " + IdempotencyKeyHeader + " header"},
+		{Field: IdempotencyKeyHeader, Description: "missing: give it here or in the body's idempotencyKey"},
+	}})
+}
+
 func headerKeyRefusal(msg string, violations ...*errdetails.BadRequest_FieldViolation) error {
 	st := status.New(codes.InvalidArgument, msg+"; nothing was sent")
 	return withDetails(st, notSentInfo(), &errdetails.BadRequest{FieldViolations: violations})

@@ -164,7 +164,6 @@ func (l *limiter) tap(ctx context.Context, info *tap.Info) (context.Context, err
 func (l *limiter) limitHTTP(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !l.acquire() {
-			w.Header().Set("Retry-After", "1")
 			msg := overloadedLookup
 			if createsPayment(r) {
 				msg = overloaded

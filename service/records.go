@@ -606,7 +606,8 @@ func (s *Service) record(rec store.Record) *paymentsv1.GetMultiCardPaymentRespon
 	if !rec.AttemptStartedAt.IsZero() {
 		resp.LastAttemptTime = timestamppb.New(rec.AttemptStartedAt)
 	}
-	if rec.State != store.StateSucceeded && rec.State != store.StateNotCreated && !rec.SettleBy.IsZero() {
+	// As in a list's summary and the export, whatever the state.
+	if !rec.SettleBy.IsZero() {
 		resp.SettlementWindowEndTime = timestamppb.New(rec.SettleBy)
 	}
 	if rec.QuietUntil.After(rec.ReadAt) {

@@ -11,10 +11,12 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -251,6 +253,7 @@ func refuse(w http.ResponseWriter, r *http.Request, httpStatus int, code codes.C
 // google.rpc.Status in JSON (marshalled as the gateway's marshaler does),
 // details included.
 func writeStatusJSON(w http.ResponseWriter, httpStatus int, st *status.Status) {
+	setRetryAfter(w, st)
 	opts := protojson.MarshalOptions{EmitUnpopulated: true}
 	b, err := opts.Marshal(st.Proto())
 	if err != nil {
@@ -261,6 +264,37 @@ func writeStatusJSON(w http.ResponseWriter, httpStatus int, st *status.Status) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(httpStatus)
 	w.Write(b)
+}
+
+// setRetryAfter gives a REST answer whose status carries a RetryInfo the
+// same delay as a Retry-After header (RFC 9110: whole seconds, so rounded
+// up), for HTTP clients and proxies that read only headers.
+func setRetryAfter(w http.ResponseWriter, st *status.Status) {
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay().AsDuration() > 0 {
+			secs := (ri.GetRetryDelay().AsDuration() + time.Second - 1) / time.Second
+			w.Header().Set("Retry-After", strconv.FormatInt(int64(secs), 10))
+			return
+		}
+	}
+}
+
+// withRequestID gives every answer on the HTTP port an X-Request-Id: the
+// caller's, if it is a valid request ID, or a new one. The request goes
+// on with that ID in its header, so the gateway's call logs the same one;
+// answers written before the gateway (a body too large, a key header and
+// body that differ, too many calls in progress, no such route) carry it
+// too.
+func withRequestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-Id")
+		if len(r.Header.Values("X-Request-Id")) != 1 || !validRequestID(id) {
+			id = newRequestID()
+			r.Header.Set("X-Request-Id", id)
+		}
+		w.Header().Set("X-Request-Id", id)
+		next.ServeHTTP(w, r)
+	})
 }
 
 // gatewayCall is put in a REST request's context before the gateway reads
@@ -328,4 +362,35 @@ func overREST(ctx context.Context) bool {
 func gatewayRefusal(r *http.Request) bool {
 	c, ok := r.Context().Value(gatewayCallKey{}).(*gatewayCall)
 	return ok && !c.reachedService
+}
+
+// openAPIWithVersion is the OpenAPI document with info.version set to
+// version, so that the document served says which build serves it;
+// nothing else in it changes.
+func openAPIWithVersion(doc []byte, version string) ([]byte, error) {
+	if version == "" {
+		return doc, nil
+	}
+	var d map[string]json.RawMessage
+	if err := json.Unmarshal(doc, &d); err != nil {
+		return nil, fmt.Errorf("read the OpenAPI document: %w", err)
+	}
+	var info map[string]json.RawMessage
+	if err := json.Unmarshal(d["info"], &info); err != nil {
+		return nil, fmt.Errorf("read the OpenAPI document's info: %w", err)
+	}
+	v, _ := json.Marshal(version)
+	info["version"] = v
+	b, err := json.Marshal(info)
+	if err != nil {
+		return nil, err
+	}
+	d["info"] = b
+	// Keys come out sorted, which a JSON reader doesn't mind; indented,
+	// as generated, for a person reading it.
+	out, err := json.MarshalIndent(d, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }

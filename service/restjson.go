@@ -69,7 +69,7 @@ func (m restMarshaler) Marshal(v any) ([]byte, error) {
 			return nil, err
 		}
 		delete(fields, "paymentJson")
-		fields["payment"] = json.RawMessage("null")
+		// payment is left out unless the payment succeeded.
 		if resp.GetState() == paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED {
 			fields["payment"] = appendPayment(nil, resp.GetPaymentJson(), resp.GetPayment())
 		}

@@ -82,6 +82,9 @@ type Options struct {
 	// AllowedCallers, when not empty, are the only caller identities that
 	// may call anything but health checks and reflection.
 	AllowedCallers []Identity
+	// Version is the build's version, which GET /openapi.json gives as
+	// the document's info.version; empty leaves the generated one.
+	Version string
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -212,6 +215,10 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	if err != nil {
 		return nil, err
 	}
+	doc, err := openAPIWithVersion(openAPI, opts.Version)
+	if err != nil {
+		return nil, err
+	}
 	gateway := runtime.NewServeMux(
 		runtime.WithRoutingErrorHandler(rs.routingError),
 		runtime.WithMiddlewares(requireJSON),
@@ -219,7 +226,10 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		// change the method.
 		runtime.WithDisablePathLengthFallback(),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, restMarshaler{&runtime.JSONPb{
-			MarshalOptions: protojson.MarshalOptions{EmitUnpopulated: true},
+			// Every scalar, enum and list, default or not (the OpenAPI
+			// document's required fields); a message field that is unset
+			// is left out, never null.
+			MarshalOptions: protojson.MarshalOptions{EmitDefaultValues: true},
 			// A misspelt field must not be silently dropped in a payments
 			// API: unknown fields are an error that names the field.
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
@@ -232,12 +242,9 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		}),
 		runtime.WithErrorHandler(restError),
 		runtime.WithForwardResponseOption(markReplayed),
-		runtime.WithOutgoingHeaderMatcher(func(h string) (string, bool) {
-			if h == RequestIDHeader {
-				return "X-Request-Id", true
-			}
-			return "", false
-		}),
+		// X-Request-Id is set on every answer by withRequestID, with the
+		// ID the call was given.
+		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
 	)
 	// The gateway calls the service in-process, through the same chain as
 	// gRPC calls, rather than over a loopback connection.
@@ -282,9 +289,9 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		w.Write(openAPI)
+		w.Write(doc)
 	})
-	s.HTTP = readDeadline(readTimeout, identifyHTTP(mux))
+	s.HTTP = readDeadline(readTimeout, withRequestID(identifyHTTP(mux)))
 	s.Health = s.healthHandler()
 	return s, nil
 }
@@ -425,7 +432,13 @@ func (c *chained) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		markReachedService(ctx)
 		return nil, err
 	}
-	return callChain(ctx, c.chain, createInfo, req, c.svc.CreateMultiCardPayment)
+	resp, err := callChain(ctx, c.chain, createInfo, req, c.svc.CreateMultiCardPayment)
+	if err != nil && req.GetIdempotencyKey() == "" {
+		// No key in the body or a header; refused by validation, which
+		// counts and logs it as any refusal.
+		err = noKeyError(err)
+	}
+	return resp, err
 }
 
 func (c *chained) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMultiCardPaymentRequest) (*paymentsv1.GetMultiCardPaymentResponse, error) {
@@ -479,6 +492,9 @@ func restError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, 
 		if withInfo, err2 := st.WithDetails(notSentInfo()); err2 == nil {
 			err = withInfo.Err()
 		}
+	}
+	if st, ok := status.FromError(err); ok {
+		setRetryAfter(w, st)
 	}
 	if hasReason(err, ReasonKeyReused) || hasReason(err, ReasonRecordNotUnknown) || hasReason(err, ReasonRecordChanged) || (hasReason(err, ReasonKeyExpired) && createsPayment(r)) {
 		w = statusOverride{ResponseWriter: w, status: http.StatusUnprocessableEntity}

@@ -301,8 +301,13 @@ func (s *Service) failureStatus(err error, maybeBefore bool) *status.Status {
 	details := []protoadapt.MessageV1{info}
 	if retryable {
 		delay := time.Second
-		if hasStatus && se.RetryAfter > 0 {
+		var open *upstream.CircuitOpenError
+		switch {
+		case hasStatus && se.RetryAfter > 0:
 			delay = se.RetryAfter
+		case errors.As(uerr.Err, &open) && open.RetryAfter > 0:
+			// Until the cooldown ends every call is refused again.
+			delay = open.RetryAfter
 		}
 		if uerr.AtProvider {
 			delay = max(delay, s.quietLeft(uerr.LastAttemptStart))

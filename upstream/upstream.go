@@ -69,6 +69,18 @@ var (
 	ErrCircuitOpen = errors.New("provider circuit breaker open")
 )
 
+// CircuitOpenError is ErrCircuitOpen (errors.Is finds it) with how long
+// the breaker stays open: until then every call is refused at once.
+type CircuitOpenError struct {
+	// RetryAfter is what is left of the breaker's cooldown; zero while
+	// its probe is in flight, whose outcome decides.
+	RetryAfter time.Duration
+}
+
+func (e *CircuitOpenError) Error() string { return ErrCircuitOpen.Error() }
+
+func (e *CircuitOpenError) Unwrap() error { return ErrCircuitOpen }
+
 // Config configures a Client. BaseURL, HTTPClient, and APIKey or APIKeys
 // are required.
 type Config struct {
@@ -103,6 +115,9 @@ type Config struct {
 	BreakerCooldown time.Duration
 	// Metrics, if not nil, records every attempt.
 	Metrics *Metrics
+	// UserAgent, if set, is every request's User-Agent (paymentsd sends
+	// paymentsd/<version>); unset, Go's default.
+	UserAgent string
 	// Logger, if not nil, gets a warning for every failed attempt with its
 	// real cause (DNS, refused connection, TLS, a key that is not a valid
 	// header value, the provider's status), which the caller-facing error
@@ -120,6 +135,8 @@ type Client struct {
 	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
 	metrics *Metrics
 	logger  *slog.Logger
+	// openUntil is when the breaker last opened plus its cooldown.
+	openUntil atomic.Pointer[time.Time]
 }
 
 // New returns a client for cfg. It fails if cfg is incomplete; the error
@@ -162,6 +179,12 @@ func New(cfg Config) (*Client, error) {
 		},
 		IsExcluded: func(err error) bool {
 			return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+		},
+		OnStateChange: func(_ string, _, to gobreaker.State) {
+			if to == gobreaker.StateOpen {
+				until := time.Now().Add(cfg.BreakerCooldown)
+				c.openUntil.Store(&until)
+			}
 		},
 	})
 	return c, nil
@@ -332,7 +355,11 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		if err != nil {
 			c.metrics.observe(outcomeCircuitOpen, 0)
 			if failure.Attempts == 0 {
-				failure.Err = ErrCircuitOpen
+				var left time.Duration
+				if until := c.openUntil.Load(); until != nil {
+					left = max(time.Until(*until), 0)
+				}
+				failure.Err = &CircuitOpenError{RetryAfter: left}
 			}
 			return nil, failure
 		}
@@ -466,6 +493,9 @@ func (c *Client) attempt(ctx context.Context, body []byte, keys *keySet, key str
 		"X-Api-Key":    {key},
 		"Content-Type": {"application/json"},
 		"Accept":       {"application/json"},
+	}
+	if c.cfg.UserAgent != "" {
+		req.Header["User-Agent"] = []string{c.cfg.UserAgent}
 	}
 	// Without GetBody the transport can't re-send the request on its own
 	// (HTTP/2 does, after some stream errors and GOAWAYs): every request

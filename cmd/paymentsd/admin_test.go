@@ -412,11 +412,22 @@ func TestResolveValidation(t *testing.T) {
 		"evidence too long":  {IdempotencyKey: "k", Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_SUCCEEDED, Evidence: strings.Repeat("e", 4097)},
 		"reply not object":   {IdempotencyKey: "k", Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_SUCCEEDED, Evidence: "x", ReplyJson: "[1]"},
 		"reply with nothing": {IdempotencyKey: "k", Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "x", ReplyJson: "{}"},
+		// Blank by Unicode's categories, not only ASCII's: separators
+		// (Z) and invisible characters (C) say nothing.
+		"invisible evidence": {IdempotencyKey: "k", Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_SUCCEEDED, Evidence: "\u200b\u3000\u00a0\ufeff\u2060"},
+		"C1 control":         {IdempotencyKey: "k", Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_SUCCEEDED, Evidence: "pay_1\u0085seen"},
 	} {
 		_, err := sim.client.ResolveMultiCardPayment(t.Context(), req)
 		if status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: ResolveMultiCardPayment = %v, want INVALID_ARGUMENT", name, err)
 		}
+	}
+	// Evidence in any script, with tabs and newlines, passes validation
+	// (there is no such record).
+	_, err := sim.client.ResolveMultiCardPayment(t.Context(), &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k",
+		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_SUCCEEDED, Evidence: "\u3000支払い pay_1\tseen\non the dashboard"})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("ResolveMultiCardPayment with readable evidence = %v, want NOT_FOUND (past validation)", err)
 	}
 }
 

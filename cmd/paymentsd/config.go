@@ -173,6 +173,25 @@ type setting struct {
 	show func(c *config) slog.Value
 }
 
+// simulateDefaults are the defaults that --simulate changes, so that a
+// payment whose outcome is unknown settles, or is given up on and can be
+// resolved, in seconds rather than minutes (docs/simulator.md). They keep
+// the rules loadConfig checks: the quiet period at least the upstream
+// timeout, and shorter than the settlement window.
+var simulateDefaults = map[string]string{
+	"PAYMENTS_SETTLEMENT_WINDOW":     "20s",
+	"PAYMENTS_PROVIDER_QUIET_PERIOD": "5s",
+	"PAYMENTS_UPSTREAM_TIMEOUT":      "5s",
+}
+
+// defaultFor is v's default, under --simulate if simulate.
+func (v variable) defaultFor(simulate bool) string {
+	if d, ok := simulateDefaults[v.name]; ok && simulate {
+		return d
+	}
+	return v.def
+}
+
 // variables is paymentsd's configuration, in the order it is read and
 // listed.
 func variables() []variable {
@@ -595,7 +614,7 @@ func loadConfig(args, environ []string) (*config, error) {
 		name := v.named(env)
 		value := getenv(name)
 		if value == "" {
-			value = v.def
+			value = v.defaultFor(simulate)
 		}
 		if err := v.parse(c, value); err != nil {
 			problem("%s: %w", name, err)

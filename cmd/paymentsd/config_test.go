@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -56,6 +57,9 @@ func TestHelp(t *testing.T) {
 				if def == "" {
 					def = "none"
 				}
+				if d, ok := simulateDefaults[v.name]; ok {
+					def += "; " + d + " under --simulate"
+				}
 				want := v.name + " (default: " + def + ") " + strings.Join(strings.Fields(v.meaning), " ")
 				if !strings.Contains(flat, want) {
 					t.Errorf("run(%s) help lacks %q", arg, want)
@@ -92,6 +96,46 @@ func TestHelpDefaultsAreTheDefaults(t *testing.T) {
 	}
 	if got, want := set.LogValue().String(), unset.LogValue().String(); got != want {
 		t.Errorf("configuration with every default written out\n%s\nwant, as with none set,\n%s", got, want)
+	}
+}
+
+// TestSimulateDefaults: under --simulate the settlement window, quiet
+// period and upstream timeout default to the seconds --help shows, so a
+// payment in doubt can be rehearsed quickly; a variable set still wins,
+// and without --simulate the usual defaults hold.
+func TestSimulateDefaults(t *testing.T) {
+	t.Parallel()
+	get := func(c *config) []time.Duration {
+		return []time.Duration{c.SettlementWindow, c.ProviderQuietPeriod, c.UpstreamTimeout}
+	}
+	sim, err := loadConfig([]string{"paymentsd", "--simulate"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []time.Duration
+	for _, name := range []string{"PAYMENTS_SETTLEMENT_WINDOW", "PAYMENTS_PROVIDER_QUIET_PERIOD", "PAYMENTS_UPSTREAM_TIMEOUT"} {
+		d, err := time.ParseDuration(simulateDefaults[name])
+		if err != nil {
+			t.Fatalf("%s's --simulate default: %v", name, err)
+		}
+		want = append(want, d)
+	}
+	if got := get(sim); !slices.Equal(got, want) {
+		t.Errorf("--simulate with nothing set: window, quiet period, upstream timeout = %v, want %v", got, want)
+	}
+	set, err := loadConfig([]string{"paymentsd", "--simulate"}, []string{"PAYMENTS_SETTLEMENT_WINDOW=1m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.SettlementWindow != time.Minute {
+		t.Errorf("--simulate with PAYMENTS_SETTLEMENT_WINDOW=1m: window %v, want 1m", set.SettlementWindow)
+	}
+	real, err := loadConfig([]string{"paymentsd"}, envList(validSandbox(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := get(real), []time.Duration{10 * time.Minute, 30 * time.Second, 15 * time.Second}; !slices.Equal(got, want) {
+		t.Errorf("without --simulate: window, quiet period, upstream timeout = %v, want %v", got, want)
 	}
 }
 

@@ -76,6 +76,9 @@ func renderConfigurationPage(text string) ([]byte, error) {
 		default:
 			def = "`" + v.def + "`"
 		}
+		if d, ok := simulateDefaults[v.name]; ok {
+			def += " (`" + d + "` under `--simulate`)"
+		}
 		data.Variables = append(data.Variables, row{v.name, def, cell(v.meaning)})
 	}
 	for _, v := range alsoRead {

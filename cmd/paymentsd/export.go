@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -12,8 +13,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -71,13 +76,89 @@ func newExportRecord(p *paymentsv1.MultiCardPaymentSummary) exportRecord {
 	return r
 }
 
+// csv is the record's CSV row. The text cells paymentsd does not write
+// itself (the key, the caller, the last error and the provider's reply)
+// pass through csvText.
 func (r exportRecord) csv() []string {
 	return []string{
-		r.IdempotencyKey, r.State, r.Amount, r.Currency, r.Caller, r.Environment,
+		csvText(r.IdempotencyKey), r.State, r.Amount, r.Currency, csvText(r.Caller), r.Environment,
 		r.CreateTime, r.UpdateTime, strconv.Itoa(int(r.Attempts)), strconv.Itoa(int(r.ProviderHTTPStatus)),
-		strconv.FormatBool(r.SettlementGaveUp), r.SettlementWindowEndTime, strconv.FormatBool(r.Resolved), r.LastError,
-		r.PaymentJSON,
+		strconv.FormatBool(r.SettlementGaveUp), r.SettlementWindowEndTime, strconv.FormatBool(r.Resolved), csvText(r.LastError),
+		csvText(r.PaymentJSON),
 	}
+}
+
+// csvText is a text cell as CSV carries it safely. A cell a spreadsheet
+// could take for a formula (starting with =, +, -, @, a tab or a carriage
+// return: OWASP's "CSV injection"), or one holding a character that
+// reorders or hides text when shown (bidi controls, zero-width and other
+// format characters, C1 controls, line and paragraph separators), is
+// written as a JSON string literal instead: in double quotes, those
+// characters escaped (\u202e). So is a cell that starts with a double
+// quote, so that the rule can be undone: a cell that starts with " is
+// JSON; decode it for the exact value. Every other cell is as it is.
+func csvText(s string) string {
+	if s == "" {
+		return s
+	}
+	switch s[0] {
+	case '=', '+', '-', '@', '\t', '\r', '"':
+		return jsonString(s)
+	}
+	for _, r := range s {
+		if r >= utf8.RuneSelf && hides(r) {
+			return jsonString(s)
+		}
+	}
+	return s
+}
+
+// hides reports whether r changes or hides how text around it is shown:
+// control characters (Cc), format characters (Cf: bidi controls, zero-width
+// characters), and line and paragraph separators (Zl, Zp).
+func hides(r rune) bool {
+	return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp)
+}
+
+// jsonString is s as a JSON string literal, with every character hides
+// reports \u-escaped.
+func jsonString(s string) string {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.Encode(s)
+	return string(escapeHidden(bytes.TrimSuffix(b.Bytes(), []byte("\n"))))
+}
+
+// escapeHidden \u-escapes, in JSON that encoding/json wrote, every
+// character hides reports that it left as it is (it escapes only ASCII
+// controls, U+2028 and U+2029). Such characters can only be inside JSON
+// strings, so the JSON means the same.
+func escapeHidden(b []byte) []byte {
+	var out []byte
+	start := 0
+	for i := 0; i < len(b); {
+		c := b[i]
+		if c < utf8.RuneSelf && c != 0x7f {
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(b[i:])
+		if !hides(r) {
+			i += size
+			continue
+		}
+		out = append(out, b[start:i]...)
+		for _, u := range utf16.Encode([]rune{r}) {
+			out = fmt.Appendf(out, `\u%04x`, u)
+		}
+		i += size
+		start = i
+	}
+	if out == nil {
+		return b
+	}
+	return append(out, b[start:]...)
 }
 
 func environmentName(e paymentsv1.Environment) string {
@@ -113,6 +194,11 @@ Columns, in this order (docs/operations.md): idempotency_key, state,
 amount, currency, caller, environment, create_time, update_time, attempts,
 provider_http_status, settlement_gave_up, settlement_window_end_time,
 resolved, last_error, payment_json.
+
+A CSV cell that starts with " is a JSON string: one that a spreadsheet
+could take for a formula (=, +, -, @, tab, CR) or that holds characters
+that reorder or hide text (bidi controls, zero-width characters) is
+written so, escaped. JSON lines escape the same characters.
 `
 
 func paymentsExport(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
@@ -155,6 +241,7 @@ func paymentsExport(ctx context.Context, args []string, env func(string) string,
 	out := stdout
 	var file *os.File
 	if *output != "" {
+		removeStalePartials(*output, stderr)
 		file, err = os.CreateTemp(filepath.Dir(*output), "."+filepath.Base(*output)+".partial-*")
 		if err != nil {
 			return usageError("--output: %w", fileError(err))
@@ -189,6 +276,25 @@ func paymentsExport(ctx context.Context, args []string, env func(string) string,
 	return nil
 }
 
+// removeStalePartials removes the temporary files of earlier exports to
+// output that were killed before they could remove their own (SIGKILL, a
+// crash, the machine going down), and says so. An export ended by
+// SIGINT, SIGTERM or SIGHUP removes its own.
+func removeStalePartials(output string, stderr io.Writer) {
+	pattern := filepath.Join(globQuote(filepath.Dir(output)), globQuote("."+filepath.Base(output)+".partial-")+"*")
+	stale, _ := filepath.Glob(pattern)
+	for _, f := range stale {
+		if err := os.Remove(f); err == nil {
+			fmt.Fprintf(stderr, "removed %s: the partial file of an earlier export to %s that was killed before it finished\n", printable(f), printable(output))
+		}
+	}
+}
+
+// globQuote escapes filepath.Match's special characters in s.
+func globQuote(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`).Replace(s)
+}
+
 type exportOptions struct {
 	timeout time.Duration // of each page's call
 	// progress gets a line each second once the export has run for
@@ -206,13 +312,14 @@ func exportPayments(ctx context.Context, client paymentsv1.PaymentsServiceClient
 	bw := bufio.NewWriterSize(w, 256<<10)
 	var cw *csv.Writer
 	var enc *json.Encoder
+	var line bytes.Buffer // one JSON line, before escapeHidden
 	if format == "csv" {
 		cw = csv.NewWriter(bw)
 		if err := cw.Write(exportColumns); err != nil {
 			return 0, err
 		}
 	} else {
-		enc = json.NewEncoder(bw)
+		enc = json.NewEncoder(&line)
 		enc.SetEscapeHTML(false)
 	}
 
@@ -250,7 +357,10 @@ func exportPayments(ctx context.Context, client paymentsv1.PaymentsServiceClient
 			if cw != nil {
 				err = cw.Write(r.csv())
 			} else {
-				err = enc.Encode(r)
+				line.Reset()
+				if err = enc.Encode(r); err == nil {
+					_, err = bw.Write(escapeHidden(line.Bytes()))
+				}
 			}
 			if err != nil {
 				return int(written.Load()), fmt.Errorf("export: write: %w", err)

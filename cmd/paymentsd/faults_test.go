@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -339,6 +340,15 @@ func TestCircuitBreaker(t *testing.T) {
 	st := status.Convert(err)
 	if st.Code() != codes.Unavailable || reasonOf(st) != "PAYMENT_NOT_CREATED" {
 		t.Errorf("with the circuit open: code, reason = %v, %q, want Unavailable, PAYMENT_NOT_CREATED", st.Code(), reasonOf(st))
+	}
+	// The RetryInfo is what is left of the hour's cooldown: a retry
+	// sooner would be refused again at once.
+	if d := retryDelay(st); d <= 59*time.Minute || d > time.Hour {
+		t.Errorf("with the circuit open: RetryInfo %v, want what is left of the 1h cooldown", d)
+	}
+	r := in.rest(t, validBody("k-brk-open-rest"), nil)
+	if secs, _ := strconv.Atoi(r.header.Get("Retry-After")); r.status != http.StatusServiceUnavailable || secs < 3540 || secs > 3600 {
+		t.Errorf("with the circuit open: REST %d, Retry-After %q; want 503 and what is left of the 1h cooldown, in seconds", r.status, r.header.Get("Retry-After"))
 	}
 	if n := len(p.Requests()) - seen; n != 0 {
 		t.Errorf("with the circuit open the provider saw %d requests, want 0", n)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"regexp"
-	"runtime/debug"
 	"slices"
 	"strings"
 )
@@ -29,7 +28,9 @@ export payments): paymentsd payments --help
 
 Flags:
   --simulate  Serve against a built-in simulated provider (sandbox only): no
-              base URL or key is needed, and records are kept in memory.
+              base URL or key is needed, records are kept in memory, test
+              keys (sim-decline-…, sim-in-doubt-…) play every outcome, and
+              the windows below are seconds (docs/simulator.md).
   --version   Print the version and exit.
   --help, -h  Print this help and exit.
 
@@ -39,6 +40,9 @@ Variables (<ENV> is SANDBOX or LIVE; only PAYMENTS_ENVIRONMENT's are read):
 		def := v.def
 		if def == "" {
 			def = "none"
+		}
+		if d, ok := simulateDefaults[v.name]; ok {
+			def += "; " + d + " under --simulate"
 		}
 		fmt.Fprintf(&b, "\n  %s (default: %s)\n", v.name, def)
 		wrap(&b, v.meaning, "      ", 78)
@@ -89,36 +93,6 @@ func wrap(b *strings.Builder, text, indent string, width int) {
 		line += word
 	}
 	b.WriteString(line + "\n")
-}
-
-// version is the module version and VCS revision the binary was built
-// from, as the Go toolchain stamped them.
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown (built without module support)"
-	}
-	v := bi.Main.Version
-	if v == "" {
-		v = "(devel)"
-	}
-	var rev, at, modified string
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.time":
-			at = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				modified = ", modified"
-			}
-		}
-	}
-	if rev != "" {
-		v += fmt.Sprintf(" (revision %s%s%s)", rev, prefixed(", ", at), modified)
-	}
-	return v + " " + bi.GoVersion
 }
 
 func prefixed(prefix, s string) string {

@@ -83,12 +83,18 @@ func TestRESTIdempotencyKeyHeader(t *testing.T) {
 		// Invalid UTF-8 would reach the provider as U+FFFD: "k-\xff" and
 		// "k-\xfe" would be two payments here and one key there.
 		{"invalid UTF-8", noKey, header("k-\xff"), []string{"Idempotency-Key"}},
+		// With no key anywhere, the refusal names both places it may be.
+		{"no key", noKey, nil, []string{"idempotency_key", "Idempotency-Key"}},
 	}
 	for _, tt := range refused {
 		t.Run(tt.name, func(t *testing.T) {
 			r := in.rest(t, tt.body, tt.header)
 			if r.status != http.StatusBadRequest {
 				t.Fatalf("POST %s with %v = %d %s, want 400", tt.body, tt.header, r.status, r.raw)
+			}
+			// Refused before the gateway's call, and still traceable.
+			if r.header.Get("X-Request-Id") == "" {
+				t.Errorf("POST with %v: 400 without an X-Request-Id", tt.header)
 			}
 			var st struct {
 				Code    codes.Code

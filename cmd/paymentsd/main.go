@@ -118,6 +118,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		sim := upstreamtest.NewServer()
 		defer sim.Close()
 		sim.KeepRequests(false)
+		// An idempotent provider that plays every outcome for its test
+		// keys (docs/simulator.md).
+		sim.Idempotent(true)
+		sim.SetScript(sim.TestKeys())
 		key := randomKey()
 		sim.AllowKey(key)
 		cfg.BaseURL, cfg.APIKeys, cfg.APIKeyFrom = sim.URL, []secret{secret(key)}, "simulator"
@@ -151,6 +155,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		MaxResponseBytes: cfg.UpstreamMaxResponseBytes,
 		BreakerFailures:  cfg.BreakerFailures,
 		BreakerCooldown:  cfg.BreakerCooldown,
+		UserAgent:        "paymentsd/" + releaseVersion(),
 		Metrics:          upstream.NewMetrics(registerer),
 		Logger:           logger,
 	})
@@ -228,6 +233,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		ReadTimeout:     cfg.HTTPReadTimeout,
 		RequireIdentity: serverTLS.requiresClientCerts(),
 		AllowedCallers:  allowedCallers(cfg),
+		Version:         releaseVersion(),
 	}
 	if grpcTLS != nil {
 		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(grpcTLS)))

@@ -10,11 +10,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -34,7 +38,7 @@ import (
 const (
 	exitFailure  = 1 // paymentsd could not be reached or failed; nothing is known to have changed
 	exitUsage    = 2 // bad flags or arguments, or a request paymentsd called invalid
-	exitDenied   = 3 // not allowed: not an admin (CALLER_NOT_ADMIN), not on the allowlist, or no identity
+	exitDenied   = 3 // not allowed: not an admin (CALLER_NOT_ADMIN), not on the allowlist, or no identity (no client certificate)
 	exitNotFound = 4 // no record of the key
 	exitRefused  = 5 // the record is not in a state for it (not OUTCOME_UNKNOWN, or a request is in flight); nothing changed
 	exitDeclined = 6 // the person did not confirm; nothing was sent
@@ -67,9 +71,13 @@ func usageError(format string, args ...any) error {
 func callError(what string, err error) error {
 	st := status.Convert(err)
 	reason := ""
+	var retry time.Duration
 	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			reason = info.GetReason()
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			reason = d.GetReason()
+		case *errdetails.RetryInfo:
+			retry = d.GetRetryDelay().AsDuration()
 		}
 	}
 	code := exitFailure
@@ -87,7 +95,21 @@ func callError(what string, err error) error {
 	if reason != "" {
 		msg += " " + reason
 	}
+	if retry > 0 {
+		// PAYMENT_IN_PROGRESS and the like: say when trying again can help.
+		return &exitError{code, fmt.Errorf("%s: %s: %s (try again in %v)", what, msg, st.Message(), retry.Round(100*time.Millisecond))}
+	}
 	return &exitError{code, fmt.Errorf("%s: %s: %s", what, msg, st.Message())}
+}
+
+// retryDelayOf is the RetryInfo's delay in err's status, or 0.
+func retryDelayOf(err error) time.Duration {
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration()
+		}
+	}
+	return 0
 }
 
 // The CLI's environment variables, each the default of a flag. paymentsd
@@ -116,14 +138,19 @@ Commands:
 Run 'paymentsd payments <command> --help' for a command's flags.
 
 Exit status: 0 done; 1 paymentsd unreachable or failed; 2 bad flags or
-request; 3 not allowed (CALLER_NOT_ADMIN, not on the allowlist); 4 no such
-payment; 5 the payment is not in a state for it; 6 not confirmed.
+request; 3 not allowed (CALLER_NOT_ADMIN, not on the allowlist, no client
+certificate); 4 no such payment; 5 the payment is not in a state for it; 6
+not confirmed.
 `
 
 // runPayments is 'paymentsd payments …', the operators' CLI. It reads no
 // PAYMENTS_* server configuration: only its flags, whose defaults come
 // from the PAYMENTS_CLI_* variables in environ.
 func runPayments(ctx context.Context, args, environ []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	// A closed terminal ends a command as Ctrl-C does (run already
+	// handles SIGINT and SIGTERM): an export removes its partial file.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGHUP)
+	defer stop()
 	if len(args) == 0 {
 		io.WriteString(stderr, paymentsUsage)
 		return usageError("payments: name a command: list, get, resolve or export")
@@ -171,6 +198,7 @@ func (c *connFlags) register(fs *flag.FlagSet, env func(string) string) {
 // dial connects to paymentsd; grpc.NewClient connects on the first call.
 func (c *connFlags) dial() (paymentsv1.PaymentsServiceClient, func(), error) {
 	var creds credentials.TransportCredentials
+	var certAsked atomic.Bool
 	if c.insecure {
 		if c.caFile != "" || c.certFile != "" || c.keyFile != "" {
 			return nil, nil, usageError("--insecure is plaintext: it can't be used with --tls-ca, --tls-cert or --tls-key")
@@ -197,16 +225,39 @@ func (c *connFlags) dial() (paymentsv1.PaymentsServiceClient, func(), error) {
 			tc.Certificates = []tls.Certificate{cert}
 		case c.certFile != "" || c.keyFile != "":
 			return nil, nil, usageError("--tls-cert and --tls-key go together: give both or neither")
+		default:
+			// With no certificate of its own to give, note whether
+			// paymentsd asks for one: an mTLS paymentsd then ends the
+			// handshake, which the call sees as UNAVAILABLE.
+			tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+				certAsked.Store(true)
+				return &tls.Certificate{}, nil
+			}
 		}
 		creds = credentials.NewTLS(tc)
 	}
 	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(creds),
 		// An export page is at most 3 MiB; leave room for a larger one.
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
+		grpc.WithChainUnaryInterceptor(noIdentity(&certAsked)))
 	if err != nil {
 		return nil, nil, usageError("--addr %q: %w", c.addr, err)
 	}
 	return paymentsv1.NewPaymentsServiceClient(conn), func() { conn.Close() }, nil
+}
+
+// noIdentity turns a call that failed because paymentsd asked for a client
+// certificate and was given none (asked says it did) into
+// UNAUTHENTICATED, so that the CLI exits 3, not allowed, and says what to
+// give, rather than 1, unreachable.
+func noIdentity(asked *atomic.Bool) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if status.Code(err) == codes.Unavailable && asked.Load() {
+			return status.Error(codes.Unauthenticated, "paymentsd asks for a client certificate, your identity, and none was given: give --tls-cert and --tls-key ($"+envCLICert+", $"+envCLIKey+")")
+		}
+		return err
+	}
 }
 
 // newFlagSet makes a command's flag set; --help prints usage, the
@@ -225,15 +276,23 @@ func newFlagSet(name, text string, stdout, stderr io.Writer) *flag.FlagSet {
 
 // parseArgs parses flags given before, between or after the positional
 // arguments, and returns those; after "--" every argument is positional.
+// --help prints the usage once, on stdout; a bad flag, its error and the
+// usage on stderr.
 func parseArgs(fs *flag.FlagSet, args []string, stdout io.Writer) ([]string, error) {
+	usage := fs.Usage
+	// The flag package prints the usage itself on -help, to its output
+	// (stderr); it is printed here instead, where it belongs.
+	fs.Usage = func() {}
+	defer func() { fs.Usage = usage }()
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				fs.SetOutput(stdout)
-				fs.Usage()
+				usage()
 				return nil, flag.ErrHelp
 			}
+			usage()
 			return nil, &exitError{exitUsage, err}
 		}
 		consumed := len(args) - fs.NArg()
@@ -632,7 +691,9 @@ example on the provider's dashboard:
 The evidence (what you saw, such as the provider's payment ID) is required:
 give it with --evidence or type it when asked. resolve shows the payment and
 asks you to confirm unless --yes is given. The change and its audit entry
-are written together; 'paymentsd payments get KEY' shows them.
+are written together; 'paymentsd payments get KEY' shows them. While a
+request with the key may still be at the provider, paymentsd changes
+nothing (PAYMENT_IN_PROGRESS) and says how long to wait; --wait waits.
 `
 
 func paymentsResolve(ctx context.Context, args []string, env func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -643,6 +704,7 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 	evidence := fs.String("evidence", "", "what you saw, e.g. the provider dashboard's payment ID and status; asked for if not given")
 	replyFile := fs.String("reply-file", "", "with succeeded: a file holding the provider's payment JSON, exactly as you got it")
 	yes := fs.Bool("yes", false, "don't ask for confirmation")
+	wait := fs.Duration("wait", 0, "while a request with the key may still be at the provider (PAYMENT_IN_PROGRESS), wait as paymentsd asks and try again, for up to this long; 0: don't wait")
 	output := fs.String("o", "table", "output: table or json")
 	rest, err := parseArgs(fs, args, stdout)
 	if errors.Is(err, flag.ErrHelp) {
@@ -709,7 +771,7 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 
 	in := bufio.NewReader(stdin)
 	req.Evidence = *evidence
-	if strings.TrimSpace(req.Evidence) == "" && *evidence == "" {
+	if blank(req.Evidence) && *evidence == "" {
 		fmt.Fprint(stderr, "Evidence: what did you see, and where (for example the provider dashboard's payment ID and status)?\n"+
 			"End with an empty line.\n> ")
 		req.Evidence, err = readParagraph(in, stderr)
@@ -717,8 +779,8 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 			return err
 		}
 	}
-	if strings.TrimSpace(req.Evidence) == "" {
-		return usageError("resolve: the evidence is blank: say what you saw, and where; nothing changed")
+	if blank(req.Evidence) {
+		return usageError("resolve: the evidence is blank or invisible: say what you saw, and where; nothing changed")
 	}
 	if !*yes {
 		fmt.Fprintf(stderr, "Resolve %s as %s: %s.\nEvidence: %s\nProceed? [y/N] ",
@@ -731,9 +793,7 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 			return &exitError{exitDeclined, errors.New("resolve: not confirmed; nothing changed (--yes skips the question)")}
 		}
 	}
-	callCtx, cancel = context.WithTimeout(ctx, conn.timeout)
-	defer cancel()
-	resp, err := client.ResolveMultiCardPayment(callCtx, req)
+	resp, err := resolveWaiting(ctx, client, req, conn.timeout, *wait, stderr)
 	if err != nil {
 		if status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded {
 			return fmt.Errorf("%w (the resolution may or may not have been recorded: 'paymentsd payments get' shows which)", callError("resolve", err))
@@ -750,6 +810,46 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 		return err
 	}
 	return writePayment(stdout, key, resp.GetPayment())
+}
+
+// resolveWaiting resolves req, and while paymentsd answers
+// PAYMENT_IN_PROGRESS (a request with the key is being sent, or may still
+// be at the provider) waits the RetryInfo's delay and asks again, for up
+// to wait. The request keeps its expected_update_time: if a request did
+// change the record meanwhile, paymentsd says RECORD_CHANGED and nothing
+// is resolved.
+func resolveWaiting(ctx context.Context, client paymentsv1.PaymentsServiceClient, req *paymentsv1.ResolveMultiCardPaymentRequest, timeout, wait time.Duration, stderr io.Writer) (*paymentsv1.ResolveMultiCardPaymentResponse, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, timeout)
+		resp, err := client.ResolveMultiCardPayment(callCtx, req)
+		cancel()
+		delay := retryDelayOf(err)
+		if err == nil || status.Code(err) != codes.Aborted || delay <= 0 || time.Now().Add(delay).After(deadline) {
+			return resp, err
+		}
+		fmt.Fprintf(stderr, "A request with the key may still be at the provider; trying again in %v.\n", delay.Round(100*time.Millisecond))
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// blank reports whether s has nothing a person can read: only separators
+// (Unicode category Z: spaces such as U+00A0 and U+3000) and invisible
+// characters (category C: controls, and format characters such as
+// U+200B), as paymentsd's own rule for evidence has it.
+func blank(s string) bool {
+	for _, r := range s {
+		if !unicode.In(r, unicode.Z, unicode.C) {
+			return false
+		}
+	}
+	return true
 }
 
 // readParagraph reads lines until an empty line or the end of input.

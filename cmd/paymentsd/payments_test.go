@@ -272,6 +272,12 @@ func testPaymentsCLIOnCall(t *testing.T, db string) {
 	if r := cli(t, "", "resolve", notAdmin, "k-doubt-2", "--outcome", "not-created", "--evidence", "x", "--yes"); r.code != exitDenied || !strings.Contains(r.stderr, "CALLER_NOT_ADMIN") {
 		t.Errorf("resolve as a non-admin:\n%v\nwant exit %d, CALLER_NOT_ADMIN", r, exitDenied)
 	}
+	// No client certificate at all: no identity, so not allowed (3), not
+	// unreachable (1).
+	noCert := []string{"--addr", in.grpcAddr, "--tls-ca", d.caFile}
+	if r := cli(t, "", "list", noCert, "--in-doubt"); r.code != exitDenied {
+		t.Errorf("list without a client certificate:\n%v\nwant exit %d", r, exitDenied)
+	}
 	r = cli(t, "", "get", admin, "k-doubt-2", "-o", "json")
 	if got := jsonLines[paymentsv1.GetMultiCardPaymentResponse](t, r.stdout); r.code != 0 || len(got) != 1 ||
 		got[0].GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN || len(got[0].GetAuditEntries()) != 0 {
@@ -572,9 +578,20 @@ func TestPaymentsCLIThroughRun(t *testing.T) {
 		t.Errorf("payments list -o json = %q, want k-run", out.String())
 	}
 	for _, sub := range []string{"list", "get", "resolve", "export"} {
+		for _, help := range []string{"--help", "-h"} {
+			out.Reset()
+			errb.Reset()
+			err := run(context.Background(), []string{"paymentsd", "payments", sub, help}, nil, &out, &errb)
+			if err != nil || strings.Count(out.String(), "Usage: paymentsd payments "+sub) != 1 || errb.Len() != 0 {
+				t.Errorf("payments %s %s = %v, stdout %q, stderr %q; want its usage once, on stdout only", sub, help, err, out.String(), errb.String())
+			}
+		}
+		// A bad flag: the error and the usage, once, on stderr.
 		out.Reset()
-		if err := run(context.Background(), []string{"paymentsd", "payments", sub, "--help"}, nil, &out, &errb); err != nil || !strings.Contains(out.String(), "Usage: paymentsd payments "+sub) {
-			t.Errorf("payments %s --help = %v, %q; want its usage on stdout", sub, err, out.String())
+		errb.Reset()
+		err := run(context.Background(), []string{"paymentsd", "payments", sub, "--no-such-flag"}, nil, &out, &errb)
+		if exitCode(err) != exitUsage || strings.Count(errb.String(), "Usage: paymentsd payments "+sub) != 1 || out.Len() != 0 {
+			t.Errorf("payments %s --no-such-flag = %v, stdout %q, stderr %q; want exit %d and the usage once, on stderr", sub, err, out.String(), errb.String(), exitUsage)
 		}
 	}
 	// Plaintext only by name.

@@ -592,9 +592,9 @@ type GetMultiCardPaymentResponse struct {
 	// the key before then, and a call with it gets PAYMENT_IN_PROGRESS.
 	// Unset once no request is presumed there.
 	ProviderQuietUntil *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=provider_quiet_until,json=providerQuietUntil,proto3" json:"provider_quiet_until,omitempty"`
-	// settlement_window_end_time is when the settlement window closes: no
-	// request for the key is sent after it. Set while the payment's outcome
-	// is unknown or in progress.
+	// settlement_window_end_time is when the settlement window closes (or
+	// closed): no request for the key is sent after it. The same as in
+	// MultiCardPaymentSummary and the CLI's export, whatever the state.
 	SettlementWindowEndTime *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=settlement_window_end_time,json=settlementWindowEndTime,proto3" json:"settlement_window_end_time,omitempty"`
 	// settlement_gave_up is true when the settlement window closed with the
 	// outcome still unknown: a person must check the provider's dashboard.
@@ -1125,8 +1125,12 @@ type ResolveMultiCardPaymentRequest struct {
 	// outcome is what the person found. Required.
 	Outcome ResolutionOutcome `protobuf:"varint,2,opt,name=outcome,proto3,enum=payments.v1.ResolutionOutcome" json:"outcome,omitempty"`
 	// evidence is why: for example the provider dashboard's payment ID and
-	// what it showed. Required and not blank; at most 4 KiB of UTF-8, with
-	// no control characters other than tab and newline.
+	// what it showed. Required and not blank: it must hold a character
+	// that is neither a separator nor invisible (Unicode categories Z and
+	// C: spaces such as U+00A0 and U+3000, and zero-width or other format
+	// characters such as U+200B, don't count); at most 4 KiB of UTF-8, with
+	// no control characters (Unicode category Cc, C1 controls such as U+0085
+	// included) other than tab and newline.
 	Evidence string `protobuf:"bytes,3,opt,name=evidence,proto3" json:"evidence,omitempty"`
 	// reply_json, optional and only with RESOLUTION_OUTCOME_SUCCEEDED, is
 	// the provider's payment as a JSON object, exactly as the person got it
@@ -1971,13 +1975,13 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"last_error\x18\v \x01(\tR\tlastError\x12\x1a\n" +
 	"\bresolved\x18\f \x01(\bR\bresolved\x12!\n" +
 	"\fpayment_json\x18\r \x01(\fR\vpaymentJson\x12:\n" +
-	"\venvironment\x18\x0e \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\"\xcf\x03\n" +
+	"\venvironment\x18\x0e \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\"\xdd\x03\n" +
 	"\x1eResolveMultiCardPaymentRequest\x12E\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\x12D\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x1e.payments.v1.ResolutionOutcomeB\n" +
-	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\aoutcome\x12\xa7\x01\n" +
-	"\bevidence\x18\x03 \x01(\tB\x8a\x01\xbaH\x86\x01\xba\x01`\n" +
-	"\x12evidence.not_blank\x122evidence must say what the person saw: it is blank\x1a\x16this.matches('[^\\\\s]')r!(\x80 2\x1c^[^\\x00-\\x08\\x0b-\\x1f\\x7f]*$R\bevidence\x12(\n" +
+	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\aoutcome\x12\xb5\x01\n" +
+	"\bevidence\x18\x03 \x01(\tB\x98\x01\xbaH\x94\x01\xba\x01v\n" +
+	"\x12evidence.not_blank\x12?evidence must say what the person saw: it is blank or invisible\x1a\x1fthis.matches('[^\\\\p{Z}\\\\p{C}]')r\x19(\x80 2\x14^(?:[\\t\\n]|\\P{Cc})*$R\bevidence\x12(\n" +
 	"\n" +
 	"reply_json\x18\x04 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@R\treplyJson\x12L\n" +
 	"\x14expected_update_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x12expectedUpdateTime\"\x9f\x01\n" +
