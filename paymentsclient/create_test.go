@@ -261,7 +261,9 @@ func TestCreateDeadline(t *testing.T) {
 		p.provider.SetScript(upstreamtest.Always(upstreamtest.Reply{Wait: release}))
 		p.ready(t)
 		key := paymentsclient.NewIdempotencyKey()
-		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		// Long enough that the lookup's reserve (a quarter, at most 2 s)
+		// answers on a loaded machine.
+		ctx, cancel := context.WithTimeout(t.Context(), 8*time.Second)
 		defer cancel()
 		_, err := paymentsclient.New(p.conn).Create(ctx, payment(key))
 		var perr *paymentsclient.Error
@@ -298,7 +300,9 @@ func TestCreateDeadline(t *testing.T) {
 		p := startPaymentsd(t, paymentsdOptions{interceptor: lose})
 		p.ready(t)
 		key := paymentsclient.NewIdempotencyKey()
-		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+		// Long enough that the lookup's reserve (a quarter, at most 2 s)
+		// answers on a loaded machine.
+		ctx, cancel := context.WithTimeout(t.Context(), 8*time.Second)
 		defer cancel()
 		resp, err := paymentsclient.New(p.conn).Create(ctx, payment(key))
 		if err != nil {
