@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"net/http"
+	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -13,6 +14,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
 
 // ReasonCallerNotAllowed is the ErrorInfo reason of PERMISSION_DENIED for
@@ -100,11 +103,17 @@ func identify(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler 
 
 // gate admits callers to everything but health checks and reflection.
 // With requireIdentity (mTLS), a caller must have an identity; with an
-// allowlist, it must be in it.
+// allowlist, it must be in it, or have a role that admits it to the method
+// called.
 type gate struct {
 	requireIdentity bool
-	// allowed, if not nil, are the only identities admitted.
+	// allowed, if not nil, are the only identities admitted to every
+	// method.
 	allowed identitySet
+	// admins not in allowed are admitted to every method but
+	// CreateMultiCardPayment; readers not in allowed, to
+	// ProviderEventsService only.
+	admins, readers identitySet
 }
 
 func (g gate) check(ctx context.Context, fullMethod string) error {
@@ -122,11 +131,31 @@ func (g gate) check(ctx context.Context, fullMethod string) error {
 		st := status.New(codes.PermissionDenied, msg)
 		return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: md})
 	}
-	if g.allowed != nil && !g.allowed.has(c.id) {
-		st := status.New(codes.PermissionDenied, "this caller's identity may not call paymentsd; this call sent nothing to the provider: ask the payments team to add the caller's SPIFFE ID (or dns:name) to PAYMENTS_ALLOWED_CALLERS")
-		return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: map[string]string{"caller": c.id.String()}})
+	if g.allowed == nil || g.allowed.has(c.id) || g.admits(c.id, fullMethod) {
+		return nil
 	}
-	return nil
+	msg := "this caller's identity may not call paymentsd; this call sent nothing to the provider: ask the payments team to add the caller's SPIFFE ID (or dns:name) to PAYMENTS_ALLOWED_CALLERS"
+	switch {
+	case g.admins.has(c.id):
+		msg = "this caller's identity is an admin, which lists, looks up and resolves payments but takes none; this call sent nothing to the provider: a caller that pays must be in PAYMENTS_ALLOWED_CALLERS"
+	case g.readers.has(c.id):
+		msg = "this caller's identity is an event reader, which reads provider events and nothing else; this call sent nothing to the provider: a caller that pays or looks payments up must be in PAYMENTS_ALLOWED_CALLERS"
+	}
+	st := status.New(codes.PermissionDenied, msg)
+	return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: map[string]string{"caller": c.id.String()}})
+}
+
+// admits reports whether id's role, admin or event reader, admits it to
+// fullMethod: an admin to all but taking payments, an event reader to the
+// provider's events only.
+func (g gate) admits(id Identity, fullMethod string) bool {
+	switch {
+	case g.admins.has(id):
+		return fullMethod != paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName
+	case g.readers.has(id):
+		return strings.HasPrefix(fullMethod, "/"+paymentsv1.ProviderEventsService_ServiceDesc.ServiceName+"/")
+	}
+	return false
 }
 
 func (g gate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

@@ -80,8 +80,14 @@ type Options struct {
 	// are required.
 	RequireIdentity bool
 	// AllowedCallers, when not empty, are the only caller identities that
-	// may call anything but health checks and reflection.
+	// may call everything (but health checks and reflection, which are
+	// open); AdminCallers and EventReaders not among them may call only
+	// what their role needs: an admin all but CreateMultiCardPayment, an
+	// event reader ProviderEventsService alone. Empty, every caller
+	// identity may call everything.
 	AllowedCallers []Identity
+	AdminCallers   []Identity
+	EventReaders   []Identity
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -134,7 +140,12 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		readTimeout = DefaultReadTimeout
 	}
 	limit := &limiter{max: int64(maxInFlight), watches: &limiter{max: MaxWatchStreams}}
-	allowed := gate{requireIdentity: opts.RequireIdentity, allowed: newIdentitySet(opts.AllowedCallers)}
+	allowed := gate{
+		requireIdentity: opts.RequireIdentity,
+		allowed:         newIdentitySet(opts.AllowedCallers),
+		admins:          newIdentitySet(opts.AdminCallers),
+		readers:         newIdentitySet(opts.EventReaders),
+	}
 	s := &Server{health: health.NewServer(), storeOK: true}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{

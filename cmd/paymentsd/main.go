@@ -227,7 +227,9 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		MaxInFlight:     cfg.MaxInFlight,
 		ReadTimeout:     cfg.HTTPReadTimeout,
 		RequireIdentity: serverTLS.requiresClientCerts(),
-		AllowedCallers:  allowedCallers(cfg),
+		AllowedCallers:  cfg.AllowedCallers,
+		AdminCallers:    cfg.AdminCallers,
+		EventReaders:    cfg.EventReaders,
 	}
 	if grpcTLS != nil {
 		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(grpcTLS)))
@@ -523,15 +525,4 @@ func randomKey() string {
 	var b [24]byte
 	rand.Read(b[:])
 	return "sim_" + hex.EncodeToString(b[:])
-}
-
-// allowedCallers is the connection allowlist: PAYMENTS_ALLOWED_CALLERS and,
-// when it is set, the admins and event readers too, who need not be listed
-// twice. Unset, it admits every caller whose trusted certificate names an
-// identity.
-func allowedCallers(cfg *config) []service.Identity {
-	if len(cfg.AllowedCallers) == 0 {
-		return nil
-	}
-	return slices.Concat(cfg.AllowedCallers, cfg.AdminCallers, cfg.EventReaders)
 }
