@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"net/http"
 	"strings"
@@ -37,13 +38,16 @@ type caller struct {
 	// problem says why a certificate names no identity; nil when id is
 	// set or there was no certificate.
 	problem error
+	// chains are the certificate's chains to a client CA, as verified
+	// when the connection opened; none without client CAs.
+	chains [][]*x509.Certificate
 }
 
 type identityKey struct{}
 
-func callerFromCert(cert *x509.Certificate) *caller {
-	id, err := certIdentity(cert)
-	return &caller{id: id, problem: err}
+func callerFromTLS(state *tls.ConnectionState) *caller {
+	id, err := certIdentity(state.PeerCertificates[0])
+	return &caller{id: id, problem: err, chains: state.VerifiedChains}
 }
 
 // CallerFromContext returns the identity of the caller of the call whose
@@ -64,7 +68,7 @@ func CallerFromContext(ctx context.Context) string {
 func identifyHTTP(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			r = r.WithContext(context.WithValue(r.Context(), identityKey{}, callerFromCert(r.TLS.PeerCertificates[0])))
+			r = r.WithContext(context.WithValue(r.Context(), identityKey{}, callerFromTLS(r.TLS)))
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -85,7 +89,7 @@ func identityOf(ctx context.Context) *caller {
 	if !ok || len(tlsInfo.State.PeerCertificates) == 0 {
 		return nil
 	}
-	return callerFromCert(tlsInfo.State.PeerCertificates[0])
+	return callerFromTLS(&tlsInfo.State)
 }
 
 // identify puts the caller's identity in the context, for the access log,
@@ -102,9 +106,9 @@ func identify(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler 
 }
 
 // gate admits callers to everything but health checks and reflection.
-// With requireIdentity (mTLS), a caller must have an identity; with an
-// allowlist, it must be in it, or have a role that admits it to the method
-// called.
+// With requireIdentity (mTLS), a caller must have an identity, from a
+// certificate that is still trusted; with an allowlist, it must be in it,
+// or have a role that admits it to the method called.
 type gate struct {
 	requireIdentity bool
 	// allowed, if not nil, are the only identities admitted to every
@@ -114,6 +118,9 @@ type gate struct {
 	// CreateMultiCardPayment; readers not in allowed, to
 	// ProviderEventsService only.
 	admins, readers identitySet
+	// stillTrusted, if set, says whether certificate chains verified when
+	// their connection opened would still be.
+	stillTrusted func(verifiedChains [][]*x509.Certificate) error
 }
 
 func (g gate) check(ctx context.Context, fullMethod string) error {
@@ -121,6 +128,17 @@ func (g gate) check(ctx context.Context, fullMethod string) error {
 		return nil
 	}
 	c := identityOf(ctx)
+	if c != nil && len(c.chains) > 0 && g.stillTrusted != nil {
+		// A connection outlives the certificate it was opened with (a
+		// REST one for as long as it is used), and the client CA file
+		// is re-read under it: an expired certificate, or one whose CA
+		// was removed, names nobody any longer.
+		if err := g.stillTrusted(c.chains); err != nil {
+			msg := "this caller's client certificate is no longer trusted (" + err.Error() + "); this call sent nothing to the provider: connect again with a current certificate"
+			st := status.New(codes.PermissionDenied, msg)
+			return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: map[string]string{"problem": err.Error()}})
+		}
+	}
 	if c == nil || c.id.IsZero() {
 		msg := "this call came without a client certificate that names a caller identity; this call sent nothing to the provider"
 		md := map[string]string{}

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"crypto/x509"
 	_ "embed"
 	"fmt"
 	"io"
@@ -88,6 +89,16 @@ type Options struct {
 	AllowedCallers []Identity
 	AdminCallers   []Identity
 	EventReaders   []Identity
+	// StillTrusted, when set, is asked at every call (but health checks
+	// and reflection) whether the caller's certificate, whose chains were
+	// verified when its connection opened, would still be: not expired,
+	// and chaining to a client CA still in use. Its error refuses the
+	// call (PERMISSION_DENIED, CALLER_NOT_ALLOWED, and the error in the
+	// ErrorInfo metadata "problem"). A connection outlives its
+	// certificate, and the client CAs are re-read under it: without
+	// this, an expired certificate, or one of a CA since removed, would
+	// go on naming its caller there.
+	StillTrusted func(verifiedChains [][]*x509.Certificate) error
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -145,6 +156,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		allowed:         newIdentitySet(opts.AllowedCallers),
 		admins:          newIdentitySet(opts.AdminCallers),
 		readers:         newIdentitySet(opts.EventReaders),
+		stillTrusted:    opts.StillTrusted,
 	}
 	s := &Server{health: health.NewServer(), storeOK: true}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())

@@ -203,7 +203,11 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		return err
 	}
 
-	serverTLS, err := loadServerTLS(cfg, registerer)
+	now := time.Now
+	if cfg.testHooks.clock != nil {
+		now = cfg.testHooks.clock
+	}
+	serverTLS, err := loadServerTLS(cfg, now, registerer)
 	if err != nil {
 		return err
 	}
@@ -233,6 +237,9 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	}
 	if grpcTLS != nil {
 		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(grpcTLS)))
+	}
+	if serverTLS.requiresClientCerts() {
+		opts.StillTrusted = serverTLS.stillTrusted
 	}
 	srv, err := service.NewServer(svc, opts)
 	if err != nil {
@@ -273,8 +280,12 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		scrape.close()
 		return err
 	}
+	// REST connections close after service.MaxConnectionAge, as gRPC ones
+	// do.
+	age := service.ConnAge{Now: now}
 	httpSrv := &http.Server{
-		Handler:           srv.HTTP,
+		Handler:           age.Handler(srv.HTTP),
+		ConnContext:       age.ConnContext,
 		TLSConfig:         httpTLS,
 		MaxHeaderBytes:    service.MaxHeaderBytes,
 		ReadHeaderTimeout: cfg.HTTPReadTimeout,

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
@@ -84,6 +85,56 @@ func TestShippedRolesGrantOnlyTheirRole(t *testing.T) {
 			}
 			if _, err := parties["admin"].client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-seeded"}); err != nil {
 				t.Errorf("admin's GetMultiCardPayment = %v", err)
+			}
+		})
+	}
+}
+
+// TestShippedCARotationEndsOpenConnections: on each overlay as rendered,
+// once the trust domain's CA is replaced in the mounted Secret (the step
+// docs/identity.md "Rotation" ends with: drop the old CA) and paymentsd
+// has re-read it, a caller whose certificate only the old CA signed is
+// answered nothing more, not even on the gRPC and REST connections it
+// opened before: the rotation revokes.
+func TestShippedCARotationEndsOpenConnections(t *testing.T) {
+	t.Parallel()
+	for _, env := range []string{"sandbox", "live"} {
+		t.Run(env, func(t *testing.T) {
+			t.Parallel()
+			pod := startShipped(t, env)
+			_, admin, _ := pod.callers(t)
+			old := pod.party(t, svidFor(t, pod.trustDomain, admin), "admin")
+			list := func() (grpcErr error, restStatus int) {
+				_, grpcErr = old.client.ListMultiCardPayments(t.Context(), &paymentsv1.ListMultiCardPaymentsRequest{})
+				r, err := old.tryDo(http.MethodGet, "/v1/multi-card-payments")
+				if err != nil {
+					return grpcErr, 0
+				}
+				return grpcErr, r.status
+			}
+			if err, code := list(); err != nil || code != http.StatusOK {
+				t.Fatalf("admin's List before the rotation = %v, REST %d; want both answered", err, code)
+			}
+
+			next := newTestCA(t, "next trust domain CA")
+			files := map[string][]byte{}
+			for k, v := range pod.tlsFiles {
+				files[k] = v
+			}
+			files["ca.crt"] = next.pem
+			atomicWrite(t, pod.tlsDir, files)
+			pod.logs.waitFor(t, "TLS file reloaded", nil)
+
+			err, code := list()
+			if s := status.Code(err); s != codes.PermissionDenied && s != codes.Unavailable {
+				t.Errorf("gRPC List on the connection of a certificate of the CA removed = %v; want it refused", err)
+			}
+			if code == http.StatusOK {
+				t.Errorf("REST List on the connection of a certificate of the CA removed = %d; want it refused", code)
+			}
+			// The new CA's callers are admitted.
+			if _, err := pod.party(t, svidFor(t, next, admin), "admin, renewed").client.ListMultiCardPayments(t.Context(), &paymentsv1.ListMultiCardPaymentsRequest{}); err != nil {
+				t.Errorf("List with a certificate of the new CA = %v", err)
 			}
 		})
 	}
