@@ -2,8 +2,10 @@ package service
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"net/http"
+	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -13,6 +15,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
 
 // ReasonCallerNotAllowed is the ErrorInfo reason of PERMISSION_DENIED for
@@ -34,13 +38,16 @@ type caller struct {
 	// problem says why a certificate names no identity; nil when id is
 	// set or there was no certificate.
 	problem error
+	// chains are the certificate's chains to a client CA, as verified
+	// when the connection opened; none without client CAs.
+	chains [][]*x509.Certificate
 }
 
 type identityKey struct{}
 
-func callerFromCert(cert *x509.Certificate) *caller {
-	id, err := certIdentity(cert)
-	return &caller{id: id, problem: err}
+func callerFromTLS(state *tls.ConnectionState) *caller {
+	id, err := certIdentity(state.PeerCertificates[0])
+	return &caller{id: id, problem: err, chains: state.VerifiedChains}
 }
 
 // CallerFromContext returns the identity of the caller of the call whose
@@ -61,7 +68,7 @@ func CallerFromContext(ctx context.Context) string {
 func identifyHTTP(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			r = r.WithContext(context.WithValue(r.Context(), identityKey{}, callerFromCert(r.TLS.PeerCertificates[0])))
+			r = r.WithContext(context.WithValue(r.Context(), identityKey{}, callerFromTLS(r.TLS)))
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -82,7 +89,7 @@ func identityOf(ctx context.Context) *caller {
 	if !ok || len(tlsInfo.State.PeerCertificates) == 0 {
 		return nil
 	}
-	return callerFromCert(tlsInfo.State.PeerCertificates[0])
+	return callerFromTLS(&tlsInfo.State)
 }
 
 // identify puts the caller's identity in the context, for the access log,
@@ -99,12 +106,21 @@ func identify(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler 
 }
 
 // gate admits callers to everything but health checks and reflection.
-// With requireIdentity (mTLS), a caller must have an identity; with an
-// allowlist, it must be in it.
+// With requireIdentity (mTLS), a caller must have an identity, from a
+// certificate that is still trusted; with an allowlist, it must be in it,
+// or have a role that admits it to the method called.
 type gate struct {
 	requireIdentity bool
-	// allowed, if not nil, are the only identities admitted.
+	// allowed, if not nil, are the only identities admitted to every
+	// method.
 	allowed identitySet
+	// admins not in allowed are admitted to every method but
+	// CreateMultiCardPayment; readers not in allowed, to
+	// ProviderEventsService only.
+	admins, readers identitySet
+	// stillTrusted, if set, says whether certificate chains verified when
+	// their connection opened would still be.
+	stillTrusted func(verifiedChains [][]*x509.Certificate) error
 }
 
 func (g gate) check(ctx context.Context, fullMethod string) error {
@@ -112,6 +128,17 @@ func (g gate) check(ctx context.Context, fullMethod string) error {
 		return nil
 	}
 	c := identityOf(ctx)
+	if c != nil && len(c.chains) > 0 && g.stillTrusted != nil {
+		// A connection outlives the certificate it was opened with (a
+		// REST one for as long as it is used), and the client CA file
+		// is re-read under it: an expired certificate, or one whose CA
+		// was removed, names nobody any longer.
+		if err := g.stillTrusted(c.chains); err != nil {
+			msg := "this caller's client certificate is no longer trusted (" + err.Error() + "); this call sent nothing to the provider: connect again with a current certificate"
+			st := status.New(codes.PermissionDenied, msg)
+			return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: map[string]string{"problem": err.Error()}})
+		}
+	}
 	if c == nil || c.id.IsZero() {
 		msg := "this call came without a client certificate that names a caller identity; this call sent nothing to the provider"
 		md := map[string]string{}
@@ -122,11 +149,31 @@ func (g gate) check(ctx context.Context, fullMethod string) error {
 		st := status.New(codes.PermissionDenied, msg)
 		return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: md})
 	}
-	if g.allowed != nil && !g.allowed.has(c.id) {
-		st := status.New(codes.PermissionDenied, "this caller's identity may not call paymentsd; this call sent nothing to the provider: ask the payments team to add the caller's SPIFFE ID (or dns:name) to PAYMENTS_ALLOWED_CALLERS")
-		return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: map[string]string{"caller": c.id.String()}})
+	if g.allowed == nil || g.allowed.has(c.id) || g.admits(c.id, fullMethod) {
+		return nil
 	}
-	return nil
+	msg := "this caller's identity may not call paymentsd; this call sent nothing to the provider: ask the payments team to add the caller's SPIFFE ID (or dns:name) to PAYMENTS_ALLOWED_CALLERS"
+	switch {
+	case g.admins.has(c.id):
+		msg = "this caller's identity is an admin, which lists, looks up and resolves payments but takes none; this call sent nothing to the provider: a caller that pays must be in PAYMENTS_ALLOWED_CALLERS"
+	case g.readers.has(c.id):
+		msg = "this caller's identity is an event reader, which reads provider events and nothing else; this call sent nothing to the provider: a caller that pays or looks payments up must be in PAYMENTS_ALLOWED_CALLERS"
+	}
+	st := status.New(codes.PermissionDenied, msg)
+	return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: map[string]string{"caller": c.id.String()}})
+}
+
+// admits reports whether id's role, admin or event reader, admits it to
+// fullMethod: an admin to all but taking payments, an event reader to the
+// provider's events only.
+func (g gate) admits(id Identity, fullMethod string) bool {
+	switch {
+	case g.admins.has(id):
+		return fullMethod != paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName
+	case g.readers.has(id):
+		return strings.HasPrefix(fullMethod, "/"+paymentsv1.ProviderEventsService_ServiceDesc.ServiceName+"/")
+	}
+	return false
 }
 
 func (g gate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

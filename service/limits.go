@@ -67,6 +67,46 @@ const (
 // client and replica every 20 s.
 const MaxConnectionAge = 20 * time.Second
 
+// ConnAge closes REST connections gracefully once they are older than
+// MaxConnectionAge, as the gRPC port does its own: the answer to the first
+// request past that age says Connection: close over HTTP/1.1, and over
+// HTTP/2 net/http follows it with GOAWAY, so the caller's next request
+// opens a new connection. A REST connection in use would otherwise stay
+// open for as long as it is used: its caller would go on presenting the
+// certificate it connected with until that expired (and be refused, see
+// Options.StillTrusted) rather than the one renewed since, and would never
+// reach replicas the autoscaler adds. Set ConnContext as the http.Server's
+// and wrap its handler in Handler.
+type ConnAge struct {
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+type connOpenedKey struct{}
+
+func (a ConnAge) now() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
+}
+
+// ConnContext notes when the connection was accepted.
+func (a ConnAge) ConnContext(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, connOpenedKey{}, a.now())
+}
+
+// Handler makes the answer to a request on a connection older than
+// MaxConnectionAge that connection's last.
+func (a ConnAge) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if opened, ok := r.Context().Value(connOpenedKey{}).(time.Time); ok && a.now().Sub(opened) > MaxConnectionAge {
+			w.Header().Set("Connection", "close")
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // MaxConnectionAgeGrace is how long calls in progress may go on after
 // MaxConnectionAge before the connection is closed under them. New calls
 // go to a new connection at once, so the grace does not hold traffic on

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"crypto/x509"
 	_ "embed"
 	"fmt"
 	"io"
@@ -80,11 +81,27 @@ type Options struct {
 	// are required.
 	RequireIdentity bool
 	// AllowedCallers, when not empty, are the only caller identities that
-	// may call anything but health checks and reflection.
+	// may call everything (but health checks and reflection, which are
+	// open); AdminCallers and EventReaders not among them may call only
+	// what their role needs: an admin all but CreateMultiCardPayment, an
+	// event reader ProviderEventsService alone. Empty, every caller
+	// identity may call everything.
 	AllowedCallers []Identity
 	// Version is the build's version, which GET /openapi.json gives as
 	// the document's info.version; empty leaves the generated one.
-	Version string
+	Version      string
+	AdminCallers []Identity
+	EventReaders []Identity
+	// StillTrusted, when set, is asked at every call (but health checks
+	// and reflection) whether the caller's certificate, whose chains were
+	// verified when its connection opened, would still be: not expired,
+	// and chaining to a client CA still in use. Its error refuses the
+	// call (PERMISSION_DENIED, CALLER_NOT_ALLOWED, and the error in the
+	// ErrorInfo metadata "problem"). A connection outlives its
+	// certificate, and the client CAs are re-read under it: without
+	// this, an expired certificate, or one of a CA since removed, would
+	// go on naming its caller there.
+	StillTrusted func(verifiedChains [][]*x509.Certificate) error
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -137,7 +154,13 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		readTimeout = DefaultReadTimeout
 	}
 	limit := &limiter{max: int64(maxInFlight), watches: &limiter{max: MaxWatchStreams}}
-	allowed := gate{requireIdentity: opts.RequireIdentity, allowed: newIdentitySet(opts.AllowedCallers)}
+	allowed := gate{
+		requireIdentity: opts.RequireIdentity,
+		allowed:         newIdentitySet(opts.AllowedCallers),
+		admins:          newIdentitySet(opts.AdminCallers),
+		readers:         newIdentitySet(opts.EventReaders),
+		stillTrusted:    opts.StillTrusted,
+	}
 	s := &Server{health: health.NewServer(), storeOK: true}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -208,7 +208,11 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		return err
 	}
 
-	serverTLS, err := loadServerTLS(cfg, registerer)
+	now := time.Now
+	if cfg.testHooks.clock != nil {
+		now = cfg.testHooks.clock
+	}
+	serverTLS, err := loadServerTLS(cfg, now, registerer)
 	if err != nil {
 		return err
 	}
@@ -232,11 +236,16 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		MaxInFlight:     cfg.MaxInFlight,
 		ReadTimeout:     cfg.HTTPReadTimeout,
 		RequireIdentity: serverTLS.requiresClientCerts(),
-		AllowedCallers:  allowedCallers(cfg),
+		AllowedCallers:  cfg.AllowedCallers,
+		AdminCallers:    cfg.AdminCallers,
+		EventReaders:    cfg.EventReaders,
 		Version:         releaseVersion(),
 	}
 	if grpcTLS != nil {
 		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(grpcTLS)))
+	}
+	if serverTLS.requiresClientCerts() {
+		opts.StillTrusted = serverTLS.stillTrusted
 	}
 	srv, err := service.NewServer(svc, opts)
 	if err != nil {
@@ -277,8 +286,12 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		scrape.close()
 		return err
 	}
+	// REST connections close after service.MaxConnectionAge, as gRPC ones
+	// do.
+	age := service.ConnAge{Now: now}
 	httpSrv := &http.Server{
-		Handler:           srv.HTTP,
+		Handler:           age.Handler(srv.HTTP),
+		ConnContext:       age.ConnContext,
 		TLSConfig:         httpTLS,
 		MaxHeaderBytes:    service.MaxHeaderBytes,
 		ReadHeaderTimeout: cfg.HTTPReadTimeout,
@@ -529,15 +542,4 @@ func randomKey() string {
 	var b [24]byte
 	rand.Read(b[:])
 	return "sim_" + hex.EncodeToString(b[:])
-}
-
-// allowedCallers is the connection allowlist: PAYMENTS_ALLOWED_CALLERS and,
-// when it is set, the admins and event readers too, who need not be listed
-// twice. Unset, it admits every caller whose trusted certificate names an
-// identity.
-func allowedCallers(cfg *config) []service.Identity {
-	if len(cfg.AllowedCallers) == 0 {
-		return nil
-	}
-	return slices.Concat(cfg.AllowedCallers, cfg.AdminCallers, cfg.EventReaders)
 }

@@ -298,7 +298,37 @@ func TestShippedDeployment(t *testing.T) {
 	}
 }
 
-func testShippedDeployment(t *testing.T, env string) {
+// shippedPod is paymentsd running as an overlay ships it (startShipped).
+type shippedPod struct {
+	overlay   *renderedOverlay
+	container corev1.Container
+	env       string // sandbox or live
+	ns        string // its namespace
+	db        string // the database URL its Secret holds
+	// trustDomain is the CA of the trust domain: it signed the serving
+	// certificate, and its certificate is the mounted ca.crt.
+	trustDomain *testCA
+	// tlsDir is where the Secret of the rendered Certificate is mounted
+	// (under the stand-in for /), and tlsFiles what it holds.
+	tlsDir   string
+	tlsFiles map[string][]byte
+	port     map[int32]string // container port -> the variable binding it
+	addrOf   map[string]string
+	logs     *logBuffer
+}
+
+// startShipped renders deploy/overlays/env with the pinned kustomize and
+// runs paymentsd (in-process, through run) with the container's arguments
+// and environment exactly, its mounted files written where they would be
+// (under a temporary directory standing in for /) as cert-manager and the
+// kubelet write them: the serving certificate, key and CA for the
+// rendered Certificate, and the Secrets deploy/README.md has made. Only
+// two things differ, both forced by the test: listen addresses bind
+// 127.0.0.1:0 (no fixed ports), and the database URL the Secret holds
+// names a temporary SQLite file (sandbox) or the tests' PostgreSQL
+// (live). It stops when the test ends.
+func startShipped(t *testing.T, env string) *shippedPod {
+	t.Helper()
 	db := "sqlite:" + filepath.Join(t.TempDir(), "records.db")
 	if env == "live" {
 		db = storetest.PostgresURL(t)
@@ -308,7 +338,7 @@ func testShippedDeployment(t *testing.T, env string) {
 	root := t.TempDir() // stands in for the container's /
 	trustDomain := newTestCA(t, "trust domain CA")
 	caPEM := trustDomain.pem
-	ns := "payments-" + env
+	pod := &shippedPod{overlay: r, container: c, env: env, ns: "payments-" + env, db: db, trustDomain: trustDomain}
 
 	// The mounted volumes' files.
 	volumes := map[string]corev1.Volume{}
@@ -327,7 +357,6 @@ func testShippedDeployment(t *testing.T, env string) {
 		}
 		return ""
 	}
-	var serving *x509.Certificate
 	for _, m := range c.VolumeMounts {
 		v, ok := volumes[m.Name]
 		if !ok || v.Secret == nil || m.SubPath != "" {
@@ -343,15 +372,15 @@ func testShippedDeployment(t *testing.T, env string) {
 					if err != nil || !slices.Contains(r.cert.Spec.Usages, "server auth") || r.cert.Spec.PrivateKey.Encoding != "PKCS8" {
 						t.Fatalf("Certificate %+v: want a duration, server auth and a PKCS8 key", r.cert.Spec)
 					}
-					certPEM, keyPEM, cert := trustDomain.issueLeaf(t, &x509.Certificate{
+					certPEM, keyPEM, _ := trustDomain.issueLeaf(t, &x509.Certificate{
 						Subject:     pkix.Name{},
 						DNSNames:    r.cert.Spec.DNSNames,
 						NotBefore:   time.Now().Add(-time.Minute),
 						NotAfter:    time.Now().Add(d),
 						ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 					})
-					serving = cert
 					files["tls.crt"], files["tls.key"], files["ca.crt"] = certPEM, keyPEM, caPEM
+					pod.tlsDir, pod.tlsFiles = filepath.Join(root, m.MountPath), files
 				}
 			case variable == "PAYMENTS_"+strings.ToUpper(env)+"_API_KEY_FILE":
 				files[item.Path] = []byte("sk_" + env + "_SENTINEL_shipped_0123456789\n")
@@ -365,13 +394,13 @@ func testShippedDeployment(t *testing.T, env string) {
 		}
 		atomicWrite(t, filepath.Join(root, m.MountPath), files)
 	}
-	if serving == nil {
+	if pod.tlsDir == "" {
 		t.Fatal("the pods mount no Secret of the rendered Certificate")
 	}
 
 	// The environment, exactly, but for the mount paths (under root) and
 	// the listen addresses.
-	port := map[int32]string{} // container port -> the variable binding it
+	pod.port = map[int32]string{}
 	var environ []string
 	for _, e := range c.Env {
 		v := e.Value
@@ -383,7 +412,7 @@ func testShippedDeployment(t *testing.T, env string) {
 		case strings.HasSuffix(e.Name, "_ADDR") && regexp.MustCompile(`^:\d+$`).MatchString(v):
 			var p int32
 			fmt.Sscanf(v, ":%d", &p)
-			port[p] = e.Name
+			pod.port[p] = e.Name
 			v = "127.0.0.1:0"
 		case strings.HasPrefix(v, "/"):
 			v = filepath.Join(root, v)
@@ -391,29 +420,65 @@ func testShippedDeployment(t *testing.T, env string) {
 		environ = append(environ, e.Name+"="+v)
 	}
 	args := append([]string{"paymentsd"}, slices.Concat(c.Command, c.Args)...)
-	logs := newLogBuffer()
+	pod.logs = newLogBuffer()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, args, environ, io.Discard, logs) }()
+	go func() { done <- run(ctx, args, environ, io.Discard, pod.logs) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("run() = %v after the context ended", err)
 		}
 	})
-	serving2 := logs.waitFor(t, "serving", done)
-	addrOf := map[string]string{
-		"PAYMENTS_GRPC_ADDR": serving2["grpc_addr"].(string), "PAYMENTS_HTTP_ADDR": serving2["http_addr"].(string),
-		"PAYMENTS_WEBHOOK_ADDR": serving2["webhook_addr"].(string), "PAYMENTS_METRICS_ADDR": serving2["metrics_addr"].(string),
-		"PAYMENTS_HEALTH_ADDR": serving2["health_addr"].(string),
+	serving := pod.logs.waitFor(t, "serving", done)
+	pod.addrOf = map[string]string{
+		"PAYMENTS_GRPC_ADDR": serving["grpc_addr"].(string), "PAYMENTS_HTTP_ADDR": serving["http_addr"].(string),
+		"PAYMENTS_WEBHOOK_ADDR": serving["webhook_addr"].(string), "PAYMENTS_METRICS_ADDR": serving["metrics_addr"].(string),
+		"PAYMENTS_HEALTH_ADDR": serving["health_addr"].(string),
 	}
+	return pod
+}
+
+// addr is the address that stands in for the pod's container port p.
+func (pod *shippedPod) addr(t *testing.T, p int32) string {
+	t.Helper()
+	a := pod.addrOf[pod.port[p]]
+	if a == "" {
+		t.Fatalf("no listener of paymentsd binds container port %d", p)
+	}
+	return a
+}
+
+// containerPort is the container port named name.
+func (pod *shippedPod) containerPort(t *testing.T, name string) int32 {
+	t.Helper()
+	for _, p := range pod.container.Ports {
+		if p.Name == name {
+			return p.ContainerPort
+		}
+	}
+	t.Fatalf("the container has no port %s", name)
+	return 0
+}
+
+// callers are the identities the overlay's ConfigMap names: the first
+// of PAYMENTS_ALLOWED_CALLERS, PAYMENTS_ADMIN_CALLERS and
+// PAYMENTS_EVENT_READERS.
+func (pod *shippedPod) callers(t *testing.T) (caller, admin, reader string) {
+	t.Helper()
+	first := func(name string) string {
+		return strings.Split(pod.overlay.configValue(t, pod.container, name), ",")[0]
+	}
+	return first("PAYMENTS_ALLOWED_CALLERS"), first("PAYMENTS_ADMIN_CALLERS"), first("PAYMENTS_EVENT_READERS")
+}
+
+func testShippedDeployment(t *testing.T, env string) {
+	pod := startShipped(t, env)
+	r, c, db, ns, trustDomain, logs := pod.overlay, pod.container, pod.db, pod.ns, pod.trustDomain, pod.logs
+	caPEM := trustDomain.pem
 	podAddr := func(p int32) string {
 		t.Helper()
-		a := addrOf[port[p]]
-		if a == "" {
-			t.Fatalf("no listener of paymentsd binds container port %d", p)
-		}
-		return a
+		return pod.addr(t, p)
 	}
 	if l := logs.lines("callers are not identified: PAYMENTS_TLS_CLIENT_CA_FILE is not set"); len(l) > 0 {
 		t.Errorf("the shipped deployment does not identify its callers: %v", l)
@@ -592,7 +657,7 @@ func testShippedDeployment(t *testing.T, env string) {
 		args []string
 		want int
 	}{
-		{"no certificate", []string{"list", "--in-doubt", "--tls-cert", "", "--tls-key", ""}, exitFailure},
+		{"no certificate", []string{"list", "--in-doubt", "--tls-cert", "", "--tls-key", ""}, exitDenied},
 		{"a service's SVID, resolving", append([]string{"resolve", "k-doubt-2", "--outcome", "not-created", "--evidence", "x", "--yes"}, as("svc.crt", "svc.key")...), exitDenied},
 		{"a service's SVID, listing another's", append([]string{"list", "--in-doubt", "--caller", reader}, as("svc.crt", "svc.key")...), exitDenied},
 		{"a person not on call", append([]string{"list", "--in-doubt"}, as("stranger.crt", "stranger.key")...), exitDenied},

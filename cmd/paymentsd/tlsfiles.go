@@ -38,18 +38,31 @@ type serverTLS struct {
 	certFile, keyFile, caFile string
 
 	cert      atomic.Pointer[tls.Certificate]
-	clientCAs atomic.Pointer[x509.CertPool] // nil without PAYMENTS_TLS_CLIENT_CA_FILE
+	clientCAs atomic.Pointer[clientCAs] // nil without PAYMENTS_TLS_CLIENT_CA_FILE
+
+	// now is the clock certificates are verified by.
+	now func() time.Time
 
 	// notAfter is paymentsd_tls_certificate_expiry_timestamp_seconds.
 	notAfter prometheus.Gauge
 }
 
+// clientCAs are the CAs of PAYMENTS_TLS_CLIENT_CA_FILE as last read: the
+// pool that handshakes verify by, and each certificate's DER, by which
+// stillTrusted knows whether a chain verified earlier ends at one still in
+// use.
+type clientCAs struct {
+	pool *x509.CertPool
+	der  map[string]bool
+}
+
 // loadServerTLS reads the TLS files that cfg names; nil for plaintext.
-func loadServerTLS(cfg *config, reg prometheus.Registerer) (*serverTLS, error) {
+// Certificates are verified by now.
+func loadServerTLS(cfg *config, now func() time.Time, reg prometheus.Registerer) (*serverTLS, error) {
 	if cfg.TLSCertFile == "" {
 		return nil, nil
 	}
-	t := &serverTLS{certFile: cfg.TLSCertFile, keyFile: cfg.TLSKeyFile, caFile: cfg.TLSClientCAFile,
+	t := &serverTLS{certFile: cfg.TLSCertFile, keyFile: cfg.TLSKeyFile, caFile: cfg.TLSClientCAFile, now: now,
 		notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paymentsd_tls_certificate_expiry_timestamp_seconds",
 			Help: "When the serving certificate in use (PAYMENTS_TLS_CERT_FILE) expires, in Unix seconds: it is re-read every PAYMENTS_SECRET_RELOAD_INTERVAL, so this moves forward at each renewal.",
@@ -88,10 +101,11 @@ func (t *serverTLS) config(nextProtos []string, clientAuth bool) *tls.Config {
 			MinVersion:   tls.VersionTLS12,
 			NextProtos:   nextProtos,
 			Certificates: []tls.Certificate{*t.cert.Load()},
+			Time:         t.now,
 		}
-		if pool := t.clientCAs.Load(); clientAuth && pool != nil {
+		if cas := t.clientCAs.Load(); clientAuth && cas != nil {
 			c.ClientAuth = tls.RequireAndVerifyClientCert
-			c.ClientCAs = pool
+			c.ClientCAs = cas.pool
 			// No resumption: every connection's certificate is verified
 			// against the CA in use now, not the one of an earlier
 			// session. gRPC connections are long-lived; this costs little.
@@ -106,6 +120,30 @@ func (t *serverTLS) config(nextProtos []string, clientAuth bool) *tls.Config {
 			return current(), nil
 		},
 	}
+}
+
+// stillTrusted reports whether a client certificate whose chains were
+// verified when its connection opened would be verified now: one chain
+// whose every certificate is within its validity, and whose last is one
+// of the client CAs in use now (service.Options.StillTrusted).
+func (t *serverTLS) stillTrusted(verifiedChains [][]*x509.Certificate) error {
+	now, cas := t.now(), t.clientCAs.Load()
+	expired := false
+	for _, chain := range verifiedChains {
+		valid := true
+		for _, c := range chain {
+			if now.Before(c.NotBefore) || now.After(c.NotAfter) {
+				valid, expired = false, true
+			}
+		}
+		if valid && len(chain) > 0 && cas != nil && cas.der[string(chain[len(chain)-1].Raw)] {
+			return nil
+		}
+	}
+	if expired {
+		return errors.New("it, or a CA certificate it chains to, has expired since its connection opened")
+	}
+	return errors.New("the CA it chains to was removed from PAYMENTS_TLS_CLIENT_CA_FILE since its connection opened")
 }
 
 // requiresClientCerts reports whether callers must present certificates.
@@ -148,7 +186,7 @@ func (t *serverTLS) useKeyPair(certPEM, keyPEM []byte) ([]slog.Attr, error) {
 
 // useClientCA puts the CA bundle in use, and returns what to log of it.
 func (t *serverTLS) useClientCA(caPEM []byte) ([]slog.Attr, error) {
-	pool := x509.NewCertPool()
+	cas := &clientCAs{pool: x509.NewCertPool(), der: map[string]bool{}}
 	n := 0
 	for rest := caPEM; ; {
 		var block *pem.Block
@@ -163,13 +201,14 @@ func (t *serverTLS) useClientCA(caPEM []byte) ([]slog.Attr, error) {
 		if err != nil {
 			return nil, fmt.Errorf("a certificate in the file can't be parsed: %w", err)
 		}
-		pool.AddCert(c)
+		cas.pool.AddCert(c)
+		cas.der[string(c.Raw)] = true
 		n++
 	}
 	if n == 0 {
 		return nil, errors.New("the file it names holds no PEM certificates")
 	}
-	t.clientCAs.Store(pool)
+	t.clientCAs.Store(cas)
 	return []slog.Attr{slog.Int("client_ca_certificates", n)}, nil
 }
 

@@ -128,10 +128,11 @@ type PaymentsServiceClient interface {
 	//     "provider_quiet_until"); retry with the same key after the
 	//     RetryInfo's delay.
 	//   - CALLER_NOT_ALLOWED: the caller's identity is not on this
-	//     deployment's allowlist, or, with mTLS, its client certificate
-	//     names no identity (ErrorInfo metadata "problem" says why); this
-	//     call sent nothing (like REQUEST_NOT_SENT, it says nothing of
-	//     earlier calls).
+	//     deployment's allowlist (an admin or event reader that is not may
+	//     not pay), or, with mTLS, its client certificate names no identity,
+	//     or has expired or lost its CA since the connection opened
+	//     (ErrorInfo metadata "problem" says why); this call sent nothing
+	//     (like REQUEST_NOT_SENT, it says nothing of earlier calls).
 	//   - IDEMPOTENCY_KEY_NOT_OWNED: with mTLS, the key's record was created
 	//     by another caller (or before callers had identities). Nothing was
 	//     sent, and nothing of that record is told: use a new key, unless
@@ -460,10 +461,11 @@ type PaymentsServiceServer interface {
 	//     "provider_quiet_until"); retry with the same key after the
 	//     RetryInfo's delay.
 	//   - CALLER_NOT_ALLOWED: the caller's identity is not on this
-	//     deployment's allowlist, or, with mTLS, its client certificate
-	//     names no identity (ErrorInfo metadata "problem" says why); this
-	//     call sent nothing (like REQUEST_NOT_SENT, it says nothing of
-	//     earlier calls).
+	//     deployment's allowlist (an admin or event reader that is not may
+	//     not pay), or, with mTLS, its client certificate names no identity,
+	//     or has expired or lost its CA since the connection opened
+	//     (ErrorInfo metadata "problem" says why); this call sent nothing
+	//     (like REQUEST_NOT_SENT, it says nothing of earlier calls).
 	//   - IDEMPOTENCY_KEY_NOT_OWNED: with mTLS, the key's record was created
 	//     by another caller (or before callers had identities). Nothing was
 	//     sent, and nothing of that record is told: use a new key, unless
