@@ -6,8 +6,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -209,7 +211,8 @@ const readOnlySQLTransaction = "25006"
 // transaction), which lends each transaction whichever server session is
 // free, would lose or hand to another client:
 //   - no startup parameters (PgBouncer refuses them): statementTimeout is
-//     set in each transaction instead (transact);
+//     set in each transaction (transact), and as a startup parameter only
+//     once detectPooler has found the connections direct;
 //   - no named prepared statements through a pooler: the store prepares
 //     nothing itself (Store.prepared), and pgx runs every query as the
 //     unnamed statement (QueryExecModeExec) until detectPooler has found
@@ -243,6 +246,12 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, *pgMode, error) {
 	db := stdlib.OpenDB(*cfg, stdlib.OptionBeforeConnect(func(_ context.Context, c *pgx.ConnConfig) error {
 		if !mode.explicit {
 			c.DefaultQueryExecMode = pgx.QueryExecMode(mode.v.Load())
+		}
+		if mode.direct.Load() {
+			// Straight to PostgreSQL, every statement is bounded, reads
+			// outside a transaction too; a pooler would refuse this.
+			c.RuntimeParams = maps.Clone(c.RuntimeParams)
+			c.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
 		}
 		return nil
 	}))

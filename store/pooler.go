@@ -29,8 +29,8 @@ const execModeParam = "default_query_exec_mode"
 // about 40 µs more of paymentsd's CPU, and a payment about 80 µs at c=32.
 type pgMode struct {
 	v atomic.Int64 // pgx.QueryExecMode for connections opened from now on
-	// pooled: detectPooler found a pooler.
-	pooled atomic.Bool
+	// pooled: detectPooler found a pooler; direct: it found none.
+	pooled, direct atomic.Bool
 	// explicit: the URL sets default_query_exec_mode (urlMode), which is
 	// used as it is.
 	explicit bool
@@ -82,11 +82,26 @@ func (s *Store) detectPooler(ctx context.Context, logger *slog.Logger) error {
 	}
 	s.pg.v.Store(int64(mode))
 	s.pg.pooled.Store(pooled)
-	reached := "directly (or through a proxy that keeps a server session per connection)"
-	if pooled {
-		reached = "through a connection pooler"
+	s.pg.direct.Store(!pooled)
+	if !pooled {
+		logger.Info("PostgreSQL is reached directly (or through a proxy that keeps a server session per connection)",
+			"queries", how, "query_exec_mode", modeName(mode), "statement_timeout", statementTimeout.String())
+		return nil
 	}
-	logger.Info("PostgreSQL is reached "+reached, "queries", how, "query_exec_mode", modeName(mode))
+	var timeout string
+	if err := s.w.QueryRowContext(ctx, `SHOW statement_timeout`).Scan(&timeout); err != nil {
+		return fmt.Errorf("read statement_timeout: %w", err)
+	}
+	logger.Info("PostgreSQL is reached through a connection pooler",
+		"queries", how, "query_exec_mode", modeName(mode), "statement_timeout_in_transactions", statementTimeout.String(),
+		"statement_timeout_otherwise", timeout)
+	if timeout == "0" {
+		logger.Warn("through a connection pooler, paymentsd can bound only its transactions' statements (SET LOCAL); "+
+			"its single-statement reads are bounded by their callers' deadlines, which a server does not see: "+
+			"to bound them on the server too, set a statement timeout on paymentsd's database role, as its owner or a superuser: "+
+			"ALTER ROLE <paymentsd's user> SET statement_timeout = '30s'",
+			"statement_timeout", timeout)
+	}
 	return nil
 }
 

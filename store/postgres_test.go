@@ -131,6 +131,17 @@ func TestPostgresPoolerDetected(t *testing.T) {
 			if err := s.CheckWrite(ctx); err != nil {
 				t.Errorf("CheckWrite() = %v", err)
 			}
+			// Direct, every statement is bounded, reads too; through
+			// PgBouncer, only the transactions' (see
+			// TestPostgresStatementTimeout), since it refuses startup
+			// parameters.
+			var timeout string
+			if err := s.r.QueryRowContext(ctx, `SHOW statement_timeout`).Scan(&timeout); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]string{false: "30s", true: "0"}[tt.wantPooled]; timeout != want {
+				t.Errorf("statement_timeout outside a transaction = %q, want %q", timeout, want)
+			}
 		})
 	}
 	t.Run("PgBouncer, cache_statement asked for", func(t *testing.T) {
