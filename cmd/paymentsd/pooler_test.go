@@ -54,8 +54,11 @@ func TestBehindPgBouncerTransactionMode(t *testing.T) {
 	in := start(t, with(sandboxEnv(p),
 		"PAYMENTS_DATABASE_URL", db,
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
-		"PAYMENTS_UPSTREAM_TIMEOUT", "1s",
-		"PAYMENTS_PROVIDER_QUIET_PERIOD", "1s",
+		// Time enough for a claim to commit with 180 callers on 4 server
+		// sessions, on a busy machine, before paymentsd would refuse to
+		// send; the lost replies are settled after the quiet period.
+		"PAYMENTS_UPSTREAM_TIMEOUT", "5s",
+		"PAYMENTS_PROVIDER_QUIET_PERIOD", "5s",
 		"PAYMENTS_WEBHOOK_ADDR", "127.0.0.1:0",
 		"PAYMENTS_SANDBOX_WEBHOOK_TOKEN", webhookToken,
 	))
