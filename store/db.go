@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -28,6 +30,8 @@ type dialect struct {
 	lockRows, skipLocked string
 	// placeholder reports whether $N must become ?N.
 	questionMarks bool
+	// prepare: the store keeps prepared statements (see Store.prepared).
+	prepare bool
 	// times are microseconds since the epoch in SQLite, timestamptz in
 	// PostgreSQL.
 	intTimes bool
@@ -43,6 +47,7 @@ var (
 	sqliteDialect = dialect{
 		name:          "sqlite",
 		questionMarks: true,
+		prepare:       true,
 		intTimes:      true,
 		keyCol:        "key",
 	}
@@ -188,30 +193,72 @@ func sqliteParams(immediate bool, pragmas []string, param func(string) string) s
 	return strings.Join(ps, "&")
 }
 
-// statementTimeout bounds every PostgreSQL statement but migrations'.
+// statementTimeout bounds every statement of the store's PostgreSQL
+// transactions but migrations'.
 const statementTimeout = 30 * time.Second
 
+// setStatementTimeout sets statementTimeout for the rest of a transaction.
+var setStatementTimeout = fmt.Sprintf(`SELECT set_config('statement_timeout', '%d', true)`, statementTimeout.Milliseconds())
+
+// readOnlySQLTransaction is PostgreSQL's SQLSTATE for a write refused by a
+// server that takes none: a standby, or a primary being demoted.
+const readOnlySQLTransaction = "25006"
+
 // openPostgres opens a database/sql pool over pgx.
-func openPostgres(rawURL string, opts Options) (*sql.DB, error) {
+//
+// The pool keeps no state in a server session from one transaction to the
+// next that a pooler in transaction mode (PgBouncer's pool_mode =
+// transaction), which lends each transaction whichever server session is
+// free, would lose or hand to another client:
+//   - no startup parameters (PgBouncer refuses them): statementTimeout is
+//     set in each transaction (transact), and as a startup parameter only
+//     once detectPooler has found the connections direct;
+//   - no named prepared statements through a pooler: the store prepares
+//     nothing itself (Store.prepared), and pgx runs every query as the
+//     unnamed statement (QueryExecModeExec) until detectPooler has found
+//     the connections direct, when it caches a named statement per query
+//     and connection instead (QueryExecModeCacheStatement), which the
+//     server plans once; see pgMode;
+//   - no session SET, advisory lock, temporary table or LISTEN: migrate
+//     takes a transaction's advisory lock.
+//
+// A connection whose server turned out to take no writes (25006: the
+// PostgreSQL it reached is, or has become, a standby) is closed rather than
+// kept in the pool, so that the next one is opened afresh, and a
+// multi-host URL with target_session_attrs=read-write (or a proxy that
+// follows the primary) finds the new primary.
+func openPostgres(rawURL string, opts Options) (*sql.DB, *pgMode, error) {
 	cfg, err := pgx.ParseConfig(rawURL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	// Every statement ends within statementTimeout, lock waits included:
-	// retention's two-step delete relies on it (see tombstoneGrace), and a
-	// payment must not hang on a stuck lock.
-	cfg.RuntimeParams["statement_timeout"] = strconv.Itoa(int(statementTimeout / time.Millisecond))
+	mode := &pgMode{explicit: namesParam(rawURL, execModeParam), urlMode: cfg.DefaultQueryExecMode}
+	mode.v.Store(int64(pgx.QueryExecModeExec))
+	cfg.OnPgError = func(_ *pgconn.PgConn, e *pgconn.PgError) bool {
+		return !strings.EqualFold(e.Severity, "FATAL") && e.Code != readOnlySQLTransaction
+	}
 	if cfg.ConnectTimeout == 0 {
 		// The URL sets no connect_timeout: without one, a connection the
 		// pool opens later to a database that never answers would wait
 		// for as long as its caller's context allows, or forever.
 		cfg.ConnectTimeout = opts.connectTimeout()
 	}
-	db := stdlib.OpenDB(*cfg)
+	db := stdlib.OpenDB(*cfg, stdlib.OptionBeforeConnect(func(_ context.Context, c *pgx.ConnConfig) error {
+		if !mode.explicit {
+			c.DefaultQueryExecMode = pgx.QueryExecMode(mode.v.Load())
+		}
+		if mode.direct.Load() {
+			// Straight to PostgreSQL, every statement is bounded, reads
+			// outside a transaction too; a pooler would refuse this.
+			c.RuntimeParams = maps.Clone(c.RuntimeParams)
+			c.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
+		}
+		return nil
+	}))
 	db.SetMaxOpenConns(opts.postgresConns())
 	db.SetMaxIdleConns(opts.postgresConns())
 	db.SetConnMaxIdleTime(5 * time.Minute)
-	return db, nil
+	return db, mode, nil
 }
 
 // transact runs fn in a transaction on the writer, committing if fn returns
@@ -222,6 +269,12 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
+	}
+	if s.d.name == "postgres" {
+		if _, err := tx.ExecContext(ctx, setStatementTimeout); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("begin transaction: set statement_timeout: %w", err)
+		}
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -239,6 +292,21 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 		s.commits.Add(1)
 	}()
 	return fn(tx)
+}
+
+// namesParam reports whether the PostgreSQL URL's query sets the parameter
+// name.
+func namesParam(rawURL, name string) bool {
+	u, ok := splitPostgresURL(rawURL)
+	if !ok {
+		return false
+	}
+	for _, p := range u.params() {
+		if k, _ := url.QueryUnescape(p[0]); k == name {
+			return true
+		}
+	}
+	return false
 }
 
 // CheckURL reports what is wrong with a database URL, or nil: "sqlite:PATH",
