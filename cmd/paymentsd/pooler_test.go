@@ -13,6 +13,7 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/store/storetest"
+	"example.com/paymentsd/store"
 	"example.com/paymentsd/upstream/upstreamtest"
 )
 
@@ -140,13 +141,24 @@ func TestBehindPgBouncerTransactionMode(t *testing.T) {
 		}
 	}
 
-	list := mustList(t, paymentsv1.NewProviderEventsServiceClient(in.conn))
+	// The events are read back through the pooler as the store reads
+	// them: ListProviderEvents needs a reader identity, which this
+	// deployment without mTLS has no way to name.
+	st, err := store.Open(t.Context(), db, "sandbox", store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	list, err := st.ListEvents(t.Context(), store.EventQuery{Limit: 1000})
+	if err != nil {
+		t.Fatalf("ListEvents through the pooler: %v", err)
+	}
 	if len(list) != events {
-		t.Fatalf("ListProviderEvents() = %d events, want %d", len(list), events)
+		t.Fatalf("ListEvents() = %d events, want %d", len(list), events)
 	}
 	for i, e := range list {
-		if e.GetSequence() != int64(i+1) {
-			t.Errorf("event %d has sequence %d, want %d: sequences are dense and in order", i, e.GetSequence(), i+1)
+		if e.Sequence != int64(i+1) {
+			t.Errorf("event %d has sequence %d, want %d: sequences are dense and in order", i, e.Sequence, i+1)
 		}
 	}
 }
