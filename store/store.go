@@ -13,6 +13,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -104,6 +105,10 @@ type Options struct {
 	// means DefaultInboxReserve. PostgreSQL's volume can't be seen from
 	// here: InboxQuota is its bound.
 	InboxReserve int64
+	// WrapConnector, if set, wraps the database driver's connector: a
+	// seam for tests, which inject failures beneath the store's own code
+	// (storetest.Faults). Leave it nil.
+	WrapConnector func(driver.Connector) driver.Connector
 }
 
 // DefaultInboxReserve is the free space the webhook inbox leaves on an
