@@ -254,25 +254,31 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, error) {
 // nil and rolling back otherwise (as in pkgsite's database.Transact). In
 // SQLite the transaction starts with BEGIN IMMEDIATE, taking the write lock
 // at once.
+//
+// Every outcome but a caller's giving up and the store's own refusals
+// goes into the store's write health (see writeHealth).
 func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error) {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
+		s.noteWrite(err, time.Now())
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	defer func() {
 		if p := recover(); p != nil {
 			tx.Rollback()
+			s.health.failed()
 			panic(p)
 		}
-		if err != nil {
+		if err == nil {
+			if cerr := tx.Commit(); cerr != nil {
+				err = fmt.Errorf("commit: %w: %w", ErrCommitUnknown, cerr)
+			} else {
+				s.commits.Add(1)
+			}
+		} else {
 			tx.Rollback()
-			return
 		}
-		if cerr := tx.Commit(); cerr != nil {
-			err = fmt.Errorf("commit: %w: %w", ErrCommitUnknown, cerr)
-			return
-		}
-		s.commits.Add(1)
+		s.noteWrite(err, time.Now())
 	}()
 	return fn(tx)
 }
@@ -544,7 +550,7 @@ func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Is(target error) bool {
 	switch target {
 	case context.Canceled, context.DeadlineExceeded, ErrNotFound, ErrLeaseLost, ErrWrongEnvironment, ErrKeyNotStorable, ErrCommitUnknown,
-		ErrConnectTimeout, ErrMigrateTimeout, ErrInboxFull:
+		ErrConnectTimeout, ErrMigrateTimeout, ErrInboxFull, ErrNotUnknown, ErrInFlight, ErrChanged, ErrAttemptSucceeded, ErrClosed:
 		return errors.Is(e.cause, target)
 	}
 	return false
