@@ -199,6 +199,51 @@ func (s *Service) land(o *outcome) {
 	s.waiters.notify(o.fin.Key)
 }
 
+// releaseClaim hands the outbox a settlement claim by owner whose commit
+// was lost (it may have committed, holding a record this process will
+// never take over, being its own): it retries store.Release until the
+// store answers, as for an outcome.
+func (s *Service) releaseClaim(owner string, settleAfter time.Duration) {
+	b := s.outbox
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		return
+	}
+	b.wg.Add(1)
+	b.mu.Unlock()
+	s.metrics.outcomesPending.Inc()
+	go func() {
+		defer b.wg.Done()
+		defer s.metrics.outcomesPending.Dec()
+		delay := outboxFirstRetry
+		for {
+			ctx, cancel := context.WithTimeout(b.stop, outboxAttemptTimeout)
+			n, err := s.store.Release(ctx, owner, settleAfter)
+			cancel()
+			if err == nil {
+				if n > 0 {
+					s.logger.Warn("released a settlement claim whose commit was not confirmed; nothing was sent",
+						slog.String("claim_owner", owner), slog.Int("records", n))
+				}
+				return
+			}
+			if errors.Is(err, store.ErrClosed) || b.stop.Err() != nil {
+				s.logger.Error("paymentsd stopped before it could release a settlement claim whose commit was not confirmed; the record stays in progress until another replica, or this one restarted, takes it over",
+					slog.String("claim_owner", owner), slog.String("error", err.Error()))
+				return
+			}
+			t := time.NewTimer(delay/2 + rand.N(delay/2+1))
+			select {
+			case <-t.C:
+			case <-b.stop.Done():
+				t.Stop()
+			}
+			delay = min(2*delay, outboxMaxRetry)
+		}
+	}()
+}
+
 func (s *Service) logPendingAtStop(o *outcome) {
 	s.logger.Error("paymentsd stopped with a payment's outcome not recorded: the record stays in progress, and settlement sends the key again once its lease and quiet period have passed",
 		keyAttrs(o.fin.Key, slog.String("state", o.fin.State.String()), slog.Int("provider_status", o.fin.ProviderStatus),
