@@ -149,6 +149,15 @@ func TestSuccessOutlivesFailingCommits(t *testing.T) {
 			if reasonOf(err) != ReasonInProgress {
 				t.Errorf("retry while the outcome is pending = %v (%s), want %s", err, reasonOf(err), ReasonInProgress)
 			}
+			if deadline == 0 {
+				// Without a deadline, the success is answered only once
+				// it is written.
+				select {
+				case a := <-answered:
+					t.Fatalf("call answered (%v, %v) before its record was written", a.resp, a.err)
+				default:
+				}
+			}
 
 			f.faults.Clear()
 			if deadline == 0 {

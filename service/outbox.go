@@ -56,21 +56,25 @@ type outcome struct {
 	err    error
 }
 
-// wait waits, up to max or until ctx ends, for o to be written, and
-// reports whether it was.
+// wait waits, up to max (0: no bound) or until ctx ends, for o to be
+// written, and reports whether it was.
 func (o *outcome) wait(ctx context.Context, max time.Duration) bool {
 	select {
 	case <-o.landed:
 		return o.err == nil
 	default:
 	}
-	t := time.NewTimer(max)
-	defer t.Stop()
+	var timeout <-chan time.Time
+	if max > 0 {
+		t := time.NewTimer(max)
+		defer t.Stop()
+		timeout = t.C
+	}
 	select {
 	case <-o.landed:
 		return o.err == nil
 	case <-ctx.Done():
-	case <-t.C:
+	case <-timeout:
 	}
 	return false
 }

@@ -99,7 +99,14 @@ func newFixture(t *testing.T, lease time.Duration, now func() time.Time) fixture
 	svc := New(Config{Client: client, Store: st, Environment: paymentsv1.Environment_ENVIRONMENT_SANDBOX,
 		LeaseTTL: lease, Now: now, Registerer: prometheus.NewRegistry(),
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
-	t.Cleanup(func() { svc.Shutdown(context.Background()) })
+	t.Cleanup(func() {
+		// A test that failed midway may leave faults that would hold
+		// the outbox.
+		faults.Clear()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		svc.Shutdown(ctx)
+	})
 	return fixture{svc: svc, store: st, p: p, path: path, faults: faults, logs: logs}
 }
 
