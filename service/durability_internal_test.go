@@ -119,10 +119,10 @@ func TestSuccessOutlivesFailingCommits(t *testing.T) {
 				answered <- answer{resp, err}
 			}()
 			<-arrived
-			// Every write of an outcome fails until the test clears it.
-			f.faults.FailStatements(finishSQL, -1)
+			// Every commit of an outcome fails until the test clears it.
+			f.faults.FailCommits(finishSQL, -1)
 			close(release)
-			waitFired(t, f.faults, "fail statement")
+			waitFired(t, f.faults, "fail commit")
 
 			var told answer
 			if deadline > 0 {
@@ -194,6 +194,29 @@ func TestSuccessOutlivesFailingCommits(t *testing.T) {
 	}
 }
 
+// TestSuccessWhoseCommitIsLost: the commit of a success is sent and its
+// answer lost (the store reports ErrCommitUnknown, and it was written).
+// The outbox's retry finds it written and writes nothing more; the caller
+// is told OK with the reply, which the record holds, once.
+func TestSuccessWhoseCommitIsLost(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10*time.Second, nil)
+	f.faults.LoseCommits(finishSQL, 1)
+	resp, err := f.svc.CreateMultiCardPayment(t.Context(), payment("k"))
+	if err != nil {
+		t.Fatalf("call = %v, want OK", err)
+	}
+	waitFired(t, f.faults, "lose commit")
+	r := f.record(t, "k")
+	as, err := f.store.Attempts(t.Context(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != store.StateSucceeded || string(r.Reply) != string(resp.GetPaymentJson()) || r.Attempts != 1 || len(as) != 1 {
+		t.Errorf("record = %v %s, %d attempts, %d attempt rows; want Succeeded with the reply the caller was told, once", r.State, r.Reply, r.Attempts, len(as))
+	}
+}
+
 // TestUnknownOutcomeAnsweredAtOnce: an outcome nobody knows is answered at
 // once, whatever the store does, and its record is written once the store
 // takes it; settlement then re-sends the key, as it exists to.
@@ -202,7 +225,7 @@ func TestUnknownOutcomeAnsweredAtOnce(t *testing.T) {
 	c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
 	f := newFixture(t, 10*time.Second, c.Now)
 	f.p.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Status: http.StatusServiceUnavailable}))
-	f.faults.FailStatements(finishSQL, -1)
+	f.faults.FailCommits(finishSQL, -1)
 	_, err := f.svc.CreateMultiCardPayment(t.Context(), payment("k"))
 	if reasonOf(err) != ReasonOutcomeUnknown {
 		t.Fatalf("call = %v (%s), want %s", err, reasonOf(err), ReasonOutcomeUnknown)
@@ -270,7 +293,7 @@ func TestSendNothingRecordFails(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, 10*time.Second, nil)
 			f.svc.sends.max.Store(0)
-			f.faults.FailStatements(finishSQL, failing)
+			f.faults.FailCommits(finishSQL, failing)
 			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 			defer cancel()
 			_, err := f.svc.CreateMultiCardPayment(ctx, payment("k"))
@@ -419,7 +442,7 @@ func TestSettlementFinishFails(t *testing.T) {
 	f.makeUnknown(t, "k")
 	f.p.SetScript(nil)
 	c.add(time.Minute)
-	f.faults.FailStatements(finishSQL, 5)
+	f.faults.FailCommits(finishSQL, 5)
 	f.svc.settleDue(t.Context())
 	f.svc.waitPending(t.Context(), "k")
 	c.add(time.Minute)

@@ -465,17 +465,20 @@ func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record, now t
 		return Began{Outcome: Replay, Record: r}, nil
 	case r.State == StateInProgress && !expired:
 		return Began{Outcome: Busy, Record: r}, nil
-	case r.State == StateInProgress && !s.mayTakeOver(c.Owner, r.LeaseOwner):
-		// Its holder may have an outcome on its way: see writeHealth.
-		return Began{Outcome: Busy, Record: r}, nil
 	case r.State == StateNotCreated:
 		nr, err := updateRecord(ctx, tx, d, now, acquire+`, settle_by = $10, gave_up = $11`,
 			c.Key, append(acquireArgs, d.t(now.Add(c.Window)), false)...)
 		return Began{Outcome: Acquired, Record: nr, Prior: r.State}, err
 	case r.State == StateOutcomeUnknown || r.State == StateInProgress:
+		// An expired lease's holder may have an outcome on its way: see
+		// writeHealth.
+		takeover := r.State == StateInProgress
 		if !now.Before(r.SettleBy) {
 			if r.State == StateOutcomeUnknown {
 				return Began{Outcome: PastWindow, Record: r}, nil
+			}
+			if !s.mayTakeOver(c.Owner, r.LeaseOwner) {
+				return Began{Outcome: Busy, Record: r}, nil
 			}
 			if err := s.abandon(ctx, tx, r, now); err != nil {
 				return Began{}, err
@@ -487,7 +490,10 @@ func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record, now t
 		if now.Before(r.QuietUntil) {
 			return Began{Outcome: Quiet, Record: r}, nil
 		}
-		if r.State == StateInProgress {
+		if takeover {
+			if !s.mayTakeOver(c.Owner, r.LeaseOwner) {
+				return Began{Outcome: Busy, Record: r}, nil
+			}
 			if err := s.abandon(ctx, tx, r, now); err != nil {
 				return Began{}, err
 			}
