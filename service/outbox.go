@@ -149,6 +149,10 @@ func (s *Service) land(o *outcome) {
 	delay := outboxFirstRetry
 	var failures int
 	for {
+		// Once the store's writes resume after an outage, the outcome
+		// is tried again at once, not after its backoff: the takeover
+		// grace counts from that moment.
+		resumed := s.store.WritesResumed()
 		ctx, cancel := context.WithTimeout(b.stop, outboxAttemptTimeout)
 		start := time.Now()
 		err := s.store.FinishWrite(ctx, o.fin)
@@ -171,6 +175,8 @@ func (s *Service) land(o *outcome) {
 		t := time.NewTimer(delay/2 + rand.N(delay/2+1))
 		select {
 		case <-t.C:
+		case <-resumed:
+			t.Stop()
 		case <-b.stop.Done():
 			t.Stop()
 		}
@@ -222,6 +228,7 @@ func (s *Service) releaseClaim(owner string, settleAfter time.Duration) {
 		defer s.metrics.outcomesPending.Dec()
 		delay := outboxFirstRetry
 		for {
+			resumed := s.store.WritesResumed()
 			ctx, cancel := context.WithTimeout(b.stop, outboxAttemptTimeout)
 			n, err := s.store.Release(ctx, owner, settleAfter)
 			cancel()
@@ -240,6 +247,8 @@ func (s *Service) releaseClaim(owner string, settleAfter time.Duration) {
 			t := time.NewTimer(delay/2 + rand.N(delay/2+1))
 			select {
 			case <-t.C:
+			case <-resumed:
+				t.Stop()
 			case <-b.stop.Done():
 				t.Stop()
 			}

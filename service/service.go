@@ -219,6 +219,10 @@ func New(cfg Config) *Service {
 	return s
 }
 
+// Replica is this process's name in the records: its lease owners are
+// "<replica>/<claim id>", and attempts name it.
+func (s *Service) Replica() string { return s.owner }
+
 // answerBeforeDeadline shortens the caller's deadline by a small margin, so
 // that when it is about to expire paymentsd can still send its own
 // DeadlineExceeded, with the details that say what happened to the money,

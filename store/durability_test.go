@@ -349,6 +349,7 @@ func TestTakeoverWaitsForHealthyWrites(t *testing.T) {
 			if _, err := s.Begin(ctx, claim("b", "body", "taker/2")); err == nil {
 				t.Errorf("Begin() with the database down error = nil")
 			}
+			resumed := s.WritesResumed()
 			f.Up()
 			up := time.Now()
 			got, err := s.Begin(ctx, claim("b", "body", "taker/2"))
@@ -370,6 +371,11 @@ func TestTakeoverWaitsForHealthyWrites(t *testing.T) {
 				t.Errorf("WriteHealthyFor() = %v, %v after the outage ended: health was not counted afresh", hf, time.Since(up))
 			}
 
+			select {
+			case <-resumed:
+			case <-time.After(30 * time.Second):
+				t.Errorf("WritesResumed() was not closed once writes committed again")
+			}
 			waitHealth(t, s, "past the grace again", func(d time.Duration) bool { return d >= grace })
 			begin(t, s, claim("b", "body", "taker/2"), store.Acquired)
 			if gave, err := s.GiveUp(ctx, "settler", 10); err != nil || len(gave) != 1 || gave[0].Key != "c" {

@@ -66,6 +66,8 @@ type writeHealth struct {
 	// since is when the current run of commits began (zero: none), and
 	// last when its latest commit ended.
 	since, last time.Time
+	// resumed is closed when a run begins, and replaced.
+	resumed chan struct{}
 }
 
 // committed notes a write transaction that committed at end.
@@ -74,8 +76,22 @@ func (h *writeHealth) committed(end time.Time) {
 	defer h.mu.Unlock()
 	if h.since.IsZero() || end.Sub(h.last) > maxWriteGap {
 		h.since = end
+		if h.resumed != nil {
+			close(h.resumed)
+			h.resumed = nil
+		}
 	}
 	h.last = end
+}
+
+// resumedCh is closed when the next run of commits begins.
+func (h *writeHealth) resumedCh() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.resumed == nil {
+		h.resumed = make(chan struct{})
+	}
+	return h.resumed
 }
 
 // failed notes a write transaction the database failed.
@@ -104,6 +120,12 @@ func (h *writeHealth) idleFor(now time.Time) time.Duration {
 	}
 	return now.Sub(h.last)
 }
+
+// WritesResumed returns a channel closed when this store's writes next
+// commit after a failure or a gap: a writer waiting to try again (the
+// service's outbox) need wait no longer. Take it before the write whose
+// failure it would wait after.
+func (s *Store) WritesResumed() <-chan struct{} { return s.health.resumedCh() }
 
 // WriteHealthyFor is how long every write of this store has been
 // committing without a failure or a gap: takeovers of expired leases wait

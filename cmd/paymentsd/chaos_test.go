@@ -36,7 +36,7 @@ func TestChaos(t *testing.T) {
 		t.Skip("set PAYMENTSD_CHAOS_KEYS (500 for the issue's run) to run the chaos test: it kills replicas and the database for minutes")
 	}
 	db := storetest.StartCluster(t)
-	p := honestProvider(t, randomDelay(300*time.Millisecond))
+	p := honestProvider(t, randomDelay(600*time.Millisecond))
 	env := with(sandboxEnv(p),
 		"PAYMENTS_DATABASE_URL", db.URL,
 		"PAYMENTS_UPSTREAM_TIMEOUT", "1s",
@@ -70,15 +70,20 @@ func TestChaos(t *testing.T) {
 					return
 				}
 				key := fmt.Sprintf("chaos-%d", i)
+				started := time.Now()
 				if !a.callChaos(ctx, t, client, w, key) {
 					unsettled.Add(1)
 				}
 				done.Add(1)
+				// A steady stream of new keys, so that the chaos meets
+				// many of them mid-flight.
+				time.Sleep(time.Until(started.Add(500 * time.Millisecond)))
 			}
 		})
 	}
 
 	var kills, dbKills int
+	var killed []string
 	finished := make(chan struct{})
 	go func() { workers.Wait(); close(finished) }()
 chaos:
@@ -86,16 +91,17 @@ chaos:
 		select {
 		case <-finished:
 			break chaos
-		case <-time.After(time.Duration(2000+rand.IntN(2000)) * time.Millisecond): // chaos comes at random
+		case <-time.After(time.Duration(1000+rand.IntN(2000)) * time.Millisecond): // chaos comes at random
 		}
 		switch r := rand.IntN(10); {
-		case r < 4:
+		case r < 5:
 			i := rand.IntN(2)
 			mu.Lock()
 			old := replicas[i]
 			mu.Unlock()
 			old.cmd.Process.Kill()
 			old.cmd.Wait()
+			killed = append(killed, fmt.Sprintf("replica %s at %s", replicaOf(old), time.Now().Format(time.StampMicro)))
 			kills++
 			time.Sleep(time.Duration(500+rand.IntN(1500)) * time.Millisecond) // down for a while
 			np := startProcess(t, env)
@@ -103,8 +109,9 @@ chaos:
 			mu.Lock()
 			replicas[i], clients[i] = np, nc
 			mu.Unlock()
-		case r < 7:
+		case r < 9:
 			db.Kill()
+			killed = append(killed, "the database at "+time.Now().Format(time.StampMicro))
 			dbKills++
 			time.Sleep(time.Duration(4000+rand.IntN(2000)) * time.Millisecond) // the outage
 			db.Start()
@@ -124,6 +131,24 @@ chaos:
 	}
 	if len(again) > 0 {
 		t.Errorf("%d keys were sent again after the provider's 2xx: %v", len(again), again)
+		for key, ks := range p.AllKeyStats() {
+			if ks.AfterSuccess == 0 {
+				continue
+			}
+			rec, err := client(0).GetMultiCardPayment(context.Background(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: key})
+			if err != nil {
+				t.Logf("%s: %v", key, err)
+				continue
+			}
+			for _, at := range rec.GetAttemptHistory() {
+				t.Logf("%s attempt %d: %v by %s, %v → %v, provider %d, %v, abandoned %v: %s", key, at.GetNumber(), at.GetKind(), at.GetReplica(),
+					at.GetStartTime().AsTime().Format(time.StampMicro), at.GetEndTime().AsTime().Format(time.StampMicro),
+					at.GetProviderHttpStatus(), at.GetOutcome(), at.GetAbandoned(), at.GetError())
+			}
+		}
+		for _, k := range killed {
+			t.Logf("killed %s", k)
+		}
 	}
 }
 
@@ -167,4 +192,15 @@ func (a *answers) callChaos(ctx context.Context, t *testing.T, client func(int) 
 		}
 	}
 	return false
+}
+
+// replicaOf is the process's name as its lease owners and attempts name
+// it, from its "serving" log line.
+func replicaOf(p *process) string {
+	for _, line := range p.logs.lines("serving") {
+		if r, ok := line["replica"].(string); ok {
+			return r
+		}
+	}
+	return fmt.Sprint(p.cmd.Process.Pid)
 }
