@@ -345,7 +345,13 @@ func (c *faultConn) PrepareContext(ctx context.Context, query string) (driver.St
 	if err != nil {
 		return nil, err
 	}
-	return &faultStmt{conn: c, s: st, query: query}, nil
+	fs := &faultStmt{conn: c, s: st, query: query}
+	if _, ok := st.(driver.NamedValueChecker); ok {
+		// database/sql asks a statement's checker first, and the
+		// connection's only if the statement has none: keep it so.
+		return &checkingStmt{fs}, nil
+	}
+	return fs, nil
 }
 
 func (c *faultConn) Close() error { return c.c.Close() }
@@ -521,6 +527,13 @@ func (s *faultStmt) QueryContext(ctx context.Context, args []driver.NamedValue) 
 		return q.QueryContext(ctx, args)
 	}
 	return s.s.Query(values(args))
+}
+
+// checkingStmt is a faultStmt whose statement checks its own arguments.
+type checkingStmt struct{ *faultStmt }
+
+func (s *checkingStmt) CheckNamedValue(nv *driver.NamedValue) error {
+	return s.s.(driver.NamedValueChecker).CheckNamedValue(nv)
 }
 
 func named(args []driver.Value) []driver.NamedValue {
