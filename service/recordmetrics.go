@@ -25,6 +25,10 @@ type recordMetrics struct {
 	quietWaits  prometheus.Counter
 	expired     prometheus.Counter
 	resolutions *prometheus.CounterVec
+	// outcomesPending counts the outcomes in the outbox, and
+	// outcomeCommit times each from the provider's answer to its commit.
+	outcomesPending prometheus.Gauge
+	outcomeCommit   prometheus.Histogram
 }
 
 func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
@@ -79,8 +83,20 @@ func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
 			Help: "Calls refused because their key's record was deleted by retention (its tombstone refuses the key).",
 		}),
 		resolutions: resolutionsCounter(),
+		outcomesPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paymentsd_outcomes_pending",
+			Help: "Outcomes (a provider's answer, or that nothing was sent) this replica has learnt and not yet written to their records; it retries each until the record store takes it, and holds its key meanwhile. Above 0 for long: the store is refusing writes. Outcomes still pending when the replica stops are logged at error level.",
+		}),
+		outcomeCommit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "paymentsd_outcome_commit_seconds",
+			Help: "Time from the provider's answer (or the decision to send nothing) to the commit of its record: a replica that dies within it leaves the record in progress, and settlement sends the key again.",
+			// Fine at the bottom, where a healthy store commits, for the
+			// window's percentiles (paymentsbench reports them).
+			Buckets: []float64{.0001, .00025, .0005, .00075, .001, .0015, .002, .003, .004, .005, .0075, .01, .015, .02, .03,
+				.05, .075, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}),
 	}
-	reg.MustRegister(m.resolutions, m.records, m.unsettled, m.gaveUp, m.replays, m.reuses, m.waits, m.settlements, m.storeTime, m.storeErrors,
+	reg.MustRegister(m.outcomesPending, m.outcomeCommit, m.resolutions, m.records, m.unsettled, m.gaveUp, m.replays, m.reuses, m.waits, m.settlements, m.storeTime, m.storeErrors,
 		m.clockOffset, m.quietWaits, m.expired)
 	for _, outcome := range []string{"succeeded", "unknown"} {
 		m.settlements.WithLabelValues(outcome)
@@ -109,20 +125,22 @@ const (
 	opGiveUp   = "give_up"
 	opStats    = "stats"
 	opDelete   = "delete"
+	opAttempts = "attempts"
 )
 
-var storeOps = []string{opBegin, opFinish, opGet, opAudit, opList, opResolve, opClaimDue, opGiveUp, opStats, opDelete}
+var storeOps = []string{opBegin, opFinish, opGet, opAudit, opAttempts, opList, opResolve, opClaimDue, opGiveUp, opStats, opDelete}
 
 // storeAnswers are the store's answers about a record: each is the store
 // working, and each is answered to the caller as such, so none counts as a
 // store error (which pages).
 var storeAnswers = []error{
-	store.ErrNotFound,       // no record for the key
-	store.ErrLeaseLost,      // another owner took the record over
-	store.ErrKeyNotStorable, // the key can't be stored exactly
-	store.ErrNotUnknown,     // Resolve: the record is not in doubt
-	store.ErrChanged,        // Resolve: the record changed since it was looked at
-	store.ErrInFlight,       // Resolve: a request with the key may be at the provider
+	store.ErrNotFound,         // no record for the key
+	store.ErrLeaseLost,        // another owner took the record over
+	store.ErrKeyNotStorable,   // the key can't be stored exactly
+	store.ErrNotUnknown,       // Resolve: the record is not in doubt
+	store.ErrChanged,          // Resolve: the record changed since it was looked at
+	store.ErrInFlight,         // Resolve: a request with the key may be at the provider
+	store.ErrAttemptSucceeded, // Resolve NOT_CREATED: an attempt with the key got a 2xx
 }
 
 // storeOp records an operation's latency and, unless err is nil or one of

@@ -23,14 +23,6 @@ import (
 // restart its nodes. The fake provider charges every request it gets (it
 // is not idempotent), so a key sent twice shows as two charges.
 
-// issue23Fixed: until issue 23 is fixed (a success whose commit fails is
-// answered OK, and settlement sends its key again), a failover can charge a
-// key twice and leave its record holding another payment than the one the
-// caller was told. The checks of those two properties run only once it is;
-// until then they report what they see. Set it to true when i23core is
-// merged.
-const issue23Fixed = false
-
 // TestFailover: synchronous replication (synchronous_mode: true), and one
 // paymentsd on each front the cluster offers: HAProxy (Patroni's REST
 // /primary), pgx's multi-host URL (target_session_attrs=read-write) and
@@ -477,19 +469,6 @@ func (r *payLoad) checkIssue23(t *testing.T) {
 	sort.Strings(twice)
 	sort.Strings(other)
 	t.Logf("failover figures: front=%s keys_charged_twice=%d records_not_what_caller_was_told=%d of %d OK", r.name, len(twice), len(other), r.count("OK"))
-	if !issue23Fixed {
-		if len(twice)+len(other) > 0 {
-			t.Logf("issue 23 (not yet merged) shows: charged twice %v; record holds another payment than told %v", twice, other)
-			for _, line := range strings.Split(r.proc.logs.String(), "\n") {
-				for _, k := range twice {
-					if key, _, _ := strings.Cut(k, " "); key != "" && strings.Contains(line, `"`+key+`"`) {
-						t.Logf("%s logged: %s", r.name, line)
-					}
-				}
-			}
-		}
-		return
-	}
 	for _, k := range twice {
 		t.Errorf("%s: key %s charged twice after a failover (issue 23)", r.name, k)
 	}

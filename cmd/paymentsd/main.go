@@ -357,7 +357,8 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		}
 		background.Go(func() { f.watch(bgCtx, cfg.WebhookTokens, cfg.SecretReloadInterval, secretMetrics, lifecycle) })
 	}
-	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String(), "webhook_addr", hooks.addr(), "metrics_addr", scrape.addr(), "health_addr", probes.addr())
+	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String(), "webhook_addr", hooks.addr(), "metrics_addr", scrape.addr(), "health_addr", probes.addr(),
+		"replica", svc.Replica())
 
 	var serveErr error
 	select {

@@ -301,8 +301,9 @@ func testPaymentsCLIOnCall(t *testing.T, db string) {
 		!e.GetSettlementGaveUp() || e.GetRequestId() == "" || e.GetCreateTime() == nil {
 		t.Errorf("audit entry = %v, want by %s, OUTCOME_UNKNOWN (gave up) -> SUCCEEDED, the evidence exactly, a request ID and a time", e, oncall)
 	}
-	if r := cli(t, "", "get", admin, "k-doubt-1"); r.code != 0 || !strings.Contains(r.stdout, oncall) || !strings.Contains(r.stdout, "pay_7Hq2") {
-		t.Errorf("get k-doubt-1 (table):\n%v\nwant the audit trail with the actor and the evidence", r)
+	if r := cli(t, "", "get", admin, "k-doubt-1"); r.code != 0 || !strings.Contains(r.stdout, oncall) || !strings.Contains(r.stdout, "pay_7Hq2") ||
+		!strings.Contains(r.stdout, "\nAttempts:\n") || !strings.Contains(r.stdout, "  1  call  ") {
+		t.Errorf("get k-doubt-1 (table):\n%v\nwant the attempts, and the audit trail with the actor and the evidence", r)
 	}
 	d.waitUnsettled(t, in, 1)
 
@@ -466,7 +467,8 @@ func testPaymentsExportYesterdayCSV(t *testing.T, db string) {
 		row := rows[i+1]
 		if col(row, "idempotency_key") != w.key || col(row, "amount") != fmt.Sprint(w.amount) || col(row, "currency") != "EUR" ||
 			col(row, "state") != "succeeded" || col(row, "caller") != checkout || col(row, "payment_json") != w.reply ||
-			col(row, "create_time") != w.created.Format(time.RFC3339Nano) || col(row, "environment") != "sandbox" {
+			col(row, "create_time") != w.created.Format(time.RFC3339Nano) || col(row, "environment") != "sandbox" ||
+			col(row, "attempt_history") != "[]" {
 			t.Errorf("CSV row %d = %q, want %s created %s, amount %d EUR, reply %s", i+1, row, w.key, w.created.Format(time.RFC3339Nano), w.amount, w.reply)
 		}
 	}
@@ -487,6 +489,24 @@ func testPaymentsExportYesterdayCSV(t *testing.T, db string) {
 	}
 	if r.code != 0 || len(lines) != len(want) || lines[2].IdempotencyKey != want[2].key || lines[1].PaymentJSON != want[1].reply {
 		t.Errorf("export --from %s --to %s --format jsonl = %d lines:\n%v\nwant yesterday's %d", day, day, len(lines), r, len(want))
+	}
+
+	// Today's: the payment made through the API comes with its attempt.
+	r = cli(t, "", "export", d.admin(in), "--from", "today", "--to", "today", "--format", "jsonl")
+	var now *exportRecord
+	dec = json.NewDecoder(strings.NewReader(r.stdout))
+	for {
+		var rec exportRecord
+		if err := dec.Decode(&rec); err != nil {
+			break
+		}
+		if rec.IdempotencyKey == "k-now" {
+			now = &rec
+		}
+	}
+	if now == nil || len(now.AttemptHistory) != 1 || now.AttemptHistory[0].Kind != "call" || now.AttemptHistory[0].ProviderHTTPStatus != 200 ||
+		now.AttemptHistory[0].PaymentJSON != now.PaymentJSON || now.AttemptHistory[0].Outcome != "succeeded" {
+		t.Errorf("export of today, k-now = %+v; want its one attempt, a call answered 200 with the payment", now)
 	}
 
 	// Only admins export other callers' payments.

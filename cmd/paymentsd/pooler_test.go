@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/store/storetest"
 	"example.com/paymentsd/store"
+	"example.com/paymentsd/store/storetest"
 	"example.com/paymentsd/upstream/upstreamtest"
 )
 

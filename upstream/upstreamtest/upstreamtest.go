@@ -132,6 +132,11 @@ type KeyStats struct {
 	// Charges counts the payments the fake made for the key: more than
 	// one is a double charge.
 	Charges int
+	// Successes counts the 2xx replies the fake sent whole for the key,
+	// and AfterSuccess the requests with the key that arrived after the
+	// first of them: a key sent again after its 2xx.
+	Successes    int
+	AfterSuccess int
 }
 
 // payment is a payment the idempotent fake created.
@@ -385,7 +390,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		s.noteCanceled()
 		return
 	}
-	s.send(w, r, reply)
+	s.send(w, r, reply, idemKey)
 }
 
 // completed is the late-deduplicating provider's check at arrival: the
@@ -438,6 +443,9 @@ func (s *Server) enter(key string, body []byte) {
 	s.maxInFlight[key] = max(s.maxInFlight[key], s.inFlight[key])
 	ks := s.stats(key)
 	ks.Requests++
+	if ks.Successes > 0 {
+		ks.AfterSuccess++
+	}
 	ks.MaxInFlight = s.maxInFlight[key]
 	if s.bodies[key] == nil {
 		s.bodies[key] = make(map[string]bool)
@@ -497,6 +505,13 @@ func (s *Server) remember(key string, r Request) *Reply {
 	return &p.reply
 }
 
+// noteSuccess counts a 2xx sent for key.
+func (s *Server) noteSuccess(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats(key).Successes++
+}
+
 func (s *Server) noteCanceled() {
 	select {
 	case s.canceled <- struct{}{}:
@@ -504,7 +519,7 @@ func (s *Server) noteCanceled() {
 	}
 }
 
-func (s *Server) send(w http.ResponseWriter, r *http.Request, reply Reply) {
+func (s *Server) send(w http.ResponseWriter, r *http.Request, reply Reply, key string) {
 	status := reply.Status
 	if status == 0 {
 		status = http.StatusOK
@@ -548,7 +563,9 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request, reply Reply) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(reply.Body)))
 	w.WriteHeader(status)
 	if reply.Fault != Dribble {
-		w.Write(reply.Body)
+		if _, err := w.Write(reply.Body); err == nil && status >= 200 && status < 300 {
+			s.noteSuccess(key)
+		}
 		return
 	}
 	rc := http.NewResponseController(w)

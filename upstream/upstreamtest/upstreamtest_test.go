@@ -789,3 +789,18 @@ func TestMaxInFlight(t *testing.T) {
 		t.Errorf("MaxInFlight = %d, want 2", got)
 	}
 }
+
+// TestKeyStatsSuccesses: KeyStats counts the 2xx replies sent for a key,
+// and the requests that came after the first of them.
+func TestKeyStatsSuccesses(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	srv.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Status: http.StatusServiceUnavailable}))
+	for range 3 {
+		mustDo(t, srv, call{key: goodKey, body: goodBody})
+	}
+	got := srv.KeyStats("idem-1")
+	if got.Requests != 3 || got.Successes != 2 || got.AfterSuccess != 1 {
+		t.Errorf("KeyStats after a 503 and two 200s = %+v, want 3 requests, 2 successes, 1 after a success", got)
+	}
+}
