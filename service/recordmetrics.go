@@ -24,6 +24,10 @@ type recordMetrics struct {
 	quietWaits  prometheus.Counter
 	expired     prometheus.Counter
 	resolutions *prometheus.CounterVec
+	// outcomesPending counts the outcomes in the outbox, and
+	// outcomeCommit times each from the provider's answer to its commit.
+	outcomesPending prometheus.Gauge
+	outcomeCommit   prometheus.Histogram
 }
 
 func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
@@ -78,8 +82,17 @@ func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
 			Help: "Calls refused because their key's record was deleted by retention (its tombstone refuses the key).",
 		}),
 		resolutions: resolutionsCounter(),
+		outcomesPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paymentsd_outcomes_pending",
+			Help: "Outcomes (a provider's answer, or that nothing was sent) this replica has learnt and not yet written to their records; it retries each until the record store takes it, and holds its key meanwhile. Above 0 for long: the store is refusing writes. Outcomes still pending when the replica stops are logged at error level.",
+		}),
+		outcomeCommit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "paymentsd_outcome_commit_seconds",
+			Help:    "Time from the provider's answer (or the decision to send nothing) to the commit of its record: a replica that dies within it leaves the record in progress, and settlement sends the key again.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}),
 	}
-	reg.MustRegister(m.resolutions, m.records, m.unsettled, m.gaveUp, m.replays, m.reuses, m.waits, m.settlements, m.storeTime, m.storeErrors,
+	reg.MustRegister(m.outcomesPending, m.outcomeCommit, m.resolutions, m.records, m.unsettled, m.gaveUp, m.replays, m.reuses, m.waits, m.settlements, m.storeTime, m.storeErrors,
 		m.clockOffset, m.quietWaits, m.expired)
 	for _, outcome := range []string{"succeeded", "unknown"} {
 		m.settlements.WithLabelValues(outcome)

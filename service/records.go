@@ -39,9 +39,10 @@ const (
 	ReasonKeyExpired = "IDEMPOTENCY_KEY_EXPIRED"
 )
 
-// finishTimeout bounds writing a call's outcome, which must happen even
-// when the caller has gone.
-const finishTimeout = 5 * time.Second
+// notCreatedWait bounds how long a call that learnt that no payment was
+// created waits for its record to say so before it answers: past it, the
+// caller is told the outcome is unknown (the outbox goes on writing it).
+const notCreatedWait = 5 * time.Second
 
 // CreateMultiCardPayment implements paymentsv1.PaymentsServiceServer. The
 // request has been validated by the interceptor chain (see NewServer).
@@ -120,7 +121,7 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		case store.PastWindow:
 			return nil, s.recordedError(began.Record)
 		case store.Busy:
-			rec, err := s.waitForOutcome(ctx, key)
+			rec, err := s.waitForOutcome(ctx, key, began.Record)
 			if err != nil {
 				return nil, err
 			}
@@ -180,6 +181,9 @@ func (s *Service) send(ctx context.Context, owner string, claimed time.Time, beg
 		defer release()
 		done <- s.sendAndRecord(sendCtx, owner, rec, maybeBefore)
 	}()
+	// The caller's answer waits for the send (and, for a success or a
+	// refusal, for its record: see answer); the send and its record do
+	// not wait for the caller.
 	select {
 	case r := <-done:
 		return s.answer(ctx, r)
@@ -195,18 +199,21 @@ func (s *Service) send(ctx context.Context, owner string, claimed time.Time, beg
 	}
 }
 
-// sent is what a send learnt and recorded.
+// sent is what a send learnt, and its outcome on its way to the record.
 type sent struct {
 	reply   *upstream.Reply
 	callErr error
 	// st is the answer to callErr, nil after a success.
-	st *status.Status
+	st  *status.Status
+	out *outcome
 }
 
-// sendAndRecord sends rec's body and records the outcome. It runs detached
+// sendAndRecord sends rec's body and hands the outcome to the outbox,
+// which writes it to the record however long that takes. It runs detached
 // from the caller, and touches nothing of the caller's call.
 func (s *Service) sendAndRecord(ctx context.Context, owner string, rec store.Record, maybeBefore bool) sent {
 	reply, callErr := s.client.Send(ctx, rec.Body)
+	received := time.Now()
 	fin := s.outcome(reply, callErr, maybeBefore)
 	fin.Key, fin.Owner = rec.Key, owner
 	r := sent{reply: reply, callErr: callErr}
@@ -214,36 +221,25 @@ func (s *Service) sendAndRecord(ctx context.Context, owner string, rec store.Rec
 		r.st = s.failureStatus(callErr, maybeBefore)
 		fin.Code, fin.LastError = int32(r.st.Code()), r.st.Message()
 	}
-	if fin.State == store.StateSucceeded || fin.State == store.StateOutcomeUnknown {
-		// A success, or an outcome nobody knows, is answered without
-		// waiting for its record to commit. Were this process to die
-		// first, the record would stay InProgress until its lease and
-		// quiet period expired and settlement re-sent the same body with
-		// the same key: for a success that gives the provider's same
-		// answer, and an unknown outcome is what settlement exists for.
-		// Either way the caller was told the truth. It also keeps a call
-		// whose deadline is about to expire from spending its last
-		// moments on a commit. Calls here with the key wait for the
-		// commit (Busy, or Get's pending check).
-		s.finishLater(ctx, fin)
-		return r
-	}
-	// NotCreated is recorded before it is answered: a caller told that no
-	// payment was created may pay again under a new key, so the record
-	// must never be left for settlement to re-send. If it can't be
-	// recorded, the record stays InProgress and settlement will re-send it
-	// once the lease expires, which may create the payment: the caller is
-	// told the outcome is unknown.
-	if ferr := s.finish(ctx, fin); ferr != nil {
-		s.logFinishError(ctx, fin, ferr)
-		r.st = s.failureStatus(callErr, true)
-	}
+	r.out = s.writeOutcome(fin, received)
 	return r
 }
 
 // answer is the caller's answer for what its send learnt.
+//
+//   - A success is answered once its record is committed, so that a
+//     lookup or retry anywhere finds it, or when the caller's deadline
+//     comes first: it is the truth either way, and the outbox goes on
+//     writing it (and holds the key meanwhile).
+//   - NotCreated is answered only once it is recorded: a caller told that
+//     no payment was created may pay again under a new key, so the record
+//     must never be left for settlement to re-send. If it is not written
+//     within notCreatedWait (or the caller's deadline), the caller is told
+//     the outcome is unknown; the outbox goes on writing it.
+//   - An unknown outcome is answered at once.
 func (s *Service) answer(ctx context.Context, r sent) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	if r.callErr == nil {
+		r.out.wait(ctx, 0)
 		noteProvider(ctx, r.reply.Status, r.reply.Attempts)
 		resp := &paymentsv1.CreateMultiCardPaymentResponse{
 			PaymentJson:        r.reply.Body,
@@ -254,6 +250,9 @@ func (s *Service) answer(ctx context.Context, r sent) (*paymentsv1.CreateMultiCa
 			resp.Payment = r.reply.Payment()
 		}
 		return resp, nil
+	}
+	if r.out.fin.State == store.StateNotCreated && !r.out.wait(ctx, notCreatedWait) {
+		r.st = s.failureStatus(r.callErr, true)
 	}
 	noteFailure(ctx, r.callErr)
 	return nil, r.st.Err()
@@ -272,10 +271,14 @@ func (s *Service) stillAtProviderError(ctx context.Context, key string) error {
 }
 
 // Shutdown waits for the provider requests paymentsd is still waiting on,
-// whose callers may have gone, and for their outcomes to be recorded. If
-// ctx ends first it cuts them off (each is recorded as possibly still at
-// the provider) and waits for that. Call it once nothing can start a
-// call any more.
+// whose callers may have gone, and for every outcome in the outbox to be
+// recorded. If ctx ends first it cuts the requests off (each is recorded
+// as possibly still at the provider), gives their outcomes a last moment,
+// and stops the outbox: each outcome still not recorded is logged at
+// error level, with its key, state and provider status. Its record stays
+// in progress, and settlement sends the key again once its lease and
+// quiet period have passed. Call it once nothing can start a call any
+// more.
 func (s *Service) Shutdown(ctx context.Context) {
 	done := make(chan struct{})
 	go func() {
@@ -284,10 +287,18 @@ func (s *Service) Shutdown(ctx context.Context) {
 	}()
 	select {
 	case <-done:
+		if s.outbox.waitIdle(ctx) {
+			s.outbox.stopAndWait()
+			return
+		}
 	case <-ctx.Done():
-		s.cutOffSends()
-		<-done
 	}
+	s.cutOffSends()
+	<-done
+	last, cancel := context.WithTimeout(context.Background(), outboxLastChance)
+	s.outbox.waitIdle(last)
+	cancel()
+	s.outbox.stopAndWait()
 }
 
 // sendSlots bounds the provider requests paymentsd waits on at once. A
@@ -362,62 +373,25 @@ func (s *Service) sendNothing(ctx context.Context, key, owner string, maybeBefor
 		fin.State, fin.SettleAfter = store.StateOutcomeUnknown, settleBackoff(s.settleBase, 0)
 		reason, msg = ReasonOutcomeUnknown, why+"; nothing was sent by this call, but an earlier one may have created the payment: retry with the same idempotency key, never a new one"
 	}
-	if ferr := s.finish(ctx, fin); ferr != nil {
-		// Left InProgress, the record will be re-sent by settlement.
-		s.logFinishError(ctx, fin, ferr)
-		reason, msg = ReasonOutcomeUnknown, why+", and then paymentsd could not record that nothing was sent; the payment may still be made when paymentsd settles the key: retry with the same idempotency key, never a new one"
+	o := s.writeOutcome(fin, time.Now())
+	if fin.State == store.StateNotCreated && !o.wait(ctx, notCreatedWait) {
+		// Until it is written the record stays InProgress, held by this
+		// process's outbox.
+		reason, msg = ReasonOutcomeUnknown, why+", and then paymentsd could not yet record that nothing was sent: retry with the same idempotency key, never a new one"
 	}
 	return s.retryable(status.New(code, msg), reason)
 }
 
-// finishLater records fin without waiting; the key is pending until the
-// record is committed.
-func (s *Service) finishLater(ctx context.Context, fin store.Finish) {
-	done := make(chan struct{})
-	s.pending.Store(fin.Key, done)
-	start := time.Now()
-	ctx = context.WithoutCancel(ctx)
-	s.store.FinishLater(fin, func(ferr error) {
-		s.pending.CompareAndDelete(fin.Key, done)
-		close(done)
-		s.metrics.storeOp("finish", start, ferr)
-		s.waiters.notify(fin.Key)
-		if ferr != nil {
-			s.logFinishError(ctx, fin, ferr)
-		}
-	})
-}
-
-func (s *Service) logFinishError(ctx context.Context, fin store.Finish, ferr error) {
-	// The record stays InProgress until its lease expires; settlement
-	// then re-sends the same body with the same key, which gives the
-	// provider's answer again.
-	s.logger.ErrorContext(ctx, "could not record a payment's outcome; settlement will re-send it when its lease expires",
-		keyAttrs(fin.Key, slog.String("state", fin.State.String()), slog.String("error", ferr.Error()))...)
-}
-
-// waitPending waits until a success this process answered for key, if any,
-// is committed, so that a lookup after the answer finds it.
+// waitPending waits until an outcome this process has for key, if any, is
+// written (or never will be), so that a lookup after the caller's answer
+// finds it.
 func (s *Service) waitPending(ctx context.Context, key string) {
-	if ch, ok := s.pending.Load(key); ok {
+	if o := s.outbox.pendingFor(key); o != nil {
 		select {
-		case <-ch.(chan struct{}):
+		case <-o.landed:
 		case <-ctx.Done():
 		}
 	}
-}
-
-// finish records an outcome and wakes this process's callers waiting on
-// the key. It writes even when ctx has ended (the caller has gone): the
-// record is what settlement and later calls with the key go by.
-func (s *Service) finish(ctx context.Context, fin store.Finish) error {
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	start := time.Now()
-	_, err := s.store.Finish(fctx, fin)
-	s.metrics.storeOp("finish", start, err)
-	s.waiters.notify(fin.Key)
-	return err
 }
 
 // outcome turns a provider call's result into the record's new state. A
@@ -493,21 +467,33 @@ func (s *Service) replay(ctx context.Context, rec store.Record) (*paymentsv1.Cre
 	}, nil
 }
 
+// takeoverRetry is how often a call waiting on a record whose expired
+// lease may not be taken over yet asks again.
+const takeoverRetry = time.Second
+
 // waitForOutcome waits until the record for key leaves InProgress, or its
-// holder's lease expires, within ctx's deadline. When the deadline comes
-// first it returns ABORTED with PAYMENT_IN_PROGRESS.
-func (s *Service) waitForOutcome(ctx context.Context, key string) (store.Record, error) {
+// holder's lease expires, within ctx's deadline; busy is the record as
+// Begin found it. If its lease had expired already (Begin may not take it
+// over yet: see store.Busy), it waits for the record to change, or for
+// takeoverRetry. When the deadline comes first it returns ABORTED with
+// PAYMENT_IN_PROGRESS.
+func (s *Service) waitForOutcome(ctx context.Context, key string, busy store.Record) (store.Record, error) {
 	s.metrics.waits.Inc()
 	changed, release := s.waiters.subscribe(key)
 	defer release()
+	refused := !busy.LeaseExpiresAt.After(busy.ReadAt)
+	begun := time.Now()
 	poll := 5 * time.Millisecond
 	for {
 		s.waitPending(ctx, key)
 		start := time.Now()
 		rec, err := s.store.Get(ctx, key)
 		s.metrics.storeOp("get", start, err)
+		expired := !rec.LeaseExpiresAt.After(rec.ReadAt)
 		switch {
-		case err == nil && (rec.State != store.StateInProgress || !rec.LeaseExpiresAt.After(rec.ReadAt)):
+		case err == nil && rec.State != store.StateInProgress:
+			return rec, nil
+		case err == nil && expired && (!refused || rec.LeaseOwner != busy.LeaseOwner || time.Since(begun) >= takeoverRetry):
 			return rec, nil
 		case err != nil && ctx.Err() == nil:
 			// Another call holds the key and may be at the provider now:
@@ -705,7 +691,7 @@ func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) 
 		if !fresh {
 			fin.State, fin.SettleAfter = store.StateOutcomeUnknown, settleBackoff(s.settleBase, 0)
 		}
-		if ferr := s.finish(rctx, fin); ferr == nil && fin.State == store.StateNotCreated {
+		if o := s.writeOutcome(fin, time.Now()); o.wait(rctx, recheckTimeout) && fin.State == store.StateNotCreated {
 			return s.notCreatedError(ctx, err)
 		}
 	case gerr == nil && rec.State == store.StateInProgress:
@@ -713,8 +699,14 @@ func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) 
 	case gerr == nil && (rec.State == store.StateOutcomeUnknown || rec.State == store.StateSucceeded):
 		// Below: an earlier call may have created the payment.
 	case mayHaveCommitted:
-		// The claim may be written, and can't be seen: settlement may
-		// send it.
+		// The claim may be written, and can't be seen. If it was, this
+		// process's outbox releases it, as unknown (it is not known
+		// whether it started the key afresh), for settlement; if it was
+		// not, there is nothing to release (the lease is not this
+		// claim's).
+		s.writeOutcome(store.Finish{Key: claim.Key, Owner: claim.Owner, State: store.StateOutcomeUnknown,
+			SettleAfter: settleBackoff(s.settleBase, 0), Code: int32(codes.Unavailable),
+			LastError: "paymentsd's record store failed as the record was written; nothing was sent by that call"}, time.Now())
 	case errors.Is(gerr, store.ErrNotFound):
 		if ts, terr := s.store.Tombstone(rctx, claim.Key); terr == nil {
 			return s.expiredError(codes.FailedPrecondition, claim.Key, ts)

@@ -83,9 +83,9 @@ type Service struct {
 	logger  *slog.Logger
 	metrics *recordMetrics
 	waiters keyWaiters
-	// pending holds, for each key whose success was answered but whose
-	// record is not yet committed, a channel closed once it is.
-	pending sync.Map
+	// outbox writes the outcomes this process learns, however long the
+	// store takes.
+	outbox *outbox
 	// sends bounds the provider requests waited on at once; sending
 	// counts them, for Shutdown; cutOff ends when Shutdown cuts them off.
 	sends       sendSlots
@@ -167,6 +167,7 @@ func New(cfg Config) *Service {
 		env:                cfg.Environment,
 		logger:             cfg.Logger,
 		owner:              newOwner(),
+		outbox:             newOutbox(),
 		now:                cfg.Now,
 		leaseTTL:           cfg.LeaseTTL,
 		window:             cfg.SettlementWindow,
@@ -211,6 +212,10 @@ func New(cfg Config) *Service {
 		Name: "paymentsd_store_commits_total",
 		Help: "Write transactions the record store committed; with group commit one holds the records of many calls.",
 	}, func() float64 { return float64(s.store.Commits()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "paymentsd_store_write_healthy_seconds",
+		Help: "How long every write of this replica's record store has been committing, without a failure or a gap of more than 1.5s: a record whose holder's lease expired is taken over only past 5s of it, so that the holder's outcome, retried meanwhile, is written first. 0 while the store's writes fail.",
+	}, func() float64 { return s.store.WriteHealthyFor().Seconds() }))
 	return s
 }
 

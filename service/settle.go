@@ -1,13 +1,19 @@
 package service
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"time"
 
 	"example.com/paymentsd/store"
 )
+
+// errNotYetRecorded: an outcome's record has not committed within the
+// wait; the outbox goes on writing it.
+var errNotYetRecorded = errors.New("the outcome is not recorded yet")
 
 // Background work, as Run does it.
 const (
@@ -60,7 +66,8 @@ func (s *Service) settleDue(ctx context.Context) {
 			return
 		}
 		claimed := time.Now()
-		recs, err := s.store.ClaimDue(ctx, s.owner, s.leaseTTL, s.quiet, 1)
+		owner := s.owner + "/" + newRequestID()[:12]
+		recs, err := s.store.ClaimDue(ctx, owner, s.leaseTTL, s.quiet, 1)
 		s.metrics.storeOp("claim_due", claimed, err)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -79,22 +86,32 @@ func (s *Service) settleDue(ctx context.Context) {
 // its lease and its settlement window (claimed is when its claim began).
 // Only a 2xx settles it: any other answer proves nothing about the attempt
 // that may have created the payment, so the record stays unknown and is
-// tried again later, until its window closes.
+// tried again later, until its window closes. The outcome goes through
+// the outbox, as a call's does.
 func (s *Service) settle(ctx context.Context, claimed time.Time, rec store.Record) {
 	sendCtx, cancel, ok := s.withinLease(ctx, s.sendBy(claimed, rec, true))
 	defer cancel()
 	if !ok || sendCtx.Err() != nil {
-		// Too late to send: leave the record to its lease's expiry, and
-		// to the next round or to giving up.
+		// Too late to send: the claim is released, unknown as before, for
+		// the next round or for giving up. (Left to its lease's expiry, it
+		// would wait for another replica: no process takes over its own.)
+		s.writeOutcome(store.Finish{Key: rec.Key, Owner: rec.LeaseOwner, State: store.StateOutcomeUnknown,
+			SettleAfter: settleBackoff(s.settleBase, rec.SettleAttempts), Code: rec.Code,
+			LastError: "settlement claimed the record too late to send it within its lease or window; nothing was sent"}, time.Now())
 		return
 	}
 	reply, callErr := s.client.Send(sendCtx, rec.Body)
+	received := time.Now()
 	fin := s.outcome(reply, callErr, true)
-	fin.Key, fin.Owner, fin.Settlement = rec.Key, s.owner, true
+	fin.Key, fin.Owner, fin.Settlement = rec.Key, rec.LeaseOwner, true
 	if fin.State == store.StateOutcomeUnknown {
 		fin.SettleAfter = settleBackoff(s.settleBase, rec.SettleAttempts+1)
 	}
-	err := s.finish(ctx, fin)
+	var err error
+	if o := s.writeOutcome(fin, received); !o.wait(ctx, notCreatedWait) {
+		// The outbox goes on writing it; its first failure is logged.
+		err = cmp.Or(o.err, errNotYetRecorded)
+	}
 	outcome := "succeeded"
 	if fin.State != store.StateSucceeded {
 		outcome = "unknown"
@@ -108,7 +125,7 @@ func (s *Service) settle(ctx context.Context, claimed time.Time, rec store.Recor
 	)
 	switch {
 	case err != nil:
-		s.logger.Error("settlement could not record an outcome; it will be tried again when its lease expires", append(attrs, slog.String("error", err.Error()))...)
+		s.logger.Warn("settlement's outcome is not recorded yet; paymentsd goes on writing it", append(attrs, slog.String("error", err.Error()))...)
 	case callErr != nil:
 		s.logger.Warn("settlement attempt left the outcome unknown", append(attrs, slog.String("error", callErr.Error()))...)
 	default:
@@ -120,7 +137,7 @@ func (s *Service) settle(ctx context.Context, claimed time.Time, rec store.Recor
 // each once at error level: someone must check the provider's dashboard.
 func (s *Service) giveUp(ctx context.Context) {
 	start := time.Now()
-	recs, err := s.store.GiveUp(ctx, settleBatch*4)
+	recs, err := s.store.GiveUp(ctx, s.owner, settleBatch*4)
 	s.metrics.storeOp("give_up", start, err)
 	if err != nil {
 		return

@@ -32,10 +32,13 @@ type Resolution struct {
 	// Reply, only with StateSucceeded, is the provider's payment JSON as
 	// the person got it; nil if they have none.
 	Reply []byte
-	// Evidence, Actor and RequestID go into the audit entry.
-	Evidence  string
-	Actor     string
-	RequestID string
+	// Evidence, Actor, RequestID (paymentsd's own for the resolving
+	// call) and CallerRequestID (the X-Request-Id the caller sent, if
+	// any) go into the audit entry.
+	Evidence        string
+	Actor           string
+	RequestID       string
+	CallerRequestID string
 	// UnchangedSince, if set, is the record's UpdatedAt as the person saw
 	// it: Resolve writes nothing (ErrChanged) if it is no longer.
 	UnchangedSince time.Time
@@ -43,12 +46,16 @@ type Resolution struct {
 
 // AuditEntry is one change a person made to a record.
 type AuditEntry struct {
-	CreatedAt     time.Time
-	Actor         string
-	From, To      State
-	Evidence      string
-	RequestID     string
-	ReplyRecorded bool
+	CreatedAt time.Time
+	Actor     string
+	From, To  State
+	Evidence  string
+	// RequestID is paymentsd's own ID of the resolving call, and
+	// CallerRequestID the one its caller sent (not checked: a caller
+	// may send any).
+	RequestID       string
+	CallerRequestID string
+	ReplyRecorded   bool
 	// GaveUp is whether settlement had given up on the record.
 	GaveUp bool
 }
@@ -71,7 +78,8 @@ type Resolved struct {
 // starts the key afresh.
 //
 // It returns ErrNotFound for no record (or a tombstoned one), ErrNotUnknown,
-// ErrInFlight or ErrChanged (writing nothing), or a database error.
+// ErrInFlight, ErrChanged or, for NotCreated when an attempt for the key
+// got a 2xx, ErrAttemptSucceeded (writing nothing), or a database error.
 //
 // Settlement and calls claim a record with a row lock (or SQLite's one
 // writer) and mark it InProgress before they send, so a resolution and a
@@ -112,6 +120,17 @@ func (s *Store) Resolve(ctx context.Context, res Resolution) (Resolved, error) {
 		case !res.UnchangedSince.IsZero() && !r.UpdatedAt.Equal(res.UnchangedSince.Truncate(time.Microsecond)):
 			return ErrChanged
 		}
+		if res.To == StateNotCreated {
+			// A record whose attempt got a 2xx is Succeeded; this guards
+			// that, should anything ever leave one otherwise.
+			paid, err := s.hasSucceededAttempt(ctx, tx, res.Key)
+			if err != nil {
+				return fmt.Errorf("read attempts: %w", err)
+			}
+			if paid {
+				return ErrAttemptSucceeded
+			}
+		}
 		set := `state = $2, updated_at = $3, resolved_at = $3, gave_up = $4, lease_owner = '',
 			lease_expires_at = $5, quiet_until = $5, next_settle_at = $5`
 		args := []any{int(res.To), d.t(now), false, d.t(time.Time{})}
@@ -124,21 +143,21 @@ func (s *Store) Resolve(ctx context.Context, res Resolution) (Resolved, error) {
 			return fmt.Errorf("update record: %w", err)
 		}
 		e := AuditEntry{CreatedAt: now, Actor: res.Actor, From: r.State, To: res.To, Evidence: res.Evidence,
-			RequestID: res.RequestID, ReplyRecorded: res.Reply != nil, GaveUp: r.GaveUp}
+			RequestID: res.RequestID, CallerRequestID: res.CallerRequestID, ReplyRecorded: res.Reply != nil, GaveUp: r.GaveUp}
 		sum := keySHA256(res.Key)
 		if _, err := tx.ExecContext(ctx, d.q(`
 			INSERT INTO audit_entries (key_sha256, record_created_at, created_at, actor, from_state, to_state,
-				outcome, evidence, request_id, reply_recorded, gave_up)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`),
+				outcome, evidence, request_id, reply_recorded, gave_up, caller_request_id)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`),
 			sum[:], d.t(r.CreatedAt), d.t(now), e.Actor, int(e.From), int(e.To), int(e.To), e.Evidence,
-			e.RequestID, e.ReplyRecorded, e.GaveUp); err != nil {
+			e.RequestID, e.ReplyRecorded, e.GaveUp, e.CallerRequestID); err != nil {
 			return fmt.Errorf("append audit entry: %w", err)
 		}
 		out = Resolved{Record: nr, Entry: e}
 		return nil
 	})
 	if err != nil {
-		if errors.Is(err, ErrNotUnknown) || errors.Is(err, ErrInFlight) || errors.Is(err, ErrChanged) {
+		if errors.Is(err, ErrNotUnknown) || errors.Is(err, ErrInFlight) || errors.Is(err, ErrChanged) || errors.Is(err, ErrAttemptSucceeded) {
 			return out, fmt.Errorf("resolve %.64q: %w", res.Key, err)
 		}
 		return Resolved{}, s.wrap(fmt.Errorf("resolve %.64q: %w", res.Key, err))
@@ -152,7 +171,7 @@ func (s *Store) Resolve(ctx context.Context, res Resolution) (Resolved, error) {
 func (s *Store) AuditEntries(ctx context.Context, r Record) ([]AuditEntry, error) {
 	sum := keySHA256(r.Key)
 	st, err := s.prepared(ctx, s.r, s.d.q(`
-		SELECT created_at, actor, from_state, to_state, evidence, request_id, reply_recorded, gave_up
+		SELECT created_at, actor, from_state, to_state, evidence, request_id, reply_recorded, gave_up, caller_request_id
 		FROM audit_entries WHERE key_sha256 = $1 AND record_created_at = $2 ORDER BY id`))
 	if err != nil {
 		return nil, s.wrap(fmt.Errorf("audit entries %.64q: %w", r.Key, err))
@@ -167,7 +186,7 @@ func (s *Store) AuditEntries(ctx context.Context, r Record) ([]AuditEntry, error
 		var e AuditEntry
 		var from, to int
 		if err := rows.Scan(timeCol{&e.CreatedAt}, &e.Actor, &from, &to, &e.Evidence, &e.RequestID,
-			&e.ReplyRecorded, &e.GaveUp); err != nil {
+			&e.ReplyRecorded, &e.GaveUp, &e.CallerRequestID); err != nil {
 			return nil, s.wrap(fmt.Errorf("audit entries %.64q: %w", r.Key, err))
 		}
 		e.From, e.To = State(from), State(to)

@@ -29,8 +29,6 @@ import (
 // maxBatch bounds the operations in one transaction.
 const maxBatch = 256
 
-var errClosed = errors.New("store is closed")
-
 // batchOp is one operation for the batcher.
 type batchOp struct {
 	// ctx, if it has ended before the operation runs, cancels it: it gets
@@ -101,7 +99,7 @@ func (b *batcher) submit(op *batchOp) {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		op.done(errClosed)
+		op.done(ErrClosed)
 		return
 	}
 	b.queue = append(b.queue, op)

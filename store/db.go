@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
@@ -144,7 +145,7 @@ func openSQLite(path string, opts Options) (w, r *sql.DB, err error) {
 	}
 	busy := fmt.Sprintf("busy_timeout(%d)", opts.busyTimeout().Milliseconds())
 	if path == ":memory:" {
-		db, err := sql.Open(SQLiteDriver, SQLiteDSN(path, true, busy, "foreign_keys(1)"))
+		db, err := opts.open(SQLiteDriver, SQLiteDSN(path, true, busy, "foreign_keys(1)"))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -157,7 +158,7 @@ func openSQLite(path string, opts Options) (w, r *sql.DB, err error) {
 	// synchronous(FULL) in WAL mode fsyncs the log on every commit: a
 	// record is on disk when Begin returns.
 	common := []string{busy, "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)"}
-	w, err = sql.Open(SQLiteDriver, SQLiteDSN(path, true, common...))
+	w, err = opts.open(SQLiteDriver, SQLiteDSN(path, true, common...))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -165,7 +166,7 @@ func openSQLite(path string, opts Options) (w, r *sql.DB, err error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
-	r, err = sql.Open(SQLiteDriver, SQLiteDSN(path, false, append([]string{"query_only(1)"}, common...)...))
+	r, err = opts.open(SQLiteDriver, SQLiteDSN(path, false, append([]string{"query_only(1)"}, common...)...))
 	if err != nil {
 		w.Close()
 		return nil, nil, err
@@ -174,6 +175,36 @@ func openSQLite(path string, opts Options) (w, r *sql.DB, err error) {
 	r.SetMaxIdleConns(opts.sqliteReaders())
 	return w, r, nil
 }
+
+// open is sql.Open, through Options.WrapConnector when it is set.
+func (o Options) open(driverName, dsn string) (*sql.DB, error) {
+	if o.WrapConnector == nil {
+		return sql.Open(driverName, dsn)
+	}
+	db, err := sql.Open(driverName, "")
+	if err != nil {
+		return nil, err
+	}
+	drv := db.Driver()
+	db.Close()
+	var c driver.Connector = dsnConnector{dsn: dsn, drv: drv}
+	if dc, ok := drv.(driver.DriverContext); ok {
+		if c, err = dc.OpenConnector(dsn); err != nil {
+			return nil, err
+		}
+	}
+	return sql.OpenDB(o.WrapConnector(c)), nil
+}
+
+// dsnConnector is the connector database/sql makes for a driver without
+// one of its own.
+type dsnConnector struct {
+	dsn string
+	drv driver.Driver
+}
+
+func (c dsnConnector) Connect(context.Context) (driver.Conn, error) { return c.drv.Open(c.dsn) }
+func (c dsnConnector) Driver() driver.Driver                        { return c.drv }
 
 // sqliteParams joins a SQLite DSN's parameters: _txlock=immediate if
 // immediate, then each pragma as param writes it.
@@ -207,7 +238,12 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, error) {
 		// for as long as its caller's context allows, or forever.
 		cfg.ConnectTimeout = opts.connectTimeout()
 	}
-	db := stdlib.OpenDB(*cfg)
+	var db *sql.DB
+	if opts.WrapConnector != nil {
+		db = sql.OpenDB(opts.WrapConnector(stdlib.GetConnector(*cfg)))
+	} else {
+		db = stdlib.OpenDB(*cfg)
+	}
 	db.SetMaxOpenConns(opts.postgresConns())
 	db.SetMaxIdleConns(opts.postgresConns())
 	db.SetConnMaxIdleTime(5 * time.Minute)
@@ -218,25 +254,31 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, error) {
 // nil and rolling back otherwise (as in pkgsite's database.Transact). In
 // SQLite the transaction starts with BEGIN IMMEDIATE, taking the write lock
 // at once.
+//
+// Every outcome but a caller's giving up and the store's own refusals
+// goes into the store's write health (see writeHealth).
 func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error) {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
+		s.noteWrite(err, time.Now())
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	defer func() {
 		if p := recover(); p != nil {
 			tx.Rollback()
+			s.health.failed()
 			panic(p)
 		}
-		if err != nil {
+		if err == nil {
+			if cerr := tx.Commit(); cerr != nil {
+				err = fmt.Errorf("commit: %w: %w", ErrCommitUnknown, cerr)
+			} else {
+				s.commits.Add(1)
+			}
+		} else {
 			tx.Rollback()
-			return
 		}
-		if cerr := tx.Commit(); cerr != nil {
-			err = fmt.Errorf("commit: %w: %w", ErrCommitUnknown, cerr)
-			return
-		}
-		s.commits.Add(1)
+		s.noteWrite(err, time.Now())
 	}()
 	return fn(tx)
 }
@@ -508,7 +550,7 @@ func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Is(target error) bool {
 	switch target {
 	case context.Canceled, context.DeadlineExceeded, ErrNotFound, ErrLeaseLost, ErrWrongEnvironment, ErrKeyNotStorable, ErrCommitUnknown,
-		ErrConnectTimeout, ErrMigrateTimeout, ErrInboxFull:
+		ErrConnectTimeout, ErrMigrateTimeout, ErrInboxFull, ErrNotUnknown, ErrInFlight, ErrChanged, ErrAttemptSucceeded, ErrClosed:
 		return errors.Is(e.cause, target)
 	}
 	return false

@@ -19,3 +19,10 @@ func Exec(ctx context.Context, s *Store, query string) error {
 	_, err := s.w.ExecContext(ctx, query)
 	return err
 }
+
+// QueuedOps is how many operations wait for the batcher.
+func QueuedOps(s *Store) int {
+	s.batch.mu.Lock()
+	defer s.batch.mu.Unlock()
+	return len(s.batch.queue)
+}

@@ -27,14 +27,14 @@ func (s *Store) FloorExec(ctx context.Context, query string, args ...any) error 
 	}))
 }
 
-// FloorExecLater is FloorExec without waiting for the commit, as
-// FinishLater is Finish: the statement is queued for the next group
-// commit, no goroutine waits on it, and done gets its result on the
-// goroutine that commits. Close waits for it.
+// FloorExecLater is FloorExec without waiting for the commit: the
+// statement is queued for the next group commit, no goroutine waits on
+// it, and done gets its result on the goroutine that commits. Close waits
+// for it.
 func (s *Store) FloorExecLater(done func(error), query string, args ...any) {
 	query = s.d.q(query)
 	s.later.Add(1)
-	ctx, cancel := context.WithTimeout(context.Background(), finishLaterTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), floorLaterTimeout)
 	s.batch.submit(&batchOp{ctx: ctx, fn: func(ctx context.Context, tx *sql.Tx, _ time.Time) error {
 		st, err := s.txStmt(ctx, tx, query)
 		if err != nil {
@@ -48,3 +48,6 @@ func (s *Store) FloorExecLater(done func(error), query string, args ...any) {
 		done(s.wrap(err))
 	}})
 }
+
+// floorLaterTimeout bounds a FloorExecLater.
+const floorLaterTimeout = 30 * time.Second

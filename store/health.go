@@ -3,7 +3,10 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -23,3 +26,161 @@ func (s *Store) CheckWrite(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Write health. A replica whose outcome for a key could not be written
+// keeps retrying it (the service's outbox) until the store takes it. Were
+// another replica to take the key's record over meanwhile (its lease
+// expired while the store was down), it would send the key again after a
+// 2xx its holder has received. So the store tracks its own writes: the
+// time since which every write transaction it ran committed, with no
+// failure and no gap of more than maxWriteGap between commits (a
+// heartbeat write keeps it measured when nothing else writes). Taking over
+// an expired lease is allowed only once that has lasted TakeoverGrace,
+// more than the outbox's longest retry interval plus a write's latency:
+// after any outage that this replica saw too, the holder's pending
+// outcome lands first. Gaps are measured on the monotonic clock.
+//
+// A replica cut off from the database alone (a partition, not an outage)
+// is seen by the others as a dead one: they take its records over once
+// its leases and quiet periods end. That, and a holder dying between the
+// provider's answer and its commit, are the windows left.
+
+// DefaultTakeoverGrace is Options.TakeoverGrace's default.
+const DefaultTakeoverGrace = 5 * time.Second
+
+const (
+	// heartbeatEvery is how long the store goes without a committed write
+	// before it commits a heartbeat of its own.
+	heartbeatEvery = 500 * time.Millisecond
+	// maxWriteGap is the longest time between two commits that still
+	// counts as continuous health: a write that waited longer (for
+	// SQLite's lock held by another process, say) starts a new run.
+	maxWriteGap = 1500 * time.Millisecond
+	// heartbeatTimeout bounds one heartbeat.
+	heartbeatTimeout = 5 * time.Second
+)
+
+// writeHealth tracks the run of successful write transactions.
+type writeHealth struct {
+	mu sync.Mutex
+	// since is when the current run of commits began (zero: none), and
+	// last when its latest commit ended.
+	since, last time.Time
+}
+
+// committed notes a write transaction that committed at end.
+func (h *writeHealth) committed(end time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.since.IsZero() || end.Sub(h.last) > maxWriteGap {
+		h.since = end
+	}
+	h.last = end
+}
+
+// failed notes a write transaction the database failed.
+func (h *writeHealth) failed() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.since, h.last = time.Time{}, time.Time{}
+}
+
+// healthyFor is how long, at now, writes have been continuously healthy.
+func (h *writeHealth) healthyFor(now time.Time) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.since.IsZero() || now.Sub(h.last) > maxWriteGap {
+		return 0
+	}
+	return now.Sub(h.since)
+}
+
+// idleFor is how long it has been since the last commit.
+func (h *writeHealth) idleFor(now time.Time) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.last.IsZero() {
+		return time.Duration(1<<63 - 1)
+	}
+	return now.Sub(h.last)
+}
+
+// WriteHealthyFor is how long every write of this store has been
+// committing without a failure or a gap: takeovers of expired leases wait
+// until it reaches TakeoverGrace.
+func (s *Store) WriteHealthyFor() time.Duration { return s.health.healthyFor(time.Now()) }
+
+// noteWrite records a write transaction's outcome in the store's health:
+// a commit, or a failure of the database (not a refusal of the store's
+// own, such as ErrLeaseLost, nor a caller that gave up).
+func (s *Store) noteWrite(err error, end time.Time) {
+	switch {
+	case err == nil:
+		s.health.committed(end)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, ErrNotFound), errors.Is(err, ErrLeaseLost), errors.Is(err, ErrNotUnknown),
+		errors.Is(err, ErrInFlight), errors.Is(err, ErrChanged), errors.Is(err, ErrInboxFull),
+		errors.Is(err, ErrWrongEnvironment), errors.Is(err, ErrAttemptSucceeded):
+	default:
+		s.health.failed()
+	}
+}
+
+// mayTakeOver reports whether owner (a claimant) may take over a record
+// whose expired lease holder is holder: never its own process's (its
+// outcome is in that process's outbox, and lands), and only once this
+// store's writes have been healthy for the takeover grace.
+func (s *Store) mayTakeOver(owner, holder string) bool {
+	if p := ownerProcess(owner); p != "" && p == ownerProcess(holder) {
+		return false
+	}
+	return s.writesSettled()
+}
+
+// writesSettled reports whether this store's writes have been healthy for
+// the takeover grace.
+func (s *Store) writesSettled() bool {
+	return s.grace < 0 || s.health.healthyFor(time.Now()) >= s.grace
+}
+
+// ownerProcess is the process part of a lease owner, "<process>/<claim>":
+// "" for an owner with no process part.
+func ownerProcess(owner string) string {
+	p, _, ok := strings.Cut(owner, "/")
+	if !ok {
+		return ""
+	}
+	return p
+}
+
+// heartbeat commits a write of no consequence whenever no other write has
+// committed for heartbeatEvery, until stop is closed: on PostgreSQL one
+// that a read-only standby refuses (txid_current assigns a transaction
+// ID), on SQLite a BEGIN IMMEDIATE and COMMIT, which fail while another
+// process holds the write lock.
+func (s *Store) heartbeat(stop <-chan struct{}) {
+	t := time.NewTicker(heartbeatEvery / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if s.health.idleFor(time.Now()) < heartbeatEvery {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), heartbeatTimeout)
+		s.transact(ctx, func(tx *sql.Tx) error {
+			if s.d.name != "postgres" {
+				return nil
+			}
+			_, err := tx.ExecContext(ctx, heartbeatQuery)
+			return err
+		})
+		cancel()
+	}
+}
+
+// heartbeatQuery is PostgreSQL's heartbeat: it fails on a standby.
+const heartbeatQuery = `SELECT txid_current()`

@@ -97,7 +97,7 @@ func testList(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		// Give up on the unknown records so far, then add two more that
 		// have not.
 		clk.Add(window + time.Second)
-		if _, err := s.GiveUp(ctx, 100); err != nil {
+		if _, err := s.GiveUp(ctx, "", 100); err != nil {
 			t.Fatal(err)
 		}
 		for i := range 2 {
@@ -265,7 +265,7 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		c := claim("r1", `{"amount":1}`, "a")
 		makeUnknown(t, s, c, time.Minute)
 		at := clk.Add(window + time.Second)
-		if _, err := s.GiveUp(ctx, 10); err != nil {
+		if _, err := s.GiveUp(ctx, "", 10); err != nil {
 			t.Fatal(err)
 		}
 		if st, _ := s.Stats(ctx); st.Unsettled != 1 {

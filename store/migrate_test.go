@@ -159,7 +159,7 @@ func TestUpgradeToQuietAndTombstones(t *testing.T) {
 			}
 			db.Close()
 
-			s, err := Open(ctx, url, "sandbox", Options{Now: func() time.Time { return now }})
+			s, err := Open(ctx, url, "sandbox", Options{Now: func() time.Time { return now }, TakeoverGrace: -1})
 			if err != nil {
 				t.Fatalf("Open() on the previous version error = %v", err)
 			}

@@ -107,6 +107,11 @@ type Record struct {
 	// (Resolve); its AuditEntries say how. It stays set when a new attempt
 	// starts after a NotCreated resolution: see StateResolved.
 	ResolvedAt time.Time
+	// AttemptSeq counts the attempts started (see Attempts); the last one
+	// started was made by AttemptKind, for the call AttemptRequestID.
+	AttemptSeq       int
+	AttemptKind      AttemptKind
+	AttemptRequestID string
 
 	// ReadAt is the store's clock when the record was read or written: the
 	// time its other times are to be compared with (for PostgreSQL the
@@ -129,7 +134,9 @@ type Claim struct {
 	// OwnKeysOnly: the key may be used only by the caller that created its
 	// record (Record.Caller == Caller); Begin answers NotOwned otherwise.
 	OwnKeysOnly bool
-	// Owner identifies the claimant (process and call) for the lease.
+	// Owner identifies the claimant for the lease: "<process>/<claim
+	// id>", unique to the claim. A claim never takes over a record whose
+	// holder is of its own process.
 	Owner string
 	// LeaseTTL is how long the lease lasts if acquired: the claimant must
 	// be done with the provider before it ends.
@@ -155,7 +162,10 @@ const (
 	// Reused: the key's record holds a different request (another
 	// BodySHA256); nothing changed.
 	Reused
-	// Busy: another owner holds an unexpired lease; nothing changed.
+	// Busy: another owner holds an unexpired lease, or one that expired
+	// but may not be taken over yet (the holder is of the claimant's own
+	// process, or the store's writes have not been healthy for the
+	// takeover grace: see Options.TakeoverGrace); nothing changed.
 	Busy
 	// PastWindow: the record's outcome is unknown and its settlement window
 	// has closed, so nothing may be sent for the key again; the record is
@@ -195,8 +205,9 @@ type Began struct {
 	Tombstone Tombstone
 }
 
-// Finish records the outcome of the claimant's request. Like Claim, it
-// carries durations, measured from the store's clock when it is written.
+// Finish records the outcome of the claimant's request, and its attempt.
+// Like Claim, it carries durations, measured from the store's clock when
+// it is written.
 type Finish struct {
 	Key   string
 	Owner string
@@ -222,7 +233,7 @@ type Finish struct {
 
 // writerQueries are the queries every payment runs on the writer.
 func (s *Store) writerQueries() []string {
-	qs := []string{s.insertQuery(), s.lockedSelectQuery(), s.finishQuery(true), s.finishQuery(false)}
+	qs := []string{s.insertQuery(), s.lockedSelectQuery(), s.finishQuery(true), s.finishQuery(false), s.insertAttemptQuery()}
 	if s.clock == nil {
 		qs = append(qs, nowQuery)
 	}
@@ -242,8 +253,8 @@ func (s *Store) insertQuery() string {
 		INSERT INTO records (key, body, body_sha256, currency, amount, state,
 			request_id, trace_id, caller, created_at, updated_at, settle_by,
 			next_settle_at, lease_owner, lease_expires_at, quiet_until,
-			attempt_started_at` + cols + `)
-		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15, $10` + vals + `
+			attempt_started_at, attempt_seq, attempt_kind, attempt_request_id` + cols + `)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15, $10, 1, ` + attemptCall + `, $7` + vals + `
 		WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE key_sha256 = $16)
 		ON CONFLICT (` + d.keyCol + `) DO NOTHING
 		RETURNING ` + recordColumns)
@@ -253,6 +264,11 @@ func (s *Store) lockedSelectQuery() string {
 	return s.d.q(`SELECT ` + recordColumns + ` FROM records WHERE ` + s.d.keyCol + ` = $1 ` + s.d.lockRows)
 }
 
+// attemptCall is AttemptCall in SQL.
+const attemptCall = "1"
+
+// finishQuery records an outcome on the record its owner still holds.
+// Without returning it reads back only what the attempt's row needs.
 func (s *Store) finishQuery(returning bool) string {
 	d := s.d
 	if !returning {
@@ -261,7 +277,8 @@ func (s *Store) finishQuery(returning bool) string {
 			reply = $6, last_error = $7, code = $8, updated_at = $9, next_settle_at = $10,
 			settle_attempts = settle_attempts + $11, lease_owner = '', lease_expires_at = $12,
 			quiet_until = $14
-		WHERE ` + d.keyCol + ` = $1 AND lease_owner = $2 AND state = $13`)
+		WHERE ` + d.keyCol + ` = $1 AND lease_owner = $2 AND state = $13
+		RETURNING attempt_seq, attempt_kind, attempt_request_id, attempt_started_at`)
 	}
 	return d.q(`
 		UPDATE records SET state = $3, attempts = attempts + $4, provider_status = $5,
@@ -277,7 +294,7 @@ const recordColumns = `key, body, body_sha256, currency, amount, state, attempts
 	provider_status, reply, last_error, code, request_id, trace_id, caller,
 	created_at, updated_at, settle_by, next_settle_at, settle_attempts,
 	lease_owner, lease_expires_at, gave_up, quiet_until, attempt_started_at,
-	prior_state, tombstoned_at, resolved_at`
+	prior_state, tombstoned_at, resolved_at, attempt_seq, attempt_kind, attempt_request_id`
 
 // StateResolved reports whether the record's state is a person's
 // resolution: it was resolved, and no attempt has started since (a
@@ -291,14 +308,14 @@ type scanner interface{ Scan(dest ...any) error }
 
 func scanRecord(row scanner, extra ...any) (Record, error) {
 	var r Record
-	var state, prior int
+	var state, prior, kind int
 	dest := []any{&r.Key, &r.Body, shaCol{&r.BodySHA256}, &r.Currency, &r.Amount, &state, &r.Attempts,
 		&r.ProviderStatus, &r.Reply, &r.LastError, &r.Code, &r.RequestID, &r.TraceID, &r.Caller,
 		timeCol{&r.CreatedAt}, timeCol{&r.UpdatedAt}, timeCol{&r.SettleBy}, timeCol{&r.NextSettleAt}, &r.SettleAttempts,
 		&r.LeaseOwner, timeCol{&r.LeaseExpiresAt}, &r.GaveUp, timeCol{&r.QuietUntil}, timeCol{&r.AttemptStartedAt},
-		&prior, timeCol{&r.TombstonedAt}, timeCol{&r.ResolvedAt}}
+		&prior, timeCol{&r.TombstonedAt}, timeCol{&r.ResolvedAt}, &r.AttemptSeq, &kind, &r.AttemptRequestID}
 	err := row.Scan(append(dest, extra...)...)
-	r.State, r.PriorState = State(state), State(prior)
+	r.State, r.PriorState, r.AttemptKind = State(state), State(prior), AttemptKind(kind)
 	return r, err
 }
 
@@ -327,6 +344,9 @@ func scanRecords(rows *sql.Rows, now time.Time) ([]Record, error) {
 //   - a record with another BodySHA256 → Reused;
 //   - Succeeded → Replay;
 //   - InProgress with an unexpired lease → Busy;
+//   - InProgress with an expired lease that may not be taken over yet
+//     (its holder is of c's own process, or the store's writes have not
+//     been healthy for the takeover grace) → Busy;
 //   - OutcomeUnknown, or InProgress with an expired lease, past SettleBy →
 //     PastWindow;
 //   - the same before SettleBy, while QuietUntil has not passed → Quiet;
@@ -336,7 +356,9 @@ func scanRecords(rows *sql.Rows, now time.Time) ([]Record, error) {
 // An acquisition also presumes the claimant's request at the provider
 // until the lease ends plus c.Quiet (QuietUntil), until Finish says
 // otherwise, so that a claimant that dies mid-call leaves the key quiet
-// for as long as its request may still be worked on.
+// for as long as its request may still be worked on. Taking over an
+// expired lease writes the row of the attempt its holder never ended
+// (abandoned).
 //
 // It returns ErrKeyNotStorable for a key the backend can't hold exactly.
 func (s *Store) Begin(ctx context.Context, c Claim) (Began, error) {
@@ -434,15 +456,20 @@ func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record, now t
 	}
 	expired := !now.Before(r.LeaseExpiresAt)
 	acquire := `state = $2, lease_owner = $3, lease_expires_at = $4, updated_at = $5, quiet_until = $6,
-		attempt_started_at = $5, prior_state = $7`
-	acquireArgs := []any{int(StateInProgress), c.Owner, d.t(now.Add(c.LeaseTTL)), d.t(now), d.t(now.Add(c.LeaseTTL + c.Quiet)), int(r.State)}
+		attempt_started_at = $5, prior_state = $7, attempt_seq = attempt_seq + 1, attempt_kind = $8,
+		attempt_request_id = $9`
+	acquireArgs := []any{int(StateInProgress), c.Owner, d.t(now.Add(c.LeaseTTL)), d.t(now), d.t(now.Add(c.LeaseTTL + c.Quiet)), int(r.State),
+		int(AttemptCall), c.RequestID}
 	switch {
 	case r.State == StateSucceeded:
 		return Began{Outcome: Replay, Record: r}, nil
 	case r.State == StateInProgress && !expired:
 		return Began{Outcome: Busy, Record: r}, nil
+	case r.State == StateInProgress && !s.mayTakeOver(c.Owner, r.LeaseOwner):
+		// Its holder may have an outcome on its way: see writeHealth.
+		return Began{Outcome: Busy, Record: r}, nil
 	case r.State == StateNotCreated:
-		nr, err := updateRecord(ctx, tx, d, now, acquire+`, settle_by = $8, gave_up = $9`,
+		nr, err := updateRecord(ctx, tx, d, now, acquire+`, settle_by = $10, gave_up = $11`,
 			c.Key, append(acquireArgs, d.t(now.Add(c.Window)), false)...)
 		return Began{Outcome: Acquired, Record: nr, Prior: r.State}, err
 	case r.State == StateOutcomeUnknown || r.State == StateInProgress:
@@ -450,12 +477,20 @@ func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record, now t
 			if r.State == StateOutcomeUnknown {
 				return Began{Outcome: PastWindow, Record: r}, nil
 			}
+			if err := s.abandon(ctx, tx, r, now); err != nil {
+				return Began{}, err
+			}
 			nr, err := updateRecord(ctx, tx, d, now, `state = $2, lease_owner = '', lease_expires_at = $3, updated_at = $4`,
 				c.Key, int(StateOutcomeUnknown), d.t(time.Time{}), d.t(now))
 			return Began{Outcome: PastWindow, Record: nr}, err
 		}
 		if now.Before(r.QuietUntil) {
 			return Began{Outcome: Quiet, Record: r}, nil
+		}
+		if r.State == StateInProgress {
+			if err := s.abandon(ctx, tx, r, now); err != nil {
+				return Began{}, err
+			}
 		}
 		nr, err := updateRecord(ctx, tx, d, now, acquire, c.Key, acquireArgs...)
 		return Began{Outcome: Acquired, Record: nr, Prior: r.State}, err
@@ -485,9 +520,19 @@ func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, now time.Time, set
 	return r, err
 }
 
-// Finish records f's outcome if f.Owner still holds the lease, clearing it,
-// and returns the record; otherwise it returns ErrLeaseLost and writes
-// nothing.
+// Finish records f's outcome if f.Owner still holds the lease, clearing
+// it, with the row of its attempt, in one transaction; and returns the
+// record.
+//
+// If f.Owner no longer holds the lease (it expired and the record was
+// taken over, or given up), only a success is written: a 2xx is never
+// forgotten. Its attempt's row gets the reply, and the record becomes
+// Succeeded with it unless it already is (a record that is Succeeded
+// stays so, with its first reply; a taker's attempt in flight is ended
+// as abandoned, and its own finish will find the record Succeeded). Any
+// other outcome without the lease writes nothing and is ErrLeaseLost. A
+// Finish that is repeated after it committed (its commit's outcome was
+// unknown) finds its attempt's row and writes nothing more.
 func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 	fin, err := s.finishOp(f, true)
 	if err != nil {
@@ -503,6 +548,24 @@ func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 		return Record{}, s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err))
 	}
 	return r, nil
+}
+
+// FinishWrite is Finish without reading the record back: for a caller
+// that only needs to know that the outcome is durable (nil) or can never
+// be (ErrLeaseLost). Its error is otherwise Finish's.
+func (s *Store) FinishWrite(ctx context.Context, f Finish) error {
+	fin, err := s.finishOp(f, false)
+	if err != nil {
+		return err
+	}
+	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx, now time.Time) error {
+		_, err := fin(ctx, tx, now)
+		return err
+	})
+	if err != nil {
+		return s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err))
+	}
+	return nil
 }
 
 // finishOp checks f and returns the statement that records it. Only with
@@ -537,68 +600,117 @@ func (s *Store) finishOp(f Finish, returning bool) (func(context.Context, *sql.T
 		args := []any{d.k(f.Key), f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
 			f.Reply, f.LastError, f.Code, d.t(now), d.t(next),
 			settle, d.t(time.Time{}), int(StateInProgress), d.t(quiet)}
-		if !returning {
-			res, err := st.ExecContext(ctx, args...)
-			if err != nil {
-				return Record{}, err
-			}
-			if n, err := res.RowsAffected(); err != nil {
-				return Record{}, err
-			} else if n == 0 {
-				return Record{}, ErrLeaseLost
-			}
-			return Record{}, nil
-		}
 		rows, err := st.QueryContext(ctx, args...)
 		if err != nil {
 			return Record{}, err
 		}
-		rs, err := scanRecords(rows, now)
+		var r Record
+		var n int
+		if returning {
+			rs, err := scanRecords(rows, now)
+			if err != nil {
+				return Record{}, err
+			}
+			if n = len(rs); n > 0 {
+				r = rs[0]
+			}
+		} else {
+			err := func() error {
+				defer rows.Close()
+				for rows.Next() {
+					var kind int
+					if err := rows.Scan(&r.AttemptSeq, &kind, &r.AttemptRequestID, timeCol{&r.AttemptStartedAt}); err != nil {
+						return err
+					}
+					r.AttemptKind = AttemptKind(kind)
+					n++
+				}
+				return rows.Err()
+			}()
+			if err != nil {
+				return Record{}, err
+			}
+		}
+		if n == 0 {
+			return s.finishWithoutLease(ctx, tx, f, now, returning)
+		}
+		err = s.insertAttempt(ctx, tx, f.Key, Attempt{
+			Number: r.AttemptSeq, Kind: r.AttemptKind, Owner: f.Owner, Replica: ownerProcess(f.Owner),
+			RequestID: r.AttemptRequestID, StartedAt: r.AttemptStartedAt, EndedAt: now,
+			ProviderStatus: f.ProviderStatus, HTTPRequests: f.AddAttempts, Reply: f.Reply,
+			State: f.State, Code: f.Code, Error: f.LastError,
+		})
 		if err != nil {
 			return Record{}, err
 		}
-		if len(rs) == 0 {
-			return Record{}, ErrLeaseLost
+		if !returning {
+			return Record{}, nil
 		}
-		return rs[0], nil
+		return r, nil
 	}, nil
 }
 
-// FinishLater is Finish without waiting for the commit, and without reading
-// the record back: done gets Finish's error (nil once the outcome is
-// durable), on another goroutine.
-// Close waits for every FinishLater to be done. done must not write to the
-// store: it runs on the goroutine that commits. Use it only for an outcome
-// whose loss in a crash is harmless: the record stays InProgress, and once
-// its lease and quiet period end settlement re-sends it, which gives the
-// same answer.
-func (s *Store) FinishLater(f Finish, done func(error)) {
-	s.later.Add(1)
-	ctx, cancel := context.WithTimeout(context.Background(), finishLaterTimeout)
-	// Queued directly, so that no goroutine waits on it.
-	fin, wrapErr := s.finishOp(f, false)
-	if wrapErr != nil {
-		cancel()
-		defer s.later.Done()
-		done(wrapErr)
-		return
+// finishWithoutLease is Finish for an owner that no longer holds the
+// record's lease (or whose Finish committed already).
+func (s *Store) finishWithoutLease(ctx context.Context, tx *sql.Tx, f Finish, now time.Time, returning bool) (Record, error) {
+	d := s.d
+	r, err := s.getRecordTx(ctx, tx, f.Key)
+	if errors.Is(err, ErrNotFound) {
+		return Record{}, ErrLeaseLost
 	}
-	s.batch.submit(&batchOp{ctx: ctx, fn: func(ctx context.Context, tx *sql.Tx, now time.Time) error {
-		_, err := fin(ctx, tx, now)
-		return err
-	}, done: func(err error) {
-		defer s.later.Done()
-		cancel()
-		if err != nil {
-			done(s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err)))
-			return
+	if err != nil {
+		return Record{}, err
+	}
+	r.ReadAt = now
+	a, found, err := s.ownAttempt(ctx, tx, f.Key, f.Owner)
+	switch {
+	case err != nil:
+		return Record{}, err
+	case !found || !r.TombstonedAt.IsZero():
+		// f.Owner never held the record (or was taken over by a binary
+		// from before attempts were kept, which wrote no row for it), or
+		// retention is about to delete it.
+		return Record{}, ErrLeaseLost
+	case !a.abandoned && a.state == f.State && a.providerStatus == f.ProviderStatus:
+		// Written already: this is a Finish repeated after a commit whose
+		// outcome was unknown.
+		return r, nil
+	case a.abandoned && f.State == StateSucceeded:
+		// A 2xx is never forgotten, even past its lease.
+	default:
+		return Record{}, ErrLeaseLost
+	}
+	_, err = tx.ExecContext(ctx, d.q(`
+		UPDATE attempts SET ended_at = $2, provider_status = $3, http_requests = $4, reply = $5,
+			state = $6, code = $7, error = $8, abandoned = $9
+		WHERE id = $1`),
+		a.id, d.t(now), f.ProviderStatus, f.AddAttempts, f.Reply, int(f.State), f.Code, f.LastError, false)
+	if err != nil {
+		return Record{}, fmt.Errorf("record a 2xx after the lease: %w", err)
+	}
+	set := `attempts = attempts + $2, updated_at = $3`
+	args := []any{f.AddAttempts, d.t(now)}
+	if r.State != StateSucceeded {
+		if r.State == StateInProgress {
+			// Another holder is sending the key now: its attempt ends
+			// here, and its own Finish will find the record Succeeded.
+			if err := s.abandon(ctx, tx, r, now); err != nil {
+				return Record{}, err
+			}
 		}
-		done(nil)
-	}})
+		set += `, state = $4, provider_status = $5, reply = $6, last_error = '', code = $7,
+			lease_owner = '', lease_expires_at = $8, next_settle_at = $8, resolved_at = NULL`
+		args = append(args, int(StateSucceeded), f.ProviderStatus, f.Reply, f.Code, d.t(time.Time{}))
+	}
+	nr, err := updateRecord(ctx, tx, d, now, set, f.Key, args...)
+	if err != nil {
+		return Record{}, fmt.Errorf("record a 2xx after the lease: %w", err)
+	}
+	if !returning {
+		return Record{}, nil
+	}
+	return nr, nil
 }
-
-// finishLaterTimeout bounds a FinishLater.
-const finishLaterTimeout = 30 * time.Second
 
 // Get returns the record for key, or ErrNotFound (see Tombstone for a key
 // whose record retention deleted, or has tombstoned and is about to).
@@ -628,14 +740,20 @@ func (s *Store) Get(ctx context.Context, key string) (Record, error) {
 	return r, nil
 }
 
-// ClaimDue takes the lease (owner, for leaseTTL) on up to limit records
-// due for settlement, by the store's clock, marking them InProgress, and
-// returns them: OutcomeUnknown records with NextSettleAt passed, and
-// InProgress records whose lease expired, both only while SettleBy has not
-// passed and once QuietUntil has (no earlier request may still be at the
-// provider). Each claimed record's request is presumed at the provider
-// until its lease ends plus quiet, until Finish says otherwise. Replicas
-// never claim the same record at once.
+// ClaimDue takes the lease (for leaseTTL) on up to limit records due for
+// settlement, by the store's clock, marking them InProgress, and returns
+// them: OutcomeUnknown records with NextSettleAt passed, and InProgress
+// records whose lease expired, both only while SettleBy has not passed and
+// once QuietUntil has (no earlier request may still be at the provider).
+// An expired lease is taken over only as Begin would: never one of
+// owner's own process, and only once the store's writes have been healthy
+// for the takeover grace; its holder's attempt gets its row (abandoned).
+// Each claimed record's request is presumed at the provider until its
+// lease ends plus quiet, until Finish says otherwise. Replicas never claim
+// the same record at once.
+//
+// owner is "<process>/<claim id>", new for each call: a record's attempts
+// are told apart by their owners.
 func (s *Store) ClaimDue(ctx context.Context, owner string, leaseTTL, quiet time.Duration, limit int) ([]Record, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -643,27 +761,32 @@ func (s *Store) ClaimDue(ctx context.Context, owner string, leaseTTL, quiet time
 	d := s.d
 	var out []Record
 	err := s.transact(ctx, func(tx *sql.Tx) error {
+		out = nil
 		now, err := s.txNow(ctx, tx)
 		if err != nil {
 			return err
 		}
-		rows, err := tx.QueryContext(ctx, d.q(`
-			UPDATE records SET state = $1, lease_owner = $2, lease_expires_at = $3, updated_at = $4,
-				quiet_until = $7, attempt_started_at = $4, prior_state = state
-			WHERE `+d.keyCol+` IN (
-				SELECT `+d.keyCol+` FROM records
-				WHERE ((state = $5 AND next_settle_at <= $4) OR (state = $1 AND lease_expires_at <= $4))
-					AND settle_by > $4 AND quiet_until <= $4 AND tombstoned_at IS NULL
-				ORDER BY next_settle_at, key
-				LIMIT $6 `+d.skipLocked+`)
-			RETURNING `+recordColumns),
-			int(StateInProgress), owner, d.t(now.Add(leaseTTL)), d.t(now), int(StateOutcomeUnknown), limit,
-			d.t(now.Add(leaseTTL+quiet)))
+		due, err := s.lockDue(ctx, tx, `(state = $1 AND next_settle_at <= $2)`, ownerProcess(owner),
+			`AND settle_by > $2 AND quiet_until <= $2 ORDER BY next_settle_at, key`, limit, now)
 		if err != nil {
 			return err
 		}
-		out, err = scanRecords(rows, now)
-		return err
+		for _, r := range due {
+			if r.State == StateInProgress {
+				if err := s.abandon(ctx, tx, r, now); err != nil {
+					return err
+				}
+			}
+			nr, err := updateRecord(ctx, tx, d, now, `state = $2, lease_owner = $3, lease_expires_at = $4, updated_at = $5,
+				quiet_until = $6, attempt_started_at = $5, prior_state = state, attempt_seq = attempt_seq + 1,
+				attempt_kind = $7, attempt_request_id = ''`,
+				r.Key, int(StateInProgress), owner, d.t(now.Add(leaseTTL)), d.t(now), d.t(now.Add(leaseTTL+quiet)), int(AttemptSettlement))
+			if err != nil {
+				return err
+			}
+			out = append(out, nr)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, s.wrap(fmt.Errorf("claim due records: %w", err))
@@ -671,39 +794,80 @@ func (s *Store) ClaimDue(ctx context.Context, owner string, leaseTTL, quiet time
 	return out, nil
 }
 
+// lockDue reads and locks up to limit untombstoned records that are
+// OutcomeUnknown and match unknown (with $1 for OutcomeUnknown and $2 for
+// now), or, if the store's writes have been healthy for the takeover
+// grace, InProgress with an expired lease held by another process than
+// process; more (with $2 for now) follows the condition: further
+// conditions and the order.
+func (s *Store) lockDue(ctx context.Context, tx *sql.Tx, unknown, process, more string, limit int, now time.Time) ([]Record, error) {
+	d := s.d
+	cond := unknown
+	args := []any{int(StateOutcomeUnknown), d.t(now), limit}
+	if s.writesSettled() {
+		expired := `(state = $4 AND lease_expires_at <= $2`
+		args = append(args, int(StateInProgress))
+		if process != "" {
+			// Never this process's own: its outcome is in its outbox.
+			expired += ` AND substr(lease_owner, 1, $5) <> $6`
+			args = append(args, len(process)+1, process+"/")
+		}
+		cond = `(` + unknown + ` OR ` + expired + `))`
+	}
+	rows, err := tx.QueryContext(ctx, d.q(`SELECT `+recordColumns+` FROM records
+		WHERE `+cond+` AND tombstoned_at IS NULL `+more+`
+		LIMIT $3 `+d.skipLocked), args...)
+	if err != nil {
+		return nil, err
+	}
+	return scanRecords(rows, now)
+}
+
 // GiveUp marks up to limit records whose settlement window has closed, by
 // the store's clock, unsettled and not yet marked: OutcomeUnknown records,
 // and InProgress records with an expired lease (which become
-// OutcomeUnknown). It returns the records it marked, each once ever, for
-// logging.
-func (s *Store) GiveUp(ctx context.Context, limit int) ([]Record, error) {
+// OutcomeUnknown; as ClaimDue does, it leaves those of its own process,
+// and all of them until the store's writes have been healthy for the
+// takeover grace, and writes the abandoned attempt's row). It returns the
+// records it marked, each once ever, for logging. process names the
+// calling process, as the part of its lease owners before the "/".
+func (s *Store) GiveUp(ctx context.Context, process string, limit int) ([]Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	d := s.d
 	var out []Record
 	err := s.transact(ctx, func(tx *sql.Tx) error {
+		out = nil
 		now, err := s.txNow(ctx, tx)
 		if err != nil {
 			return err
 		}
-		rows, err := tx.QueryContext(ctx, d.q(`
-			UPDATE records SET state = $1, gave_up = $2, updated_at = $3,
-				lease_owner = CASE WHEN state = $4 THEN '' ELSE lease_owner END,
-				lease_expires_at = CASE WHEN state = $4 THEN $5 ELSE lease_expires_at END
-			WHERE `+d.keyCol+` IN (
-				SELECT `+d.keyCol+` FROM records
-				WHERE (state = $1 OR (state = $4 AND lease_expires_at <= $3))
-					AND settle_by <= $3 AND gave_up = $6 AND tombstoned_at IS NULL
-				ORDER BY settle_by, key
-				LIMIT $7 `+d.skipLocked+`)
-			RETURNING `+recordColumns),
-			int(StateOutcomeUnknown), true, d.t(now), int(StateInProgress), d.t(time.Time{}), false, limit)
+		// false is a boolean in PostgreSQL, and 0 in SQLite.
+		due, err := s.lockDue(ctx, tx, `state = $1`, process,
+			`AND settle_by <= $2 AND gave_up = false ORDER BY settle_by, key`, limit, now)
 		if err != nil {
 			return err
 		}
-		out, err = scanRecords(rows, now)
-		return err
+		for _, r := range due {
+			set := `state = $2, gave_up = $3, updated_at = $4`
+			if r.State == StateInProgress {
+				if err := s.abandon(ctx, tx, r, now); err != nil {
+					return err
+				}
+				set += `, lease_owner = '', lease_expires_at = $5`
+			}
+			args := []any{int(StateOutcomeUnknown), true, d.t(now)}
+			if r.State == StateInProgress {
+				args = append(args, d.t(time.Time{}))
+			}
+			nr, err := updateRecord(ctx, tx, d, now, set, r.Key, args...)
+			if err != nil {
+				return err
+			}
+			out = append(out, nr)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, s.wrap(fmt.Errorf("give up on records: %w", err))

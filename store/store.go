@@ -13,6 +13,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -54,6 +55,8 @@ var (
 	// free space is down to the reserve kept for payments
 	// (Options.InboxReserve).
 	ErrInboxFull = errors.New("the webhook inbox is full")
+	// ErrClosed: the store was closed; nothing was written.
+	ErrClosed = errors.New("the record store is closed")
 )
 
 // Stats are gauges for metrics.
@@ -104,6 +107,17 @@ type Options struct {
 	// means DefaultInboxReserve. PostgreSQL's volume can't be seen from
 	// here: InboxQuota is its bound.
 	InboxReserve int64
+	// TakeoverGrace is how long this store's writes must have been
+	// committing without a failure or a gap before it lets a claim take
+	// over a record whose holder's lease expired (see WriteHealthyFor):
+	// after an outage, the holder's outcome, retried by its outbox, lands
+	// first. 0 means DefaultTakeoverGrace; a negative value turns the
+	// check off, for tests that move Now by hours.
+	TakeoverGrace time.Duration
+	// WrapConnector, if set, wraps the database driver's connector: a
+	// seam for tests, which inject failures beneath the store's own code
+	// (storetest.Faults). Leave it nil.
+	WrapConnector func(driver.Connector) driver.Connector
 }
 
 // DefaultInboxReserve is the free space the webhook inbox leaves on an
@@ -167,10 +181,18 @@ type Store struct {
 	appends chan struct{}
 	// batch group-commits Begins and Finishes.
 	batch *batcher
-	// later counts FinishLater calls not yet done, for Close.
+	// later counts FloorExecLater calls not yet done, for Close.
 	later sync.WaitGroup
 	// commits counts committed write transactions.
 	commits atomic.Uint64
+	// health tracks the writes' run of commits, and grace is
+	// Options.TakeoverGrace; stopHeartbeat ends the heartbeat, and
+	// heartbeatDone is closed once it has.
+	health        writeHealth
+	grace         time.Duration
+	stopHeartbeat chan struct{}
+	stopOnce      sync.Once
+	heartbeatDone chan struct{}
 	// stmts caches prepared statements by database and query.
 	stmts sync.Map // stmtKey → *sql.Stmt
 }
@@ -234,10 +256,13 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 	if err := CheckURL(url); err != nil {
 		return nil, err
 	}
-	s := &Store{secrets: sec, retention: opts.Retention, clock: opts.Now,
+	s := &Store{secrets: sec, retention: opts.Retention, clock: opts.Now, grace: opts.TakeoverGrace,
 		inboxQuota: opts.InboxQuota, inboxReserve: opts.InboxReserve, appends: make(chan struct{}, 1)}
 	if s.inboxReserve <= 0 {
 		s.inboxReserve = DefaultInboxReserve
+	}
+	if s.grace == 0 {
+		s.grace = DefaultTakeoverGrace
 	}
 	where := "postgres"
 	if path, ok := strings.CutPrefix(url, "sqlite:"); ok {
@@ -294,12 +319,22 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 		}
 		return nil, err
 	}
+	s.stopHeartbeat, s.heartbeatDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(s.heartbeatDone)
+		s.heartbeat(s.stopHeartbeat)
+	}()
 	return s, nil
 }
 
-// Close waits for every FinishLater, then closes the database.
+// Close waits for every FloorExecLater, stops the heartbeat, then closes
+// the database.
 func (s *Store) Close() error {
 	s.later.Wait()
+	if s.stopHeartbeat != nil {
+		s.stopOnce.Do(func() { close(s.stopHeartbeat) })
+		<-s.heartbeatDone
+	}
 	if s.batch != nil {
 		s.batch.close()
 	}

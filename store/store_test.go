@@ -90,7 +90,9 @@ func (c *clock) Add(d time.Duration) time.Time {
 
 func openStore(t *testing.T, url, env string, clk *clock) *store.Store {
 	t.Helper()
-	s, err := store.Open(context.Background(), url, env, store.Options{Now: clk.Now})
+	// The suite moves the clock by hours: takeovers don't wait for the
+	// writes' health (see TestTakeoverWaitsForHealthyWrites).
+	s, err := store.Open(context.Background(), url, env, store.Options{Now: clk.Now, TakeoverGrace: -1})
 	if err != nil {
 		t.Fatalf("Open(%s) error = %v", env, err)
 	}
@@ -241,6 +243,7 @@ func testStore(t *testing.T, b backend) {
 			CreatedAt: us(t0), UpdatedAt: us(t0), SettleBy: us(t0.Add(window)),
 			LeaseOwner: "a", LeaseExpiresAt: us(t0.Add(lease)),
 			QuietUntil: us(t0.Add(lease + 7*time.Second)), AttemptStartedAt: us(t0), ReadAt: us(t0),
+			AttemptSeq: 1, AttemptKind: store.AttemptCall, AttemptRequestID: "req-a",
 		}
 		if got.Prior != 0 {
 			t.Errorf("Begin(new key) Prior = %v, want 0", got.Prior)
@@ -325,9 +328,16 @@ func testStore(t *testing.T, b backend) {
 			RequestID: "req-a", TraceID: "trace-a", Caller: "caller-a",
 			CreatedAt: us(t0), UpdatedAt: us(now), SettleBy: us(t0.Add(window)),
 			AttemptStartedAt: us(t0), ReadAt: us(now),
+			AttemptSeq: 1, AttemptKind: store.AttemptCall, AttemptRequestID: "req-a",
 		}
 		if diff := cmp.Diff(want, r); diff != "" {
 			t.Errorf("Finish(Succeeded) record mismatch (-want +got):\n%s", diff)
+		}
+		wantAttempts := []store.Attempt{{Number: 1, Kind: store.AttemptCall, Owner: "a", RequestID: "req-a",
+			StartedAt: us(t0), EndedAt: us(now), ProviderStatus: 201, HTTPRequests: 2, Reply: []byte(`{"id":"p1"}`),
+			State: store.StateSucceeded}}
+		if as, err := s.Attempts(ctx, r); err != nil || !cmp.Equal(wantAttempts, as) {
+			t.Errorf("Attempts() = %v (-want +got):\n%s", err, cmp.Diff(wantAttempts, as))
 		}
 		// Even long after the window, a success replays.
 		for _, at := range []time.Time{now, t0.Add(2 * window)} {
@@ -563,7 +573,7 @@ func testStore(t *testing.T, b backend) {
 		begin(t, s, claim("leased", "body", "a"), store.Acquired)
 
 		clk.Set(end)
-		got, err := s.GiveUp(ctx, 10)
+		got, err := s.GiveUp(ctx, "", 10)
 		if err != nil {
 			t.Fatalf("GiveUp() error = %v", err)
 		}
@@ -576,10 +586,10 @@ func testStore(t *testing.T, b backend) {
 					r.Key, r.State, r.GaveUp, r.LeaseOwner, r.UpdatedAt, r.ReadAt, us(end), us(end))
 			}
 		}
-		if again, err := s.GiveUp(ctx, 10); err != nil || len(again) != 0 {
+		if again, err := s.GiveUp(ctx, "", 10); err != nil || len(again) != 0 {
 			t.Errorf("second GiveUp() = %v, %v; want nothing (each once ever)", keys(again), err)
 		}
-		if none, err := s.GiveUp(ctx, 0); err != nil || len(none) != 0 {
+		if none, err := s.GiveUp(ctx, "", 0); err != nil || len(none) != 0 {
 			t.Errorf("GiveUp(limit 0) = %v, %v; want nothing", keys(none), err)
 		}
 		// Given up is past the window: only "open" may still be settled.
@@ -685,13 +695,12 @@ func testStore(t *testing.T, b backend) {
 		}
 	})
 
-	// FinishLater's outcome is durable by the time done is called, and Close
-	// waits for it.
-	t.Run("FinishLater", func(t *testing.T) {
+	// FinishWrite's outcome is durable when it returns, with its attempt.
+	t.Run("FinishWrite", func(t *testing.T) {
 		t.Parallel()
 		url := b.url(t)
 		clk := newClock(t0)
-		s, err := store.Open(ctx, url, "sandbox", store.Options{Now: clk.Now})
+		s, err := store.Open(ctx, url, "sandbox", store.Options{Now: clk.Now, TakeoverGrace: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -700,41 +709,35 @@ func testStore(t *testing.T, b backend) {
 			begin(t, s, claim(fmt.Sprintf("k%d", i), "body", "a"), store.Acquired)
 		}
 		clk.Set(t0.Add(time.Second))
-		var mu sync.Mutex
-		results := map[string]error{}
+		var wg sync.WaitGroup
+		errs := make([]error, n)
 		for i := range n {
-			key := fmt.Sprintf("k%d", i)
-			s.FinishLater(store.Finish{Key: key, Owner: "a", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200,
-				Reply: []byte(`{}`)}, func(err error) {
-				if err == nil {
-					r, gerr := s.Get(ctx, key)
-					if gerr != nil || r.State != store.StateSucceeded || !r.UpdatedAt.Equal(us(t0.Add(time.Second))) {
-						err = fmt.Errorf("Get after done = state %v updated %v, %v; want Succeeded, updated %v", r.State, r.UpdatedAt, gerr, us(t0.Add(time.Second)))
-					}
-				}
-				mu.Lock()
-				results[key] = err
-				mu.Unlock()
+			wg.Go(func() {
+				errs[i] = s.FinishWrite(ctx, store.Finish{Key: fmt.Sprintf("k%d", i), Owner: "a", State: store.StateSucceeded,
+					AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{}`)})
 			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("FinishWrite(k%d) error = %v", i, err)
+			}
 		}
 		if err := s.Close(); err != nil {
 			t.Fatalf("Close() error = %v", err)
-		}
-		if len(results) != n {
-			t.Fatalf("Close returned with %d of %d FinishLater done", len(results), n)
-		}
-		for k, err := range results {
-			if err != nil {
-				t.Errorf("FinishLater(%q): %v", k, err)
-			}
 		}
 		if !b.persistent {
 			return
 		}
 		s = openStore(t, url, "sandbox", clk)
 		for i := range n {
-			if r := get(t, s, fmt.Sprintf("k%d", i)); r.State != store.StateSucceeded {
-				t.Errorf("after reopening, record k%d = %v, want Succeeded", i, r.State)
+			r := get(t, s, fmt.Sprintf("k%d", i))
+			if r.State != store.StateSucceeded || !r.UpdatedAt.Equal(us(t0.Add(time.Second))) {
+				t.Errorf("after reopening, record k%d = %v updated %v, want Succeeded updated %v", i, r.State, r.UpdatedAt, us(t0.Add(time.Second)))
+			}
+			as, err := s.Attempts(ctx, r)
+			if err != nil || len(as) != 1 || as[0].ProviderStatus != 200 || string(as[0].Reply) != `{}` || as[0].Owner != "a" || as[0].Number != 1 {
+				t.Errorf("after reopening, attempts of k%d = %+v, %v; want one with the 200", i, as, err)
 			}
 		}
 	})
@@ -1088,7 +1091,7 @@ func testQuiet(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 			if got := claimDue(t, s, "settler", 0, 10); len(got) != 0 {
 				t.Errorf("ClaimDue at %v while quiet = %v, want nothing", at, keys(got))
 			}
-			if got, err := s.GiveUp(ctx, 10); err != nil || len(got) != 0 {
+			if got, err := s.GiveUp(ctx, "", 10); err != nil || len(got) != 0 {
 				t.Errorf("GiveUp at %v = %v, %v; want nothing (window open)", at, keys(got), err)
 			}
 		}
@@ -1097,8 +1100,8 @@ func testQuiet(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		if took.Prior != store.StateInProgress || took.Record.LeaseOwner != "b" {
 			t.Errorf("Begin once quiet passed: Prior %v owner %q, want InProgress, b", took.Prior, took.Record.LeaseOwner)
 		}
-		if _, err := s.Finish(ctx, store.Finish{Key: "k", Owner: "a", State: store.StateSucceeded}); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("Finish(dead holder) error = %v, want ErrLeaseLost", err)
+		if _, err := s.Finish(ctx, store.Finish{Key: "k", Owner: "a", State: store.StateNotCreated}); !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("Finish(dead holder, not created) error = %v, want ErrLeaseLost", err)
 		}
 	})
 
@@ -1224,7 +1227,7 @@ func testClockAndReads(t *testing.T, fresh func(*testing.T) (*store.Store, *cloc
 		finish(t, s, store.Finish{Key: "k", Owner: "settler", State: store.StateOutcomeUnknown})
 		clk.Set(t0.Add(window))
 		check("Begin PastWindow", begin(t, s, claim("k", "body", "b"), store.PastWindow).Record)
-		gave, err := s.GiveUp(ctx, 10)
+		gave, err := s.GiveUp(ctx, "", 10)
 		if err != nil || len(gave) != 1 {
 			t.Fatalf("GiveUp = %v, %v; want k", keys(gave), err)
 		}
@@ -1390,7 +1393,7 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 				last := finish(t, s, store.Finish{Key: "k", Owner: "a", State: tc.state})
 				if tc.gaveUp {
 					clk.Set(t0.Add(window))
-					gave, err := s.GiveUp(ctx, 10)
+					gave, err := s.GiveUp(ctx, "", 10)
 					if err != nil || len(gave) != 1 {
 						t.Fatalf("GiveUp = %v, %v; want k", keys(gave), err)
 					}
@@ -1428,7 +1431,7 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 					if got := claimDue(t, s, "settler", 0, 10); len(got) != 0 {
 						t.Errorf("%s: ClaimDue = %v, want nothing", when, keys(got))
 					}
-					if got, err := s.GiveUp(ctx, 10); err != nil || len(got) != 0 {
+					if got, err := s.GiveUp(ctx, "", 10); err != nil || len(got) != 0 {
 						t.Errorf("%s: GiveUp = %v, %v, want nothing", when, keys(got), err)
 					}
 					if _, err := s.Tombstone(ctx, "other"); !errors.Is(err, store.ErrNotFound) {
@@ -1499,7 +1502,7 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 		if r := get(t, s, "k"); r.State != store.StateInProgress {
 			t.Errorf("state = %v, want InProgress", r.State)
 		}
-		if _, err := s.GiveUp(ctx, 10); err != nil {
+		if _, err := s.GiveUp(ctx, "", 10); err != nil {
 			t.Fatal(err)
 		}
 		if got := deleteAll(t, s, retention, 10); len(got) != 0 {

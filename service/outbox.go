@@ -1,0 +1,238 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"example.com/paymentsd/store"
+)
+
+// The outbox. Every outcome this process learns for a key it holds (the
+// provider's 2xx, its refusal, an unknown outcome, or "nothing was sent")
+// is written to the key's record by the outbox, which retries it with
+// capped, jittered backoff until the store takes it, however long the
+// store is down, or until the store says it never can (the lease was lost
+// to a takeover: only a non-success can be refused so). Meanwhile the key
+// is pending here: lookups and calls on this process wait for it, the
+// record stays InProgress under this process's lease, and no replica may
+// take it over (store.Options.TakeoverGrace: not until its writes have
+// been healthy for longer than the outbox's longest retry interval).
+//
+// What remains is this process dying with an outcome still in its outbox:
+// the record stays InProgress, and once its lease and quiet period have
+// passed settlement re-sends the key (docs/durability.md).
+
+// Outbox retry intervals: doubling from the first, jittered, capped.
+const (
+	outboxFirstRetry = 25 * time.Millisecond
+	outboxMaxRetry   = time.Second
+	// outboxAttemptTimeout bounds one write of an outcome.
+	outboxAttemptTimeout = 30 * time.Second
+	// outboxLastChance is how long Shutdown gives the outcomes of the
+	// requests it cut off, after its deadline, before it gives up on
+	// them.
+	outboxLastChance = time.Second
+)
+
+// errOutboxStopped is a pending outcome's error once Shutdown gave up on
+// it.
+var errOutboxStopped = errors.New("paymentsd shut down before the outcome could be recorded")
+
+// outcome is one outcome on its way to the record.
+type outcome struct {
+	fin store.Finish
+	// received is when it was learnt (the provider's answer came).
+	received time.Time
+	// prev is an earlier outcome for the same key still pending: it is
+	// written first.
+	prev *outcome
+	// landed is closed once the outcome is written, or never will be;
+	// err then says which (nil: written).
+	landed chan struct{}
+	err    error
+}
+
+// wait waits, up to max or until ctx ends, for o to be written, and
+// reports whether it was.
+func (o *outcome) wait(ctx context.Context, max time.Duration) bool {
+	select {
+	case <-o.landed:
+		return o.err == nil
+	default:
+	}
+	t := time.NewTimer(max)
+	defer t.Stop()
+	select {
+	case <-o.landed:
+		return o.err == nil
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return false
+}
+
+// outbox holds the outcomes not yet written, by key.
+type outbox struct {
+	mu      sync.Mutex
+	pending map[string]*outcome
+	stopped bool
+	// stop ends every wait between retries, and the writes in progress
+	// (that have not yet run).
+	stop       context.Context
+	stopOutbox context.CancelFunc
+	wg         sync.WaitGroup
+}
+
+func newOutbox() *outbox {
+	o := &outbox{pending: make(map[string]*outcome)}
+	o.stop, o.stopOutbox = context.WithCancel(context.Background())
+	return o
+}
+
+// pendingFor returns the outcome pending for key, if any.
+func (b *outbox) pendingFor(key string) *outcome {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pending[key]
+}
+
+// writeOutcome hands fin, learnt at received, to the outbox and returns its
+// outcome, which the caller may wait on.
+func (s *Service) writeOutcome(fin store.Finish, received time.Time) *outcome {
+	o := &outcome{fin: fin, received: received, landed: make(chan struct{})}
+	b := s.outbox
+	b.mu.Lock()
+	stopped := b.stopped
+	if !stopped {
+		o.prev = b.pending[fin.Key]
+		b.pending[fin.Key] = o
+		b.wg.Add(1)
+	}
+	b.mu.Unlock()
+	if stopped {
+		// Learnt after Shutdown gave up on the outbox (a settlement
+		// re-send that was still running): one try.
+		ctx, cancel := context.WithTimeout(context.Background(), outboxLastChance)
+		defer cancel()
+		o.err = s.store.FinishWrite(ctx, fin)
+		if o.err != nil {
+			s.logPendingAtStop(o)
+		}
+		close(o.landed)
+		s.waiters.notify(fin.Key)
+		return o
+	}
+	s.metrics.outcomesPending.Inc()
+	go s.land(o)
+	return o
+}
+
+// land writes o, retrying until the store takes it or says it never
+// will, or until Shutdown stops the outbox.
+func (s *Service) land(o *outcome) {
+	b := s.outbox
+	defer b.wg.Done()
+	if o.prev != nil {
+		select {
+		case <-o.prev.landed:
+		case <-b.stop.Done():
+		}
+	}
+	delay := outboxFirstRetry
+	var failures int
+	for {
+		ctx, cancel := context.WithTimeout(b.stop, outboxAttemptTimeout)
+		start := time.Now()
+		err := s.store.FinishWrite(ctx, o.fin)
+		cancel()
+		s.metrics.storeOp("finish", start, err)
+		if err == nil || errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrClosed) {
+			o.err = err
+			break
+		}
+		if b.stop.Err() != nil {
+			o.err = errOutboxStopped
+			break
+		}
+		failures++
+		if failures == 1 {
+			s.logger.Error("could not record a payment's outcome; retrying until the record store takes it (the key is held meanwhile: no replica sends it)",
+				keyAttrs(o.fin.Key, slog.String("state", o.fin.State.String()), slog.Int("provider_status", o.fin.ProviderStatus),
+					slog.String("error", err.Error()))...)
+		}
+		t := time.NewTimer(delay/2 + rand.N(delay/2+1))
+		select {
+		case <-t.C:
+		case <-b.stop.Done():
+			t.Stop()
+		}
+		delay = min(2*delay, outboxMaxRetry)
+	}
+	b.mu.Lock()
+	if b.pending[o.fin.Key] == o {
+		delete(b.pending, o.fin.Key)
+	}
+	b.mu.Unlock()
+	s.metrics.outcomesPending.Dec()
+	took := time.Since(o.received)
+	switch {
+	case o.err == nil:
+		s.metrics.outcomeCommit.Observe(took.Seconds())
+		if failures > 0 {
+			s.logger.Error("recorded a payment's outcome after the record store failed",
+				keyAttrs(o.fin.Key, slog.String("state", o.fin.State.String()), slog.Int("provider_status", o.fin.ProviderStatus),
+					slog.Int("tries", failures+1), slog.Duration("took", took))...)
+		}
+	case errors.Is(o.err, store.ErrLeaseLost):
+		// Only an outcome that is not a success is refused so: the key
+		// was taken over, and its record says what its taker learnt.
+		s.logger.Warn("a payment's outcome was not recorded: another claim took the key over first",
+			keyAttrs(o.fin.Key, slog.String("state", o.fin.State.String()), slog.Int("provider_status", o.fin.ProviderStatus))...)
+	default:
+		s.logPendingAtStop(o)
+	}
+	close(o.landed)
+	s.waiters.notify(o.fin.Key)
+}
+
+func (s *Service) logPendingAtStop(o *outcome) {
+	s.logger.Error("paymentsd stopped with a payment's outcome not recorded: the record stays in progress, and settlement sends the key again once its lease and quiet period have passed",
+		keyAttrs(o.fin.Key, slog.String("state", o.fin.State.String()), slog.Int("provider_status", o.fin.ProviderStatus),
+			slog.Duration("pending_for", time.Since(o.received)), slog.String("error", errString(o.err)))...)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// waitOutbox waits until nothing is pending, or ctx ends.
+func (b *outbox) waitIdle(ctx context.Context) bool {
+	done := make(chan struct{})
+	go func() {
+		b.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// stopAndWait stops the outbox's retries, and waits for its goroutines:
+// each outcome still pending is logged at error level.
+func (b *outbox) stopAndWait() {
+	b.mu.Lock()
+	b.stopped = true
+	b.mu.Unlock()
+	b.stopOutbox()
+	b.wg.Wait()
+}

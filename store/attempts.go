@@ -1,0 +1,180 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrAttemptSucceeded: a resolution said a key's payment was not created,
+// and an attempt for the key got a 2xx; nothing was written.
+var ErrAttemptSucceeded = errors.New("an attempt for the key got a 2xx")
+
+// AttemptKind says who made an attempt.
+type AttemptKind int
+
+const (
+	// AttemptCall: a CreateMultiCardPayment call sent it.
+	AttemptCall AttemptKind = 1
+	// AttemptSettlement: settlement re-sent the recorded body.
+	AttemptSettlement AttemptKind = 2
+)
+
+func (k AttemptKind) String() string {
+	switch k {
+	case AttemptCall:
+		return "call"
+	case AttemptSettlement:
+		return "settlement"
+	}
+	return "unspecified"
+}
+
+// Attempt is one attempt to send a key's request: the claim of its record
+// by a call or by settlement, and what came of it.
+type Attempt struct {
+	// Number counts the record's attempts from 1 (from when attempts were
+	// first kept, for a record older than that).
+	Number int
+	Kind   AttemptKind
+	// Owner is the claim that made it, "<replica>/<claim id>", and
+	// Replica the process; RequestID is its call's request ID (none for
+	// settlement).
+	Owner     string
+	Replica   string
+	RequestID string
+	StartedAt time.Time
+	// EndedAt is when its outcome was recorded; zero while InFlight.
+	EndedAt time.Time
+	// ProviderStatus is the provider's HTTP status (0: none), Reply its
+	// body exactly (the payment for a 2xx, else the error body), and
+	// HTTPRequests the requests the attempt sent (0 when nothing was
+	// sent, or when nobody knows: Abandoned).
+	ProviderStatus int
+	HTTPRequests   int
+	Reply          []byte
+	// State is the outcome it recorded; Code and Error what its caller was
+	// answered, as Record's Code and LastError.
+	State State
+	Code  int32
+	Error string
+	// Abandoned: its holder recorded no outcome (it died, or its lease
+	// ran out first); whoever took the record over or gave it up wrote
+	// the row. Its request may have reached the provider.
+	Abandoned bool
+	// InFlight: the attempt is being made now; it has no row yet.
+	InFlight bool
+}
+
+// abandonedError is the Error of an abandoned attempt.
+const abandonedError = "abandoned: no answer recorded"
+
+const attemptColumns = `attempt, kind, owner, replica, request_id, started_at, ended_at,
+	provider_status, http_requests, reply, state, code, error, abandoned`
+
+// insertAttemptQuery writes one attempt row.
+func (s *Store) insertAttemptQuery() string {
+	d := s.d
+	return d.q(`
+		INSERT INTO attempts (` + d.keyCol + `, ` + attemptColumns + `)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`)
+}
+
+// insertAttempt writes a row for attempt a of key.
+func (s *Store) insertAttempt(ctx context.Context, tx *sql.Tx, key string, a Attempt) error {
+	d := s.d
+	st, err := s.txStmt(ctx, tx, s.insertAttemptQuery())
+	if err != nil {
+		return fmt.Errorf("write attempt: %w", err)
+	}
+	_, err = st.ExecContext(ctx,
+		d.k(key), a.Number, int(a.Kind), a.Owner, a.Replica, a.RequestID, d.t(a.StartedAt), d.t(a.EndedAt),
+		a.ProviderStatus, a.HTTPRequests, a.Reply, int(a.State), a.Code, a.Error, a.Abandoned)
+	if err != nil {
+		return fmt.Errorf("write attempt: %w", err)
+	}
+	return nil
+}
+
+// abandon writes the row of r's attempt in flight, whose holder recorded
+// no outcome, as r is taken over or given up at now.
+func (s *Store) abandon(ctx context.Context, tx *sql.Tx, r Record, now time.Time) error {
+	return s.insertAttempt(ctx, tx, r.Key, Attempt{
+		Number: r.AttemptSeq, Kind: r.AttemptKind, Owner: r.LeaseOwner, Replica: ownerProcess(r.LeaseOwner),
+		RequestID: r.AttemptRequestID, StartedAt: r.AttemptStartedAt, EndedAt: now,
+		State: StateOutcomeUnknown, Error: abandonedError, Abandoned: true,
+	})
+}
+
+// attemptRow is what finishWithoutLease reads of an attempt's row.
+type attemptRow struct {
+	id             int64
+	abandoned      bool
+	state          State
+	providerStatus int
+}
+
+// ownAttempt is the row of owner's attempt of key, if any.
+func (s *Store) ownAttempt(ctx context.Context, tx *sql.Tx, key, owner string) (attemptRow, bool, error) {
+	d := s.d
+	var a attemptRow
+	var state int
+	err := tx.QueryRowContext(ctx, d.q(`SELECT id, abandoned, state, provider_status FROM attempts
+		WHERE `+d.keyCol+` = $1 AND owner = $2 ORDER BY id DESC LIMIT 1`),
+		d.k(key), owner).Scan(&a.id, &a.abandoned, &state, &a.providerStatus)
+	if errors.Is(err, sql.ErrNoRows) {
+		return attemptRow{}, false, nil
+	}
+	a.state = State(state)
+	return a, err == nil, err
+}
+
+// hasSucceededAttempt reports whether any attempt of key got a 2xx.
+func (s *Store) hasSucceededAttempt(ctx context.Context, tx *sql.Tx, key string) (bool, error) {
+	d := s.d
+	var n int
+	err := tx.QueryRowContext(ctx, d.q(`SELECT COUNT(*) FROM attempts WHERE `+d.keyCol+` = $1 AND provider_status >= 200 AND provider_status < 300`),
+		d.k(key)).Scan(&n)
+	return n > 0, err
+}
+
+// Attempts returns r's attempts (r as Get returned it), oldest first: the
+// ended ones, then, while r is InProgress, the one in flight.
+func (s *Store) Attempts(ctx context.Context, r Record) ([]Attempt, error) {
+	d := s.d
+	out, err := func() ([]Attempt, error) {
+		st, err := s.prepared(ctx, s.r, d.q(`SELECT `+attemptColumns+` FROM attempts WHERE `+d.keyCol+` = $1 ORDER BY id`))
+		if err != nil {
+			return nil, err
+		}
+		rows, err := st.QueryContext(ctx, d.k(r.Key))
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var out []Attempt
+		for rows.Next() {
+			var a Attempt
+			var kind, state int
+			if err := rows.Scan(&a.Number, &kind, &a.Owner, &a.Replica, &a.RequestID, timeCol{&a.StartedAt}, timeCol{&a.EndedAt},
+				&a.ProviderStatus, &a.HTTPRequests, &a.Reply, &state, &a.Code, &a.Error, &a.Abandoned); err != nil {
+				return nil, err
+			}
+			a.Kind, a.State = AttemptKind(kind), State(state)
+			out = append(out, a)
+		}
+		return out, rows.Err()
+	}()
+	if err != nil {
+		return nil, s.wrap(fmt.Errorf("attempts %.64q: %w", r.Key, err))
+	}
+	if r.State == StateInProgress {
+		out = append(out, Attempt{
+			Number: r.AttemptSeq, Kind: r.AttemptKind, Owner: r.LeaseOwner, Replica: ownerProcess(r.LeaseOwner),
+			RequestID: r.AttemptRequestID, StartedAt: r.AttemptStartedAt, State: StateInProgress, InFlight: true,
+		})
+	}
+	return out, nil
+}
