@@ -9,12 +9,12 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -29,6 +29,8 @@ type dialect struct {
 	lockRows, skipLocked string
 	// placeholder reports whether $N must become ?N.
 	questionMarks bool
+	// prepare: the store keeps prepared statements (see Store.prepared).
+	prepare bool
 	// times are microseconds since the epoch in SQLite, timestamptz in
 	// PostgreSQL.
 	intTimes bool
@@ -44,6 +46,7 @@ var (
 	sqliteDialect = dialect{
 		name:          "sqlite",
 		questionMarks: true,
+		prepare:       true,
 		intTimes:      true,
 		keyCol:        "key",
 	}
@@ -219,19 +222,45 @@ func sqliteParams(immediate bool, pragmas []string, param func(string) string) s
 	return strings.Join(ps, "&")
 }
 
-// statementTimeout bounds every PostgreSQL statement but migrations'.
+// statementTimeout bounds every statement of the store's PostgreSQL
+// transactions but migrations'.
 const statementTimeout = 30 * time.Second
 
+// setStatementTimeout sets statementTimeout for the rest of a transaction.
+var setStatementTimeout = fmt.Sprintf(`SELECT set_config('statement_timeout', '%d', true)`, statementTimeout.Milliseconds())
+
+// readOnlySQLTransaction is PostgreSQL's SQLSTATE for a write refused by a
+// server that takes none: a standby, or a primary being demoted.
+const readOnlySQLTransaction = "25006"
+
 // openPostgres opens a database/sql pool over pgx.
+//
+// The pool keeps no state in a server session from one transaction to the
+// next, so that a pooler in transaction mode (PgBouncer's pool_mode =
+// transaction), which lends each transaction whichever server session is
+// free, serves it as well as a direct connection does:
+//   - no startup parameters (PgBouncer refuses them): statementTimeout is
+//     set in each transaction instead (transact);
+//   - no named prepared statements: pgx runs every query as the unnamed
+//     statement, in one round trip (QueryExecModeExec), and the store
+//     prepares nothing (Store.prepared);
+//   - no session SET, advisory lock, temporary table or LISTEN: migrate
+//     takes a transaction's advisory lock.
+//
+// A connection whose server turned out to take no writes (25006: the
+// PostgreSQL it reached is, or has become, a standby) is closed rather than
+// kept in the pool, so that the next one is opened afresh, and a
+// multi-host URL with target_session_attrs=read-write (or a proxy that
+// follows the primary) finds the new primary.
 func openPostgres(rawURL string, opts Options) (*sql.DB, error) {
 	cfg, err := pgx.ParseConfig(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	// Every statement ends within statementTimeout, lock waits included:
-	// retention's two-step delete relies on it (see tombstoneGrace), and a
-	// payment must not hang on a stuck lock.
-	cfg.RuntimeParams["statement_timeout"] = strconv.Itoa(int(statementTimeout / time.Millisecond))
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	cfg.OnPgError = func(_ *pgconn.PgConn, e *pgconn.PgError) bool {
+		return !strings.EqualFold(e.Severity, "FATAL") && e.Code != readOnlySQLTransaction
+	}
 	if cfg.ConnectTimeout == 0 {
 		// The URL sets no connect_timeout: without one, a connection the
 		// pool opens later to a database that never answers would wait
@@ -262,6 +291,12 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 	if err != nil {
 		s.noteWrite(err, time.Now())
 		return fmt.Errorf("begin transaction: %w", err)
+	}
+	if s.d.name == "postgres" {
+		if _, err := tx.ExecContext(ctx, setStatementTimeout); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("begin transaction: set statement_timeout: %w", err)
+		}
 	}
 	defer func() {
 		if p := recover(); p != nil {

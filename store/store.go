@@ -193,7 +193,8 @@ type Store struct {
 	stopHeartbeat chan struct{}
 	stopOnce      sync.Once
 	heartbeatDone chan struct{}
-	// stmts caches prepared statements by database and query.
+	// stmts caches prepared statements by database and query (SQLite
+	// only).
 	stmts sync.Map // stmtKey → *sql.Stmt
 }
 
@@ -202,9 +203,52 @@ type stmtKey struct {
 	query string
 }
 
+// stmt is a query ready to run with its arguments: a prepared statement in
+// SQLite, or the query itself in PostgreSQL (unprepared).
+type stmt interface {
+	ExecContext(ctx context.Context, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, args ...any) *sql.Row
+}
+
+// querier is what runs a query: a *sql.DB or a *sql.Tx.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// unprepared runs query on q as it is.
+type unprepared struct {
+	q     querier
+	query string
+}
+
+func (u unprepared) ExecContext(ctx context.Context, args ...any) (sql.Result, error) {
+	return u.q.ExecContext(ctx, u.query, args...)
+}
+
+func (u unprepared) QueryContext(ctx context.Context, args ...any) (*sql.Rows, error) {
+	return u.q.QueryContext(ctx, u.query, args...)
+}
+
+func (u unprepared) QueryRowContext(ctx context.Context, args ...any) *sql.Row {
+	return u.q.QueryRowContext(ctx, u.query, args...)
+}
+
 // prepared returns query prepared on db, preparing it on first use.
 // database/sql prepares it again on each connection that runs it.
-func (s *Store) prepared(ctx context.Context, db *sql.DB, query string) (*sql.Stmt, error) {
+//
+// In PostgreSQL nothing is prepared: a prepared statement lives in one
+// server session, and behind a pooler in transaction mode (PgBouncer) the
+// next transaction may run in another session, where it does not exist
+// (26000) or another client's of the same name does (42P05). pgx runs
+// each query as an unnamed statement in one round trip (see
+// openPostgres).
+func (s *Store) prepared(ctx context.Context, db *sql.DB, query string) (stmt, error) {
+	if !s.d.prepare {
+		return unprepared{db, query}, nil
+	}
 	k := stmtKey{db, query}
 	if st, ok := s.stmts.Load(k); ok {
 		return st.(*sql.Stmt), nil
@@ -223,8 +267,12 @@ func (s *Store) prepared(ctx context.Context, db *sql.DB, query string) (*sql.St
 // txStmt returns query prepared for tx (on the writer). The writer's hot
 // queries are prepared at Open (writerQueries), since a transaction holds
 // SQLite's one writer connection and preparing on the pool would wait for
-// it; any other is prepared in tx alone.
-func (s *Store) txStmt(ctx context.Context, tx *sql.Tx, query string) (*sql.Stmt, error) {
+// it; any other is prepared in tx alone. In PostgreSQL nothing is
+// prepared (see prepared).
+func (s *Store) txStmt(ctx context.Context, tx *sql.Tx, query string) (stmt, error) {
+	if !s.d.prepare {
+		return unprepared{tx, query}, nil
+	}
 	if st, ok := s.stmts.Load(stmtKey{s.w, query}); ok {
 		return tx.StmtContext(ctx, st.(*sql.Stmt)), nil
 	}
