@@ -136,6 +136,9 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	fmt.Fprintln(logw, "stopping faults, then callers…")
 	close(stopFaults)
 	<-faultsDone
+	if !sleepCtx(ctx, o.tail) {
+		return nil, ctx.Err()
+	}
 	close(cs.stopping)
 	callersDone := make(chan struct{})
 	go func() { cs.wait(); close(callersDone) }()

@@ -139,6 +139,11 @@ type keyCounts struct {
 	Settled int `json:"settled_afterwards"`
 	// Charged is how many keys the provider made a payment for.
 	Charged int `json:"charged"`
+	// BySettlement counts keys whose record settlement settled: the
+	// provider got a request for the key while none of its calls was open
+	// (so paymentsd's settlement sent it), and the record is SUCCEEDED or
+	// NOT_CREATED.
+	BySettlement int `json:"settled_by_settlement"`
 }
 
 type callCounts struct {
@@ -182,6 +187,9 @@ type faultStats struct {
 	// afterwards.
 	InDoubt int `json:"in_doubt"`
 	Settled int `json:"settled_afterwards"`
+	// BySettlement counts keys settled by settlement (keyCounts) whose
+	// settlement request came after this fault began and before the next.
+	BySettlement int `json:"settled_by_settlement"`
 }
 
 // check judges a run's history against the provider's facts and
@@ -213,6 +221,7 @@ func check(in checkInput) checkResult {
 	sort.Strings(keys)
 
 	outcome := make(map[string]string) // key → verdictOK, verdictNotCreated or verdictUnknown
+	var settledAt []time.Time          // settlement's first request of each key it settled
 	for _, key := range keys {
 		calls, facts, rec := byKey[key], in.Provider[key], in.Records[key]
 		charged := slices.IndexFunc(facts.History, func(kr upstreamtest.KeyRequest) bool { return kr.Charged })
@@ -326,6 +335,10 @@ func check(in checkInput) checkResult {
 		if charged >= 0 {
 			res.Keys.Charged++
 		}
+		if t, ok := sentBySettlement(calls, facts.History); ok && settled(rec) {
+			res.Keys.BySettlement++
+			settledAt = append(settledAt, t)
+		}
 	}
 
 	var attempts []call
@@ -341,7 +354,29 @@ func check(in checkInput) checkResult {
 		}
 	}
 	res.Faults, res.Outside = faultFigures(in, attempts, outcome)
+	for _, t := range settledAt {
+		for i := len(res.Faults) - 1; i >= 0; i-- {
+			if !t.Before(res.Faults[i].Start) {
+				res.Faults[i].BySettlement++
+				break
+			}
+		}
+	}
 	return res
+}
+
+// sentBySettlement returns the arrival of the first of a key's requests at
+// the provider that came while none of its calls was open: settlement's.
+func sentBySettlement(calls []call, history []upstreamtest.KeyRequest) (time.Time, bool) {
+	for _, kr := range history {
+		open := slices.ContainsFunc(calls, func(c call) bool {
+			return c.Kind != kindClient && !kr.Arrived.Before(c.Start) && !kr.Arrived.After(c.End)
+		})
+		if !open {
+			return kr.Arrived, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // killedBetween reports whether a paymentsd-kill struck target between

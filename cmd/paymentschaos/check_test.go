@@ -326,14 +326,14 @@ func TestCheckKeyCounts(t *testing.T) {
 			okCall("ok", 0, 0, 1),
 			{Kind: kindCreate, Key: "no", Start: at(0), End: at(0.1), Code: codes.FailedPrecondition,
 				Reason: "PAYMENT_NOT_CREATED", Verdict: verdictNotCreated, Answered: true, Final: true},
-			failedCall("doubt-settled", 1, 0, 1, codes.Unavailable, ""),
+			failedCall("doubt-settled", 1, 0, 1, codes.Unavailable, ""), // settled by settlement's request at 20s
 			failedCall("doubt-left", 1, 0, 1, codes.Unavailable, ""),
 			{Kind: kindClient, Key: "client", Replica: -1, Start: at(0), End: at(1), Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Final: true},
 			{Kind: kindAttempt, Key: "client", Replica: 0, Start: at(0), End: at(1), Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Answered: true},
 		},
 		Provider: map[string]keyFacts{
 			"ok":            paid("r0", 0.1, 0.9),
-			"doubt-settled": paid("r1", 0.1, 0.9),
+			"doubt-settled": paid("r1", 20, 20.5),
 			"client":        paid("r0", 0.1, 0.9),
 		},
 		Records: map[string]record{
@@ -348,7 +348,7 @@ func TestCheckKeyCounts(t *testing.T) {
 	if len(got.Violations) != 0 {
 		t.Errorf("check() violations = %+v, want none", got.Violations)
 	}
-	want := keyCounts{Total: 5, OK: 2, NotCreated: 1, InDoubt: 2, Settled: 1, Charged: 3}
+	want := keyCounts{Total: 5, OK: 2, NotCreated: 1, InDoubt: 2, Settled: 1, Charged: 3, BySettlement: 1}
 	if diff := cmp.Diff(want, got.Keys); diff != "" {
 		t.Errorf("check() keys (-want +got):\n%s", diff)
 	}
@@ -374,11 +374,10 @@ func TestCheckFaultFigures(t *testing.T) {
 			okCall("e", 0, 13.2, 13.5), // the first success after: recovered at 13.5
 			okCall("f", 0, 14, 14.2),   // after: outside
 		},
-		Provider: map[string]keyFacts{},
-		Records: map[string]record{
-			"d": stateRecord(paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED),
-		},
-		Faults: []fault{{Kind: "postgres-stop", Start: at(9.9), Undone: at(13.1)}},
+		// d's outcome was left unknown; settlement sent it at 14.5s.
+		Provider: map[string]keyFacts{"d": paid("r0", 14.5, 15)},
+		Records:  map[string]record{"d": succeeded()},
+		Faults:   []fault{{Kind: "postgres-stop", Start: at(9.9), Undone: at(13.1)}},
 	}
 	got := check(in)
 	if len(got.Faults) != 1 {
@@ -404,6 +403,7 @@ func TestCheckFaultFigures(t *testing.T) {
 		During:                  fs.During,
 		InDoubt:                 1, // d
 		Settled:                 1,
+		BySettlement:            1,
 	}
 	if diff := cmp.Diff(want, fs, cmp.AllowUnexported(faultStats{}), cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })); diff != "" {
 		t.Errorf("fault figures (-want +got):\n%s", diff)

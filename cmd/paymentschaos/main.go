@@ -30,7 +30,8 @@
 //     started, the lock released, the cluster healthy) before the next.
 //
 // After -duration (and at least -min-keys keys and -min-faults faults), the
-// faults stop, callers finish the keys they hold, and the run waits up to
+// faults stop; -tail later, callers finish the keys they hold; and the run
+// waits up to
 // -settle-timeout for settlement to leave no record IN_PROGRESS or
 // OUTCOME_UNKNOWN with settlement still due. Then it checks (see
 // docs/chaos.md for what each check means):
@@ -115,6 +116,7 @@ type options struct {
 	lockMin        time.Duration
 	lockMax        time.Duration
 	settleTimeout  time.Duration
+	tail           time.Duration
 	strict         bool
 	commitGrace    time.Duration
 	jsonOut        string
@@ -154,6 +156,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.downMax, "down-max", 6*time.Second, "the most time it stays down")
 	fs.DurationVar(&o.lockMin, "lock-min", 5*time.Second, "the least time sqlite-lock holds the write lock")
 	fs.DurationVar(&o.lockMax, "lock-max", 35*time.Second, "the most time sqlite-lock holds it (paymentsd's busy timeout is 10s)")
+	fs.DurationVar(&o.tail, "tail", 15*time.Second, "how long callers go on after the last fault is undone, so that its recovery is measured under load")
 	fs.DurationVar(&o.settleTimeout, "settle-timeout", 3*time.Minute, "how long to wait, after the callers stop, for settlement to leave nothing due")
 	fs.BoolVar(&o.strict, "strict", false, "count every key sent again after a delivered 2xx as a violation, even when its receiver was SIGKILLed before it could commit it (by default those are reported, not counted)")
 	fs.DurationVar(&o.commitGrace, "commit-grace", 2*time.Second, "how long a replica may take to commit a 2xx it received, after it arrived or after the store came back: a SIGKILL of the replica within it excuses the key's re-send (unless -strict)")

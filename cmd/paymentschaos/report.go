@@ -137,8 +137,8 @@ func printReport(w io.Writer, r *report) {
 	s := r.Setup
 	fmt.Fprintf(w, "paymentschaos: %d replicas on %s; provider %d–%d ms; %d raw gRPC and %d paymentsclient callers; %.0fs (seed %d)\n",
 		s.Replicas, s.Store+frontSuffix(s), s.LatencyMS[0], s.LatencyMS[1], s.Callers, s.ClientCallers, r.Seconds, r.Seed)
-	fmt.Fprintf(w, "keys: %d (OK %d, NOT_CREATED %d, in doubt when their callers stopped %d, of which settled afterwards %d); the provider charged %d\n",
-		r.Keys.Total, r.Keys.OK, r.Keys.NotCreated, r.Keys.InDoubt, r.Keys.Settled, r.Keys.Charged)
+	fmt.Fprintf(w, "keys: %d (OK %d, NOT_CREATED %d, in doubt when their callers stopped %d, of which settled afterwards %d); the provider charged %d; settlement's re-sends settled %d\n",
+		r.Keys.Total, r.Keys.OK, r.Keys.NotCreated, r.Keys.InDoubt, r.Keys.Settled, r.Keys.Charged, r.Keys.BySettlement)
 	fmt.Fprintf(w, "calls: %d gRPC (%d failed), %d paymentsclient.Create; settlement owed %d keys when callers stopped, waited %.1fs\n",
 		r.Calls.Total, r.Calls.Failed, r.Calls.Clients, r.DueAtEnd, r.SettleSeconds)
 	fmt.Fprintf(w, "provider: %d requests for %d keys, %d charges, %d 2xx delivered, %d requests after a delivered 2xx, %d overlaps\n",
@@ -146,17 +146,17 @@ func printReport(w io.Writer, r *report) {
 
 	fmt.Fprintf(w, "\nfaults: %d\n", len(r.Faults))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "fault\ttarget\tat s\tdown s\tcalls\tfailed\tlongest failed run\tno success s\tp50 ms\tp99 ms\tin doubt\tsettled\t")
+	fmt.Fprintln(tw, "fault\ttarget\tat s\tdown s\tcalls\tfailed\tlongest failed run\tno success s\tp50 ms\tp99 ms\tin doubt\tsettled\tby settlement\t")
 	for _, f := range r.Faults {
 		down := "not undone"
 		if f.DownS != nil {
 			down = fmt.Sprintf("%.1f", *f.DownS)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%d\t%d\t%d calls, %.1fs\t%.1f\t%.0f\t%.0f\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%d\t%d\t%d calls, %.1fs\t%.1f\t%.0f\t%.0f\t%d\t%d\t%d\t\n",
 			f.Kind, dash(f.Target), f.StartS, down, f.Calls, f.Failed, f.LongestFailedRun, f.LongestFailedRunSeconds,
-			f.Unavailable, f.During.P50, f.During.P99, f.InDoubt, f.Settled)
+			f.Unavailable, f.During.P50, f.During.P99, f.InDoubt, f.Settled, f.BySettlement)
 	}
-	fmt.Fprintf(tw, "outside faults\t\t\t\t%d\t\t\t\t%.0f\t%.0f\t\t\t\n", r.Outside.Calls, r.Outside.P50, r.Outside.P99)
+	fmt.Fprintf(tw, "outside faults\t\t\t\t%d\t\t\t\t%.0f\t%.0f\t\t\t\t\n", r.Outside.Calls, r.Outside.P50, r.Outside.P99)
 	tw.Flush()
 	for _, f := range r.Faults {
 		if len(f.FailedBy) > 0 {
