@@ -31,6 +31,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+
 	"k8s.io/apimachinery/pkg/util/intstr"
 	k8syaml "sigs.k8s.io/yaml"
 )
@@ -41,6 +43,7 @@ const (
 	httpPort      = 8080
 	webhookPort   = 8081
 	metricsPort   = 8082
+	healthPort    = 8083
 	nonrootUID    = 65532 // distroless "nonroot"
 	envLabel      = "payments.example.com/environment"
 )
@@ -173,15 +176,21 @@ func named[T any](t *testing.T, r *rendered, kind, apiVersion, name string) T {
 // apiTypes are the Kubernetes API types of every kind the manifests may
 // hold, by apiVersion and kind.
 var apiTypes = map[string]func() any{
-	"v1/Namespace":                           func() any { return &corev1.Namespace{} },
-	"v1/ServiceAccount":                      func() any { return &corev1.ServiceAccount{} },
-	"v1/ConfigMap":                           func() any { return &corev1.ConfigMap{} },
-	"v1/Service":                             func() any { return &corev1.Service{} },
-	"apps/v1/Deployment":                     func() any { return &appsv1.Deployment{} },
-	"autoscaling/v2/HorizontalPodAutoscaler": func() any { return &autoscalingv2.HorizontalPodAutoscaler{} },
-	"policy/v1/PodDisruptionBudget":          func() any { return &policyv1.PodDisruptionBudget{} },
-	"networking.k8s.io/v1/NetworkPolicy":     func() any { return &networkingv1.NetworkPolicy{} },
-	"networking.k8s.io/v1/Ingress":           func() any { return &networkingv1.Ingress{} },
+	"v1/Namespace":                             func() any { return &corev1.Namespace{} },
+	"v1/ServiceAccount":                        func() any { return &corev1.ServiceAccount{} },
+	"v1/ConfigMap":                             func() any { return &corev1.ConfigMap{} },
+	"v1/Service":                               func() any { return &corev1.Service{} },
+	"apps/v1/Deployment":                       func() any { return &appsv1.Deployment{} },
+	"autoscaling/v2/HorizontalPodAutoscaler":   func() any { return &autoscalingv2.HorizontalPodAutoscaler{} },
+	"policy/v1/PodDisruptionBudget":            func() any { return &policyv1.PodDisruptionBudget{} },
+	"networking.k8s.io/v1/NetworkPolicy":       func() any { return &networkingv1.NetworkPolicy{} },
+	"networking.k8s.io/v1/Ingress":             func() any { return &networkingv1.Ingress{} },
+	"rbac.authorization.k8s.io/v1/Role":        func() any { return &rbacv1.Role{} },
+	"rbac.authorization.k8s.io/v1/RoleBinding": func() any { return &rbacv1.RoleBinding{} },
+	// cert-manager's and approver-policy's custom resources: see certificate.
+	"cert-manager.io/v1/Certificate":                           func() any { return &certificate{} },
+	"cert-manager.io/v1/ClusterIssuer":                         func() any { return &clusterIssuer{} },
+	"policy.cert-manager.io/v1alpha1/CertificateRequestPolicy": func() any { return &certificateRequestPolicy{} },
 }
 
 // strict decodes o into its Kubernetes API type, failing on any field the
@@ -443,6 +452,7 @@ var checks = []check{
 	{"GoMemLimit", checkGoMemLimit},
 	{"ServiceAccountToken", checkServiceAccountToken},
 	{"Service", checkService},
+	{"GRPCHeadlessService", checkGRPCHeadlessService},
 	{"HorizontalPodAutoscaler", checkHPA},
 	{"PodDisruptionBudget", checkPDB},
 	{"NetworkPolicy", checkNetworkPolicy},
@@ -455,6 +465,9 @@ var checks = []check{
 	{"DatabaseFromSecretFile", checkDatabaseFromSecretFile},
 	{"NamespaceAndLabels", checkNamespaceAndLabels},
 	{"PrometheusAnnotations", checkPrometheusAnnotations},
+	{"ServingCertificate", checkServingCertificate},
+	{"CallerIdentities", checkCallerIdentities},
+	{"OnCallRBAC", checkOnCallRBAC},
 }
 
 func TestOverlays(t *testing.T) {
@@ -578,9 +591,13 @@ func checkSecretsDocumented(t *testing.T, r *rendered, env string) {
 		t.Fatal(err)
 	}
 	d := typed[appsv1.Deployment](t, r, "Deployment")[0]
+	issued := map[string]bool{} // Secrets cert-manager writes for a rendered Certificate
+	for _, c := range typed[certificate](t, r, "Certificate") {
+		issued[c.Spec.SecretName] = true
+	}
 	n := 0
 	for _, v := range d.Spec.Template.Spec.Volumes {
-		if v.Secret == nil {
+		if v.Secret == nil || issued[v.Secret.SecretName] {
 			continue
 		}
 		n++
@@ -592,7 +609,7 @@ func checkSecretsDocumented(t *testing.T, r *rendered, env string) {
 		}
 	}
 	if n != 3 {
-		t.Errorf("the pods mount %d Secrets, want 3 (API key, database URL, webhook token)", n)
+		t.Errorf("the pods mount %d Secrets made out of band, want 3 (API key, database URL, webhook token)", n)
 	}
 }
 
@@ -688,23 +705,37 @@ func TestImageCanBeSetAsDocumented(t *testing.T) {
 	}
 }
 
+// checkProbes: the probes ask the health port, which alone serves
+// without TLS and client certificates (the kubelet presents none, and its
+// gRPC probe speaks only cleartext).
 func checkProbes(t *testing.T, r *rendered, _ string) {
 	c := paymentsd(t, one[deployment](t, r, "Deployment", "apps/v1"))
+	if v, _ := envValue(c, "PAYMENTS_HEALTH_ADDR"); v != fmt.Sprintf(":%d", healthPort) {
+		t.Errorf("PAYMENTS_HEALTH_ADDR = %q, want \":%d\"", v, healthPort)
+	}
+	if !slices.ContainsFunc(c.Ports, func(p struct {
+		Name          string `yaml:"name"`
+		ContainerPort int    `yaml:"containerPort"`
+	}) bool {
+		return p.Name == "health" && p.ContainerPort == healthPort
+	}) {
+		t.Errorf("container %s has no port health %d", c.Name, healthPort)
+	}
 	if p := c.ReadinessProbe; p == nil || p.GRPC == nil {
-		t.Errorf("readinessProbe = %+v, want a grpc probe on port %d", p, grpcPort)
+		t.Errorf("readinessProbe = %+v, want a grpc probe on port %d", p, healthPort)
 	} else {
-		if p.GRPC.Port != grpcPort {
-			t.Errorf("readinessProbe grpc port = %d, want %d", p.GRPC.Port, grpcPort)
+		if p.GRPC.Port != healthPort {
+			t.Errorf("readinessProbe grpc port = %d, want %d", p.GRPC.Port, healthPort)
 		}
 		if p.GRPC.Service != nil && *p.GRPC.Service != "" {
 			t.Errorf("readinessProbe grpc service = %q, want \"\" (overall health, NOT_SERVING while draining)", *p.GRPC.Service)
 		}
 	}
 	if p := c.LivenessProbe; p == nil || p.GRPC == nil {
-		t.Errorf("livenessProbe = %+v, want a grpc probe on port %d, service liveness", p, grpcPort)
+		t.Errorf("livenessProbe = %+v, want a grpc probe on port %d, service liveness", p, healthPort)
 	} else {
-		if p.GRPC.Port != grpcPort {
-			t.Errorf("livenessProbe grpc port = %d, want %d", p.GRPC.Port, grpcPort)
+		if p.GRPC.Port != healthPort {
+			t.Errorf("livenessProbe grpc port = %d, want %d", p.GRPC.Port, healthPort)
 		}
 		if p.GRPC.Service == nil || *p.GRPC.Service != "liveness" {
 			t.Errorf("livenessProbe grpc service = %q, want \"liveness\" (stays SERVING while draining)", deref(p.GRPC.Service))
@@ -715,8 +746,8 @@ func checkProbes(t *testing.T, r *rendered, _ string) {
 	// and 1m): the startup probe must wait longer, so that a database
 	// that never answers ends in paymentsd's own refusal, not a kill.
 	p := c.StartupProbe
-	if p == nil || p.GRPC == nil || p.GRPC.Port != grpcPort {
-		t.Fatalf("startupProbe = %+v, want a grpc probe on port %d", p, grpcPort)
+	if p == nil || p.GRPC == nil || p.GRPC.Port != healthPort {
+		t.Fatalf("startupProbe = %+v, want a grpc probe on port %d", p, healthPort)
 	}
 	wait := 10 * time.Second // margin for the process's own start
 	for name, def := range map[string]time.Duration{"PAYMENTS_DATABASE_CONNECT_TIMEOUT": 15 * time.Second, "PAYMENTS_DATABASE_MIGRATE_TIMEOUT": time.Minute} {
@@ -907,6 +938,41 @@ func checkService(t *testing.T, r *rendered, _ string) {
 		if p.TargetPort != nil && !portIs(p.TargetPort, port, name) {
 			t.Errorf("Service port %q targetPort = %v, want %d or %q", name, p.TargetPort, port, name)
 		}
+	}
+}
+
+// checkGRPCHeadlessService: gRPC callers balance over the pods themselves
+// (paymentsclient's round_robin) through a headless Service, whose name
+// resolves to every ready pod: no cluster IP, no pod that isn't ready, and
+// only the gRPC port, which must be the container's own, since callers
+// connect to the pods directly.
+func checkGRPCHeadlessService(t *testing.T, r *rendered, _ string) {
+	i := slices.IndexFunc(typed[corev1.Service](t, r, "Service"), func(s *corev1.Service) bool { return s.Name == "paymentsd-grpc" })
+	if i < 0 {
+		t.Fatal("rendered no Service paymentsd-grpc: gRPC callers have no name that resolves to every pod")
+	}
+	s := typed[corev1.Service](t, r, "Service")[i]
+	if s.Spec.ClusterIP != corev1.ClusterIPNone || (s.Spec.Type != "" && s.Spec.Type != corev1.ServiceTypeClusterIP) {
+		t.Errorf("Service paymentsd-grpc type %q clusterIP %q, want headless (clusterIP: None)", s.Spec.Type, s.Spec.ClusterIP)
+	}
+	if s.Spec.PublishNotReadyAddresses {
+		t.Error("Service paymentsd-grpc publishes pods that aren't ready: callers would send payments to pods starting or draining")
+	}
+	d := typed[appsv1.Deployment](t, r, "Deployment")[0]
+	if !selects(labelSelector{MatchLabels: s.Spec.Selector}, d.Spec.Template.Labels) {
+		t.Errorf("Service paymentsd-grpc selector %v does not select the pod labels %v", s.Spec.Selector, d.Spec.Template.Labels)
+	}
+	if len(s.Spec.Ports) != 1 || s.Spec.Ports[0].Name != "grpc" || s.Spec.Ports[0].Port != grpcPort {
+		t.Fatalf("Service paymentsd-grpc ports = %+v, want only grpc %d", s.Spec.Ports, grpcPort)
+	}
+	switch tp := s.Spec.Ports[0].TargetPort; {
+	case tp == intstr.IntOrString{}, tp.Type == intstr.Int && tp.IntVal == grpcPort, tp.Type == intstr.String && tp.StrVal == "grpc":
+	default:
+		t.Errorf("Service paymentsd-grpc targetPort = %v, want %d or \"grpc\"", tp.String(), grpcPort)
+	}
+	c := d.Spec.Template.Spec.Containers[slices.IndexFunc(d.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return c.Name == containerName })]
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "grpc" && p.ContainerPort == grpcPort }) {
+		t.Errorf("container %s has no port grpc %d, which callers of the headless Service dial", c.Name, grpcPort)
 	}
 }
 

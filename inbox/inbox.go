@@ -47,8 +47,8 @@ const DefaultMaxBytes = 256 << 10
 
 // LargestMaxBytes is the largest MaxBytes allowed. Every event must fit one
 // response to the inbox's readers with room to spare (a page is at most 3
-// MiB, a gRPC client's default limit 4 MiB), and the memory budget (README,
-// "Memory budget") counts two such events for each of 64 watches whose
+// MiB, a gRPC client's default limit 4 MiB), and the memory budget (docs/security.md,
+// "Memory budget of the inbox") counts two such events for each of 64 watches whose
 // callers stop reading: 64 MiB.
 const LargestMaxBytes = 512 << 10
 

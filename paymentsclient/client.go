@@ -1,7 +1,7 @@
 // Package paymentsclient is the Go client for paymentsd's PaymentsService.
 // It turns paymentsd's answers, whose ErrorInfo reasons say what happened
 // to the money, into the retries that are safe and the errors a caller can
-// act on.
+// act on. docs/client.md is its contract in full.
 //
 // The idempotency key is the caller's: choose one with NewIdempotencyKey
 // when the customer decides to pay, keep it with the order, and use it for
@@ -9,8 +9,8 @@
 // sends it unchanged and never makes up a key of its own; a request with
 // an empty key is refused before anything is sent (ErrInvalidRequest).
 //
-// Create retries with the same key until its context ends, and then looks
-// the key up to answer from paymentsd's record:
+// Create retries with the same key until its context is nearly over, and
+// then looks the key up to answer from paymentsd's record:
 //
 //	answer                                            Create
 //	success                                           returns the payment
@@ -22,7 +22,7 @@
 //	no reason: UNAVAILABLE, DEADLINE_EXCEEDED,
 //	  RESOURCE_EXHAUSTED, ABORTED, INTERNAL,
 //	  UNKNOWN, CANCELED (transport failures)          retries, same key
-//	PAYMENT_NOT_CREATED otherwise                     ErrNotCreated
+//	PAYMENT_NOT_CREATED otherwise                     ErrNotCreated (see below)
 //	REQUEST_NOT_SENT or no reason, INVALID_ARGUMENT   ErrInvalidRequest
 //	IDEMPOTENCY_KEY_REUSED                            ErrKeyReused
 //	IDEMPOTENCY_KEY_EXPIRED                           ErrKeyExpired
@@ -30,17 +30,28 @@
 //	CALLER_NOT_ALLOWED                                ErrCallerNotAllowed
 //	anything else                                     looks the key up
 //
+// ErrNotCreated is said only when every attempt Create made was answered
+// by paymentsd. An attempt that got no answer after it may have left this
+// process (cut off by a timeout, a connection lost under it) may reach
+// paymentsd later, even after another attempt's PAYMENT_NOT_CREATED, and
+// create the payment then: while one is unaccounted for, Create says
+// ErrOutcomeUnknown instead, whatever paymentsd or its record said.
+//
 // Retries wait for paymentsd's RetryInfo delay when it gives one, else a
-// jittered exponential backoff (100 ms doubling to 5 s by default), and
-// never past the context's deadline. When the context ends (or the
-// attempts allowed by WithMaxAttempts are spent), Create looks the key up
-// on a short context of its own (WithLookupTimeout): a SUCCEEDED record
-// returns the payment, NOT_CREATED is ErrNotCreated (unless an attempt got
-// no answer from paymentsd: it may reach paymentsd after the lookup, so
-// ErrOutcomeUnknown), IN_PROGRESS is
-// ErrInProgress, a record of another request under the key (a different
-// amount or currency) is ErrKeyReused, and anything else, a failed lookup
-// included, is ErrOutcomeUnknown. Only ErrNotCreated allows paying again under a new key.
+// jittered exponential backoff (100 ms doubling to 5 s by default). Create
+// returns no later than its context's deadline. It makes attempts until
+// the lookup's reserve before the deadline (WithLookupTimeout, 2 s by
+// default, but never more than a quarter of the time the context had when
+// Create was called), or until the attempts allowed by WithMaxAttempts are
+// spent, and then looks the key up within what is left: a SUCCEEDED record
+// returns the payment, NOT_CREATED is ErrNotCreated (if every attempt was
+// answered), IN_PROGRESS is ErrInProgress, a record of another request
+// under the key (a different amount or currency) is ErrKeyReused, and
+// anything else, a failed lookup included, is ErrOutcomeUnknown. A
+// cancelled context ends Create at once, without a lookup. An error from a
+// Create that ran out of time also matches the context's error
+// (context.DeadlineExceeded or context.Canceled) with errors.Is. Only
+// ErrNotCreated allows paying again under a new key.
 //
 // Give Create a context with a deadline: without one it retries until the
 // context is cancelled.
@@ -54,6 +65,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -94,7 +106,11 @@ func WithBackoff(base, max time.Duration) Option {
 	}
 }
 
-// WithLookupTimeout bounds the lookup Create makes after its context ends.
+// WithLookupTimeout bounds the lookup Create makes when its attempts end
+// without a verdict. When Create's context has a deadline, the attempts
+// stop that long before it (but never more than a quarter of the time the
+// context had when Create was called), so that the lookup fits before the
+// deadline. Zero means no lookup.
 func WithLookupTimeout(d time.Duration) Option {
 	return func(c *Client) { c.lookupTimeout = d }
 }
@@ -135,10 +151,10 @@ func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
 }
 
 // Create creates a multi-card payment with req's idempotency key, retrying
-// with the same key as the package comment says until ctx ends. It never
-// changes req, and never sends another key. A payment replayed from
-// paymentsd's record, or read from it after ctx ended, comes back with
-// Replayed set. Every error is an *Error.
+// with the same key as the package comment says, and returns no later than
+// ctx's deadline. It never changes req, and never sends another key. A
+// payment replayed from paymentsd's record, or read from it at the end,
+// comes back with Replayed set. Every error is an *Error.
 func (c *Client) Create(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	key := req.GetIdempotencyKey()
 	if key == "" {
@@ -149,16 +165,22 @@ func (c *Client) Create(ctx context.Context, req *paymentsv1.CreateMultiCardPaym
 		}
 	}
 	e := &Error{IdempotencyKey: key}
+	// Attempts, and the waits between them, end in time for the lookup.
+	actx, cancel := c.attemptWindow(ctx)
+	defer cancel()
 	for {
-		resp, err := c.attempt(ctx, req)
+		var at peer.Peer
+		resp, err := c.attempt(actx, req, grpc.Peer(&at))
 		e.Attempts++
 		if err == nil {
 			return resp, nil
 		}
 		a := readAnswer(err)
-		if a.reason == "" {
-			// No answer from paymentsd: the attempt may have been cut
-			// off on its way, and may reach paymentsd yet.
+		if a.reason == "" && at.Addr != nil {
+			// No answer from paymentsd, and the attempt had a connection
+			// to go out on: it may have been cut off on its way, and may
+			// reach paymentsd yet. (One refused before it had a
+			// connection never left this process.)
 			e.unanswered = true
 		}
 		e.Code, e.Reason, e.RetryAfter, e.Err = a.st.Code(), a.reason, a.retryAfter, err
@@ -166,36 +188,66 @@ func (c *Client) Create(ctx context.Context, req *paymentsv1.CreateMultiCardPaym
 		switch {
 		case v == stop:
 			e.kind = kind
+			if kind == ErrNotCreated && e.unanswered {
+				// paymentsd's NOT_CREATED covers the attempts it has
+				// seen; one still on its way may create the payment.
+				e.kind = ErrOutcomeUnknown
+			}
 			return nil, e
-		case v == lookUp, ended(ctx), c.maxAttempts > 0 && e.Attempts >= c.maxAttempts:
-			return c.fromRecord(ctx, req, e)
+		case v == lookUp, ended(actx), c.maxAttempts > 0 && e.Attempts >= c.maxAttempts:
+			return c.fromRecord(ctx, actx, req, e)
 		}
-		if !sleep(ctx, c.delay(e.Attempts, a.retryAfter)) {
-			return c.fromRecord(ctx, req, e)
+		if !sleep(actx, c.delay(e.Attempts, a.retryAfter)) {
+			return c.fromRecord(ctx, actx, req, e)
 		}
 	}
 }
 
-func (c *Client) attempt(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+// attemptWindow returns the context Create's attempts run in: ctx, less
+// the lookup's reserve before ctx's deadline. The reserve is the lookup
+// timeout, but at most a quarter of the time ctx has left now: a lookup
+// reads one record and never calls the provider, so a healthy paymentsd
+// answers it in milliseconds, and a short deadline is better spent on
+// attempts.
+func (c *Client) attemptWindow(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return ctx, func() {}
+	}
+	reserve := min(c.lookupTimeout, time.Until(deadline)/4)
+	if reserve <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, deadline.Add(-reserve))
+}
+
+func (c *Client) attempt(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest, opts ...grpc.CallOption) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	if c.attemptTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.attemptTimeout)
 		defer cancel()
 	}
-	return c.rpc.CreateMultiCardPayment(ctx, req, c.callOpts...)
+	return c.rpc.CreateMultiCardPayment(ctx, req, append(opts, c.callOpts...)...)
 }
 
 // fromRecord answers a Create that stopped without a verdict from the
-// key's record, read on a context of its own: ctx may have ended. The
-// record speaks for req only if it holds req: a record of another request
-// under the key (a caller reusing a key, whose every attempt was lost)
-// says nothing of req, whose own answer would have been ErrKeyReused.
-func (c *Client) fromRecord(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest, e *Error) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.lookupTimeout)
-	defer cancel()
-	rec, err := c.rpc.GetMultiCardPayment(lctx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: e.IdempotencyKey}, c.callOpts...)
-	if err != nil {
-		// The last answer stands; a failed lookup proves nothing.
+// key's record, read within what is left of ctx (actx, the attempts'
+// window, may have closed). The record speaks for req only if it holds
+// req: a record of another request under the key (a caller reusing a key,
+// whose every attempt was lost) says nothing of req, whose own answer
+// would have been ErrKeyReused.
+func (c *Client) fromRecord(ctx, actx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest, e *Error) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+	var rec *paymentsv1.GetMultiCardPaymentResponse
+	err := ctx.Err()
+	if err == nil && c.lookupTimeout > 0 {
+		lctx, cancel := context.WithTimeout(ctx, c.lookupTimeout)
+		rec, err = c.rpc.GetMultiCardPayment(lctx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: e.IdempotencyKey}, c.callOpts...)
+		cancel()
+	}
+	e.ctxErr = outOfTime(ctx, actx)
+	if err != nil || rec == nil {
+		// The last answer stands; a failed (or cancelled) lookup proves
+		// nothing.
 		e.kind = ErrOutcomeUnknown
 		if e.Reason == ReasonInProgress {
 			e.kind = ErrInProgress
@@ -247,7 +299,8 @@ func sameRequest(recorded, req *paymentsv1.CreateMultiCardPaymentRequest) bool {
 }
 
 // Get returns paymentsd's record of the payment made with key. It retries
-// while paymentsd is unreachable or busy, until ctx ends. A key paymentsd
+// while paymentsd is unreachable or busy, until ctx ends (its error then
+// matches ctx's error too). A key paymentsd
 // has no record of is ErrNotFound (and ErrKeyExpired too when retention
 // deleted it). It never calls the provider.
 func (c *Client) Get(ctx context.Context, key string) (*paymentsv1.GetMultiCardPaymentResponse, error) {
@@ -286,6 +339,7 @@ func (c *Client) Get(ctx context.Context, key string) (*paymentsv1.GetMultiCardP
 		if !transient || ended(ctx) || !sleep(ctx, c.delay(e.Attempts, a.retryAfter)) {
 			// What the record says is not known.
 			e.kind = ErrOutcomeUnknown
+			e.ctxErr = outOfTime(ctx, ctx)
 			return nil, e
 		}
 	}
@@ -326,6 +380,19 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return !ended(ctx)
 	}
+}
+
+// outOfTime is why a call stopped for lack of time: ctx's error, or
+// context.DeadlineExceeded once ctx's deadline or the attempts' window
+// (actx, which ends no later) has passed; nil while time was left.
+func outOfTime(ctx, actx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if ended(ctx) || ended(actx) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // ended reports whether ctx is done or its deadline has passed: a context's

@@ -33,10 +33,14 @@ const (
 // that matches exactly one of the "what happened to the money" sentinels
 // (ErrNotCreated, ErrOutcomeUnknown, ErrInProgress, ErrKeyReused,
 // ErrKeyExpired, ErrKeyNotOwned, ErrCallerNotAllowed, ErrNotFound), and
-// possibly ErrInvalidRequest as well.
+// possibly ErrInvalidRequest as well. One from a call that ran out of time
+// matches the context's error too: context.DeadlineExceeded or
+// context.Canceled.
 var (
-	// ErrNotCreated: paymentsd knows no payment exists for the key. It is
-	// the only error after which the caller may pay again under a new key.
+	// ErrNotCreated: paymentsd knows no payment exists for the key, and
+	// every attempt the call made was answered, so none is still on its
+	// way to paymentsd. It is the only error after which the caller may
+	// pay again under a new key.
 	ErrNotCreated = errors.New("no payment was created")
 	// ErrOutcomeUnknown: a payment may have been created. Retry later with
 	// the same idempotency key (or look it up with Get) to learn the
@@ -66,8 +70,11 @@ var (
 )
 
 // Error is the error Create and Get return. It matches its sentinel with
-// errors.Is, and unwraps to the last gRPC status error (status.FromError
-// and status.Code see through it).
+// errors.Is, and the context's error too when the call stopped because its
+// context ended or its deadline drew near (errors.Is(err,
+// context.DeadlineExceeded), errors.Is(err, context.Canceled)). It unwraps
+// to the last gRPC status error (status.FromError and status.Code see
+// through it).
 type Error struct {
 	// Code is the last gRPC code paymentsd (or the transport) answered.
 	Code codes.Code
@@ -87,8 +94,12 @@ type Error struct {
 	Err error
 
 	kind error
+	// ctxErr is the context's error when the call stopped for lack of
+	// time, else nil.
+	ctxErr error
 	// unanswered: an attempt ended without paymentsd's answer (a
-	// transport failure, or cut off), so it may reach paymentsd yet.
+	// transport failure, or cut off) after it may have left this process,
+	// so it may reach paymentsd yet.
 	unanswered bool
 }
 
@@ -102,16 +113,26 @@ func (e *Error) Error() string {
 	if e.Attempts > 0 {
 		fmt.Fprintf(&b, " after %d attempt(s)", e.Attempts)
 	}
+	if e.unanswered {
+		b.WriteString(", one of them unanswered and perhaps still on its way to paymentsd")
+	}
+	if e.ctxErr != nil {
+		fmt.Fprintf(&b, " (%v)", e.ctxErr)
+	}
 	if e.Err != nil {
 		fmt.Fprintf(&b, ": %v", e.Err)
 	}
 	return b.String()
 }
 
-// Is reports whether target is the error's sentinel. A request the
-// provider refused as invalid is both ErrNotCreated and ErrInvalidRequest;
-// a lookup of an expired key is both ErrKeyExpired and ErrNotFound.
+// Is reports whether target is the error's sentinel, or the context's
+// error that stopped the call. A request the provider refused as invalid
+// is both ErrNotCreated and ErrInvalidRequest; a lookup of an expired key
+// is both ErrKeyExpired and ErrNotFound.
 func (e *Error) Is(target error) bool {
+	if e.ctxErr != nil && target == e.ctxErr {
+		return true
+	}
 	switch target {
 	case e.kind:
 		return true

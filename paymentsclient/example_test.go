@@ -43,7 +43,7 @@ func ExampleNewIdempotencyKey() {
 func ExampleClient_Create() {
 	paymentsd, stop := startExample()
 	defer stop()
-	// In production: conn, err := paymentsclient.DialTLS("dns:///paymentsd:9090", ca, cert, key)
+	// In production: conn, err := paymentsclient.DialTLS("dns:///paymentsd-grpc.payments-live.svc.cluster.local:9090", ca, cert, key)
 	payments := paymentsclient.New(paymentsd.conn)
 
 	order := struct{ PaymentKey string }{PaymentKey: paymentsclient.NewIdempotencyKey()}
@@ -124,9 +124,11 @@ func ExampleClient_Get() {
 }
 
 func ExampleDialTLS() {
-	// The CA that signs paymentsd's certificate, and this service's own
-	// certificate, whose URI SAN is on paymentsd's allowlist.
-	conn, err := paymentsclient.DialTLS("dns:///paymentsd.payments-live:9090",
+	// paymentsd's headless Service: its name resolves to every ready
+	// replica, and calls are spread over them all. The CA that signs
+	// paymentsd's certificate (which must name that host), and this
+	// service's own certificate, whose URI SAN is on paymentsd's allowlist.
+	conn, err := paymentsclient.DialTLS("dns:///paymentsd-grpc.payments-live.svc.cluster.local:9090",
 		"/etc/paymentsd-client/ca.crt", "/etc/paymentsd-client/tls.crt", "/etc/paymentsd-client/tls.key")
 	if err != nil {
 		log.Fatal(err)

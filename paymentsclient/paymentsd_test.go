@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,6 +47,9 @@ type paymentsdOptions struct {
 	interceptor    grpc.UnaryClientInterceptor // on the client connection
 	// addr, if set, is the gRPC address to listen on; else a free port.
 	addr string
+	// listeners, if set, are the gRPC listeners to serve, as replicas
+	// sharing one record store would; they win over addr.
+	listeners []net.Listener
 	// upstreamTimeout, if set, replaces the default upstreamTimeout.
 	upstreamTimeout time.Duration
 	// retention, if set, deletes (tombstones) records that much past
@@ -119,27 +123,42 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 		TombstoneRetention: time.Hour,
 		RetentionInterval:  100 * time.Millisecond,
 	})
+	var allowed []service.Identity
+	for _, c := range opts.allowedCallers {
+		id, err := service.ParseIdentity(c)
+		if err != nil {
+			return nil, nil, err
+		}
+		allowed = append(allowed, id)
+	}
 	reg := prometheus.NewRegistry()
 	srv, err := service.NewServer(svc, service.Options{
 		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registerer:      reg,
 		Gatherer:        reg,
 		MaxRequestBytes: 64 << 10,
-		AllowedCallers:  opts.allowedCallers,
+		AllowedCallers:  allowed,
 		GRPCOptions:     opts.grpcOptions,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	ln, err := net.Listen("tcp", cmp.Or(opts.addr, "127.0.0.1:0"))
-	if err != nil {
-		return nil, nil, err
+	lns := opts.listeners
+	if len(lns) == 0 {
+		ln, err := net.Listen("tcp", cmp.Or(opts.addr, "127.0.0.1:0"))
+		if err != nil {
+			return nil, nil, err
+		}
+		lns = []net.Listener{ln}
 	}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		srv.GRPC.Serve(ln)
-	}()
+	var served sync.WaitGroup
+	for _, ln := range lns {
+		served.Add(1)
+		go func() {
+			defer served.Done()
+			srv.GRPC.Serve(ln)
+		}()
+	}
 	srv.SetServing(true)
 	ctx, cancel := context.WithCancel(context.Background())
 	settled := make(chan struct{})
@@ -149,7 +168,7 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 	}()
 	stops = append(stops, func() {
 		srv.GRPC.Stop()
-		<-served
+		served.Wait()
 		cancel()
 		<-settled
 		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -161,12 +180,13 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 	if opts.interceptor != nil {
 		dial = append(dial, grpc.WithUnaryInterceptor(opts.interceptor))
 	}
-	conn, err := grpc.NewClient(ln.Addr().String(), dial...)
+	addr := lns[0].Addr().String()
+	conn, err := grpc.NewClient(addr, dial...)
 	if err != nil {
 		return nil, nil, err
 	}
 	stops = append(stops, func() { conn.Close() })
-	return &paymentsd{provider: provider, conn: conn, addr: ln.Addr().String()}, stop, nil
+	return &paymentsd{provider: provider, conn: conn, addr: addr}, stop, nil
 }
 
 // ready waits until the client connection is up, so that a test's

@@ -233,6 +233,32 @@ func TestAttemptTimeout(t *testing.T) {
 	}
 }
 
+// TestNotCreatedAfterAnUnansweredAttempt: attempt 1 reaches paymentsd
+// and is cut off by the attempt timeout before its answer; attempt 2 gets
+// PAYMENT_NOT_CREATED. Attempt 1's fate is unknown, so the answer is
+// ErrOutcomeUnknown, never ErrNotCreated.
+func TestNotCreatedAfterAnUnansweredAttempt(t *testing.T) {
+	t.Parallel()
+	s := &scripted{hang: 1, script: []error{failure(codes.PermissionDenied, paymentsclient.ReasonNotCreated, 0)}}
+	c := startScripted(t, s, paymentsclient.WithAttemptTimeout(100*time.Millisecond))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, err := c.Create(ctx, payment("key-1"))
+	var perr *paymentsclient.Error
+	if !errors.As(err, &perr) || perr.Attempts != 2 {
+		t.Fatalf("Create = %v, want an error after 2 attempts", err)
+	}
+	if errors.Is(err, paymentsclient.ErrNotCreated) || !errors.Is(err, paymentsclient.ErrOutcomeUnknown) {
+		t.Errorf("Create after an unanswered attempt and PAYMENT_NOT_CREATED = %v, want ErrOutcomeUnknown, never ErrNotCreated", err)
+	}
+	if status.Code(err) != codes.PermissionDenied || perr.Reason != paymentsclient.ReasonNotCreated {
+		t.Errorf("Create = %v: code %v, reason %q; want the last answer's PermissionDenied, %s", err, status.Code(err), perr.Reason, paymentsclient.ReasonNotCreated)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Create = %v with time left, want no context error", err)
+	}
+}
+
 // TestMaxAttempts: once the attempts allowed are spent, Create answers
 // from the key's record.
 func TestMaxAttempts(t *testing.T) {
@@ -266,10 +292,11 @@ func TestHugeRetryInfo(t *testing.T) {
 	c := startScripted(t, s)
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
-	deadline, _ := ctx.Deadline()
 	_, err := c.Create(ctx, payment("key-1"))
-	if left := time.Until(deadline); left > 0 {
-		t.Errorf("Create = %v with %v left before its deadline, want it to wait out the RetryInfo until the deadline", err, left)
+	// Had the wait wrapped negative, Create would have stopped at once,
+	// with time left: its error would not be the deadline's.
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Create = %v, want it to wait out the RetryInfo until its time ran out (context.DeadlineExceeded)", err)
 	}
 	if !errors.Is(err, paymentsclient.ErrInProgress) {
 		t.Errorf("Create = %v, want ErrInProgress", err)

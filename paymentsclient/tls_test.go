@@ -184,3 +184,75 @@ func TestDialTLS(t *testing.T) {
 		}
 	})
 }
+
+// TestTLSConfigReloadsClientCertificate: a renewed client certificate (as
+// csi-driver-spiffe swaps the files of its volume) is presented at the
+// next handshake, without a new TLSConfig; files caught half-written keep
+// the last good one in use.
+func TestTLSConfigReloadsClientCertificate(t *testing.T) {
+	t.Parallel()
+	p := newPKI(t)
+	serverCert, serverKey := p.issue(t, "paymentsd", "")
+	cert, err := tls.LoadX509KeyPair(serverCert, serverKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(p.ca)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: roots, ClientAuth: tls.RequireAndVerifyClientCert})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	seen := make(chan string)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			tc := c.(*tls.Conn)
+			if tc.Handshake() == nil {
+				seen <- tc.ConnectionState().PeerCertificates[0].URIs[0].String()
+			} else {
+				seen <- ""
+			}
+			c.Close()
+		}
+	}()
+	certFile, keyFile := p.issue(t, "checkout", "spiffe://example.com/checkout-1")
+	cfg, err := paymentsclient.TLSConfig(p.caFile, certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handshake := func() string {
+		t.Helper()
+		c, err := tls.Dial("tcp", ln.Addr().String(), cfg)
+		if err != nil {
+			t.Fatalf("tls.Dial = %v", err)
+		}
+		c.Close()
+		return <-seen
+	}
+	if got := handshake(); got != "spiffe://example.com/checkout-1" {
+		t.Fatalf("first handshake presented %q", got)
+	}
+	// Renewed: new files in place of the old.
+	renewedCert, renewedKey := p.issue(t, "renewed", "spiffe://example.com/checkout-2")
+	for from, to := range map[string]string{renewedCert: certFile, renewedKey: keyFile} {
+		if err := os.Rename(from, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := handshake(); got != "spiffe://example.com/checkout-2" {
+		t.Errorf("handshake after renewal presented %q, want the renewed certificate", got)
+	}
+	// Half-written: a key that is not the certificate's.
+	_, otherKey := p.issue(t, "other", "spiffe://example.com/other")
+	if err := os.Rename(otherKey, keyFile); err != nil {
+		t.Fatal(err)
+	}
+	if got := handshake(); got != "spiffe://example.com/checkout-2" {
+		t.Errorf("handshake with mismatched files presented %q, want the last good certificate", got)
+	}
+}

@@ -60,30 +60,22 @@ const (
 
 // isAdmin reports whether the caller of ctx may make the admin calls.
 func (s *Service) isAdmin(ctx context.Context) bool {
-	return s.everyoneAdmin || (s.admins != nil && s.admins.permits(identityOf(ctx)))
+	if s.everyoneAdmin {
+		return true
+	}
+	c := identityOf(ctx)
+	return c != nil && s.admins.has(c.id)
 }
 
 // actor is the audit entry's actor for an admin call from ctx: the
-// certificate name that PAYMENTS_ADMIN_CALLERS admitted. Any of a
-// certificate's names may admit it, while its caller identity is only the
-// first, which may be an ordinary caller's: then both are told, so that
-// the entry never names an ordinary caller alone as the person who acted.
+// caller's identity, which is the one identity its certificate names and
+// the one PAYMENTS_ADMIN_CALLERS admitted; "simulate" for a caller without
+// one under --simulate.
 func (s *Service) actor(ctx context.Context) string {
-	caller := CallerFromContext(ctx)
-	if id := identityOf(ctx); id != nil && s.admins != nil {
-		for _, n := range id.names {
-			if s.admins[n] {
-				if caller != "" && caller != n {
-					return n + " (certificate identity " + caller + ")"
-				}
-				return n
-			}
-		}
+	if caller := CallerFromContext(ctx); caller != "" {
+		return caller
 	}
-	if caller == "" {
-		return simulatedActor
-	}
-	return caller
+	return simulatedActor
 }
 
 // scoped reports whether the caller of ctx sees only its own records: it

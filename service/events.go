@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -35,7 +36,7 @@ const DefaultEventPollInterval = time.Second
 
 // Byte budgets of the inbox's readers. Every read is bounded in bytes as
 // well as in events, and the memory they can hold together is bounded;
-// README.md ("Memory budget") gives the arithmetic.
+// docs/security.md ("Memory budget of the inbox") gives the arithmetic.
 const (
 	// MaxEventPageBytes bounds a ListProviderEvents page (its encoded
 	// events), so that a page fits a gRPC client's default 4 MiB receive
@@ -70,7 +71,20 @@ type EventsOptions struct {
 	// PollInterval is how often an open watch reads the store for events
 	// committed by another process; 0 means DefaultEventPollInterval.
 	PollInterval time.Duration
+	// Readers are the only caller identities that may list or watch
+	// events (PAYMENTS_EVENT_READERS, and the admins): events tell of
+	// every caller's payments. Any other caller, and one without an
+	// identity, is refused (PERMISSION_DENIED, CALLER_NOT_EVENT_READER),
+	// unless EveryoneReads.
+	Readers []Identity
+	// EveryoneReads lets every caller read events, identity or not: for
+	// --simulate only.
+	EveryoneReads bool
 }
+
+// ReasonCallerNotEventReader is the ErrorInfo reason of PERMISSION_DENIED
+// for a caller that may not read provider events.
+const ReasonCallerNotEventReader = "CALLER_NOT_EVENT_READER"
 
 // Events implements paymentsv1.ProviderEventsServiceServer: it reads the
 // webhook inbox that package inbox writes.
@@ -78,6 +92,8 @@ type Events struct {
 	paymentsv1.UnimplementedProviderEventsServiceServer
 	store   *store.Store
 	env     paymentsv1.Environment
+	readers identitySet
+	anyone  bool // every caller reads: --simulate
 	poll    time.Duration
 	logger  *slog.Logger
 	watches prometheus.Gauge
@@ -96,6 +112,8 @@ func NewEvents(st *store.Store, env paymentsv1.Environment, opts EventsOptions) 
 	e := &Events{
 		store:   st,
 		env:     env,
+		readers: newIdentitySet(opts.Readers),
+		anyone:  opts.EveryoneReads,
 		poll:    opts.PollInterval,
 		logger:  opts.Logger,
 		wake:    make(chan struct{}),
@@ -136,6 +154,23 @@ func (e *Events) Close() {
 	e.once.Do(func() { close(e.closing) })
 }
 
+// mayRead refuses a caller that is not an event reader.
+func (e *Events) mayRead(ctx context.Context) error {
+	if e.anyone {
+		return nil
+	}
+	c := identityOf(ctx)
+	if c != nil && e.readers.has(c.id) {
+		return nil
+	}
+	msg := "reading provider events needs a caller identity listed in PAYMENTS_EVENT_READERS (or PAYMENTS_ADMIN_CALLERS): events tell of every caller's payments"
+	if c == nil || c.id.IsZero() {
+		msg += "; this call came without a client certificate naming an identity (without mTLS events can't be read, except under --simulate)"
+	}
+	return withDetails(status.New(codes.PermissionDenied, msg),
+		&errdetails.ErrorInfo{Reason: ReasonCallerNotEventReader, Domain: ErrorDomain, Metadata: map[string]string{"environment": envName(e.env)}})
+}
+
 func (e *Events) woken() <-chan struct{} {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -148,6 +183,9 @@ func (e *Events) woken() <-chan struct{} {
 // UNAVAILABLE (503) when the inbox can't be read; RESOURCE_EXHAUSTED (429)
 // when ListBytes stayed taken for ListWait.
 func (e *Events) ListProviderEvents(ctx context.Context, req *paymentsv1.ListProviderEventsRequest) (*paymentsv1.ListProviderEventsResponse, error) {
+	if err := e.mayRead(ctx); err != nil {
+		return nil, err
+	}
 	size := int(req.GetPageSize())
 	if size == 0 {
 		size = DefaultEventPageSize
@@ -214,6 +252,9 @@ func (e *Events) ListProviderEvents(ctx context.Context, req *paymentsv1.ListPro
 // the last sequence received); CANCELLED when the caller goes away.
 func (e *Events) WatchProviderEvents(req *paymentsv1.WatchProviderEventsRequest, stream grpc.ServerStreamingServer[paymentsv1.WatchProviderEventsResponse]) error {
 	ctx := stream.Context()
+	if err := e.mayRead(ctx); err != nil {
+		return err
+	}
 	e.watches.Inc()
 	defer e.watches.Dec()
 	ticker := time.NewTicker(e.poll)

@@ -66,6 +66,8 @@ func startReplicaWith(t *testing.T, url string, poll time.Duration, maxBytes int
 	r := &replica{store: st, registry: prometheus.NewRegistry(), logs: &syncBuffer{}}
 	logger := slog.New(slog.NewJSONHandler(r.logs, nil))
 	r.events, err = service.NewEvents(st, paymentsv1.Environment_ENVIRONMENT_SANDBOX, service.EventsOptions{
+		EveryoneReads: true, // the reader gate is tested in cmd/paymentsd
+
 		Registerer:   r.registry,
 		Logger:       logger,
 		PollInterval: poll,

@@ -20,7 +20,7 @@ import (
 
 // Limits that hold against hostile or careless callers. Each is sized so a
 // pod with a 256 MiB memory limit survives every connection and call slot
-// being used at once; README.md ("Security") gives the arithmetic.
+// being used at once; docs/security.md ("Limits") gives the arithmetic.
 const (
 	// DefaultMaxInFlight is the default cap on calls in progress, gRPC
 	// streams (counted from their headers, before any message) and REST
@@ -51,14 +51,39 @@ const (
 	MaxWatchStreams = 64
 )
 
+// MaxConnectionAge is how long a gRPC connection lives before paymentsd
+// closes it gracefully (GOAWAY; grpc-go adds ±10% jitter), so that
+// long-lived callers spread over replicas the autoscaler adds. A gRPC
+// client looks its target's name up again whenever a connection closes,
+// but at most every 30 s (grpc-go's dns resolver). At 20 s (22 s at most)
+// every 30 s holds a close, so a client balancing round_robin over the
+// headless Service (paymentsclient.DialOptions) looks the name up every
+// 30 s, and finds a new replica within 30 s of the cluster DNS answering
+// with it (docs/client.md, "Spreading calls over replicas"). A client of
+// the ClusterIP Service reconnects as often, through kube-proxy, to a
+// replica picked at random. A shorter age would reconnect more often
+// without finding replicas sooner; one over 27 s would leave gaps between
+// lookups. The cost is a reconnection (with mTLS, a TLS handshake) per
+// client and replica every 20 s.
+const MaxConnectionAge = 20 * time.Second
+
+// MaxConnectionAgeGrace is how long calls in progress may go on after
+// MaxConnectionAge before the connection is closed under them. New calls
+// go to a new connection at once, so the grace does not hold traffic on
+// the old one; it bounds a stream's life (WatchProviderEvents, a List
+// whose caller reads slowly) at MaxConnectionAge plus the grace. It is
+// well over the longest a unary call waits (PAYMENTS_UPSTREAM_TIMEOUT, 15 s
+// by default), and long enough that a watch ends (UNAVAILABLE, and its
+// caller watches again from the last sequence it received) about every
+// 5 minutes 20 s rather than every minute.
+const MaxConnectionAgeGrace = 5 * time.Minute
+
 // grpcKeepalive closes idle and old connections, and pings quiet ones so a
-// vanished peer's connection is reclaimed. MaxConnectionAge also spreads
-// long-lived callers over new pods; its grace is longer than a call may
-// take (PAYMENTS_UPSTREAM_TIMEOUT, 15s by default).
+// vanished peer's connection is reclaimed.
 var grpcKeepalive = keepalive.ServerParameters{
 	MaxConnectionIdle:     5 * time.Minute,
-	MaxConnectionAge:      30 * time.Minute,
-	MaxConnectionAgeGrace: 30 * time.Second,
+	MaxConnectionAge:      MaxConnectionAge,
+	MaxConnectionAgeGrace: MaxConnectionAgeGrace,
 	Time:                  time.Minute,
 	Timeout:               20 * time.Second,
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	goruntime "runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,10 +74,14 @@ type Options struct {
 	// from when its header is in; zero means DefaultReadTimeout. (The
 	// header's bound is the http.Server's.)
 	ReadTimeout time.Duration
-	// AllowedCallers, when not empty, are the only caller identities (mTLS
-	// client certificate URI or DNS SANs, matched exactly) that may call
-	// anything but health checks and reflection.
-	AllowedCallers []string
+	// RequireIdentity refuses every call but health checks and reflection
+	// (PERMISSION_DENIED, CALLER_NOT_ALLOWED) from a caller whose client
+	// certificate names no Identity: set it whenever client certificates
+	// are required.
+	RequireIdentity bool
+	// AllowedCallers, when not empty, are the only caller identities that
+	// may call anything but health checks and reflection.
+	AllowedCallers []Identity
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -86,6 +91,13 @@ type Server struct {
 	GRPC *grpc.Server
 	// HTTP serves REST, /healthz, /readyz, /metrics and /openapi.json.
 	HTTP http.Handler
+	// Health serves health checks and nothing else, for the kubelet's
+	// probes, which present no client certificate: grpc.health.v1 Check
+	// and List (gRPC over cleartext HTTP/2, as the kubelet's gRPC probe
+	// speaks it) and GET /healthz and /readyz. Serve it on a listener of
+	// its own, without TLS, from an http.Server that accepts unencrypted
+	// HTTP/2.
+	Health http.Handler
 
 	health  *health.Server
 	mu      sync.Mutex
@@ -122,7 +134,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		readTimeout = DefaultReadTimeout
 	}
 	limit := &limiter{max: int64(maxInFlight), watches: &limiter{max: MaxWatchStreams}}
-	allowed := newAllowlist(opts.AllowedCallers)
+	allowed := gate{requireIdentity: opts.RequireIdentity, allowed: newIdentitySet(opts.AllowedCallers)}
 	s := &Server{health: health.NewServer(), storeOK: true}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -273,7 +285,51 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		w.Write(openAPI)
 	})
 	s.HTTP = readDeadline(readTimeout, identifyHTTP(mux))
+	s.Health = s.healthHandler()
 	return s, nil
+}
+
+// healthHandler is Server.Health.
+func (s *Server) healthHandler() http.Handler {
+	checks := grpc.NewServer(
+		grpc.MaxRecvMsgSize(4<<10),
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor()),
+	)
+	healthpb.RegisterHealthServer(checks, healthChecks{h: s.health})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			checks.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// healthChecks is grpc.health.v1 without Watch: a probe asks, and a
+// stream held open on the health port would only delay shutdown. Watch
+// is on the gRPC port.
+type healthChecks struct {
+	healthpb.UnimplementedHealthServer
+	h *health.Server
+}
+
+func (c healthChecks) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	return c.h.Check(ctx, req)
+}
+
+func (c healthChecks) List(ctx context.Context, req *healthpb.HealthListRequest) (*healthpb.HealthListResponse, error) {
+	return c.h.List(ctx, req)
 }
 
 // SetServing flips readiness: grpc.health.v1 for the empty service name and

@@ -107,7 +107,7 @@ type Service struct {
 	settleEvery        time.Duration
 	settleBase         time.Duration
 
-	admins        allowlist
+	admins        identitySet
 	everyoneAdmin bool
 }
 
@@ -150,10 +150,9 @@ type Config struct {
 	// including those whose callers have gone; past it a call sends
 	// nothing (RESOURCE_EXHAUSTED). Default 1000.
 	MaxSends int
-	// AdminCallers are the caller identities (mTLS client certificate URI
-	// or DNS SANs, matched exactly, as for the allowlist) that may list
-	// every caller's records and resolve payments in doubt.
-	AdminCallers []string
+	// AdminCallers are the caller identities that may list every caller's
+	// records and resolve payments in doubt.
+	AdminCallers []Identity
 	// EveryoneAdmin makes every caller an admin, identity or not: for
 	// --simulate only, so that a newcomer can try the admin calls.
 	EveryoneAdmin bool
@@ -176,7 +175,7 @@ func New(cfg Config) *Service {
 		tombstoneRetention: cfg.TombstoneRetention,
 		retentionEvery:     cfg.RetentionInterval,
 		settleEvery:        cfg.SettleInterval,
-		admins:             newAllowlist(cfg.AdminCallers),
+		admins:             newIdentitySet(cfg.AdminCallers),
 		everyoneAdmin:      cfg.EveryoneAdmin,
 	}
 	if s.logger == nil {

@@ -18,7 +18,7 @@ import (
 // synchronous=FULL) with the build's driver: Begin then Finish, as
 // paymentsd writes them, against FloorExec's INSERT then UPDATE, the
 // record floor's. c=1 commits each alone; c=32 shares commits. Run it once
-// per driver tag (see the README's Performance section).
+// per driver tag (see docs/performance.md, "The SQLite driver").
 func BenchmarkPayment(b *testing.B) {
 	for _, c := range []int{1, 32} {
 		for _, kind := range []string{"records", "floor"} {

@@ -38,6 +38,7 @@ const oncall = "spiffe://corp.example/ns/ops/sa/oncall"
 // party is one caller of an mTLS deployment, over both transports.
 type party struct {
 	name   string
+	conn   *grpc.ClientConn
 	client paymentsv1.PaymentsServiceClient
 	http   *http.Client
 	base   string // https://host:port
@@ -60,7 +61,7 @@ func mtlsDeployment(t *testing.T, env map[string]string) (in *instance, parties 
 	for name, id := range map[string][]string{"checkout": {checkout}, "oncall": {oncall}} {
 		parties[name] = newParty(t, in, serverCA, clientCA.issueClient(t, id, nil), name)
 	}
-	parties["billing"] = newParty(t, in, serverCA, clientCA.issueClient(t, nil, []string{billing}), "billing")
+	parties["billing"] = newParty(t, in, serverCA, clientCA.issueClient(t, nil, []string{billingName}), "billing")
 	return in, parties
 }
 
@@ -74,7 +75,7 @@ func newParty(t *testing.T, in *instance, serverCA *testCA, cert tls.Certificate
 	t.Cleanup(func() { conn.Close() })
 	transport := &http.Transport{TLSClientConfig: tc}
 	t.Cleanup(transport.CloseIdleConnections)
-	return &party{name: name, client: paymentsv1.NewPaymentsServiceClient(conn), http: &http.Client{Transport: transport}, base: "https://" + in.httpAddr}
+	return &party{name: name, conn: conn, client: paymentsv1.NewPaymentsServiceClient(conn), http: &http.Client{Transport: transport}, base: "https://" + in.httpAddr}
 }
 
 func (p *party) do(t *testing.T, method, path, body string) restResult {
@@ -556,10 +557,10 @@ func resolveWhenQuiet(t *testing.T, c paymentsv1.PaymentsServiceClient, req *pay
 	}
 }
 
-// TestAuditActorIsTheAdminIdentity: an admin admitted by its
-// certificate's DNS SAN, whose first URI SAN is an ordinary caller's
-// identity, is recorded in the audit entry by the name that made it an
-// admin, never as that ordinary caller alone.
+// TestAuditActorIsTheAdminIdentity: a certificate names one identity, so
+// one whose URI SAN is an ordinary caller's and whose DNS SAN is an
+// admin's is that ordinary caller, and no admin; an admin's resolution is
+// recorded under its identity exactly.
 func TestAuditActorIsTheAdminIdentity(t *testing.T) {
 	t.Parallel()
 	const adminDNS = "oncall.ops.corp.example"
@@ -579,28 +580,31 @@ func TestAuditActorIsTheAdminIdentity(t *testing.T) {
 	in := start(t, with(env, "PAYMENTS_TLS_CERT_FILE", certFile, "PAYMENTS_TLS_KEY_FILE", keyFile,
 		"PAYMENTS_TLS_CLIENT_CA_FILE", clientCAFile,
 		"PAYMENTS_ALLOWED_CALLERS", checkout,
-		"PAYMENTS_ADMIN_CALLERS", adminDNS))
+		"PAYMENTS_ADMIN_CALLERS", "dns:"+adminDNS))
 	co := newParty(t, in, serverCA, clientCA.issueClient(t, []string{checkout}, nil), "checkout")
 	// A certificate naming checkout first and the admin DNS name after it.
 	both := newParty(t, in, serverCA, clientCA.issueClient(t, []string{checkout}, []string{adminDNS}), "both")
+	admin := newParty(t, in, serverCA, clientCA.issueClient(t, nil, []string{adminDNS}), "admin")
 
 	const gaveUp = "settlement window closed with the payment's outcome unknown; check the provider's dashboard"
 	_, err := co.client.CreateMultiCardPayment(t.Context(), validRequest("k-actor"))
 	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
 	in.logs.waitFor(t, gaveUp, nil)
 
-	res, err := resolveWhenQuiet(t, both.client, &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-actor",
-		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the provider's dashboard"})
+	req := &paymentsv1.ResolveMultiCardPaymentRequest{IdempotencyKey: "k-actor",
+		Outcome: paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, Evidence: "not on the provider's dashboard"}
+	_, err = both.client.ResolveMultiCardPayment(t.Context(), req)
+	checkCode(t, "ResolveMultiCardPayment by a certificate whose URI SAN is checkout's and DNS SAN an admin's", err, codes.PermissionDenied, service.ReasonCallerNotAdmin)
+	res, err := resolveWhenQuiet(t, admin.client, req)
 	if err != nil {
-		t.Fatalf("ResolveMultiCardPayment by a DNS-SAN admin = %v", err)
+		t.Fatalf("ResolveMultiCardPayment by a DNS-name admin = %v", err)
 	}
-	actor := res.GetAuditEntry().GetActor()
-	if !strings.Contains(actor, adminDNS) {
-		t.Errorf("audit entry actor = %q; want the identity that made the caller an admin, %q", actor, adminDNS)
+	if actor := res.GetAuditEntry().GetActor(); actor != "dns:"+adminDNS {
+		t.Errorf("audit entry actor = %q; want the admin's identity, %q", actor, "dns:"+adminDNS)
 	}
 	got, err := co.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-actor"})
-	if err != nil || len(got.GetAuditEntries()) != 1 || got.GetAuditEntries()[0].GetActor() != actor {
-		t.Errorf("GetMultiCardPayment = %v, %v; want the one audit entry, actor %q", got.GetAuditEntries(), err, actor)
+	if err != nil || len(got.GetAuditEntries()) != 1 || got.GetAuditEntries()[0].GetActor() != "dns:"+adminDNS {
+		t.Errorf("GetMultiCardPayment = %v, %v; want the one audit entry, actor %q", got.GetAuditEntries(), err, "dns:"+adminDNS)
 	}
 }
 

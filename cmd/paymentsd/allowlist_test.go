@@ -57,7 +57,10 @@ func (ca *testCA) issueClient(t testing.TB, uris, dnsNames []string) tls.Certifi
 
 const (
 	checkout = "spiffe://corp.example/ns/shop/sa/checkout"
-	billing  = "billing.corp.example"
+	// billingName is the billing service's DNS SAN; billing is its
+	// identity, as configuration and records write it.
+	billingName = "billing.corp.example"
+	billing     = "dns:" + billingName
 )
 
 func TestCallerAllowlist(t *testing.T) {
@@ -78,10 +81,11 @@ func TestCallerAllowlist(t *testing.T) {
 		wantCaller string
 	}{
 		{"SPIFFE ID listed", checkout + ", " + billing, []string{checkout}, nil, true, checkout},
-		{"DNS name listed", checkout + "," + billing, nil, []string{billing}, true, billing},
-		{"second URI SAN listed", checkout, []string{"spiffe://corp.example/ns/shop/sa/other", checkout}, nil, true, "spiffe://corp.example/ns/shop/sa/other"},
+		{"DNS name listed", checkout + "," + billing, nil, []string{billingName}, true, billing},
 		{"not listed", checkout, []string{"spiffe://corp.example/ns/shop/sa/checkout-v2"}, []string{"checkout.corp.example"}, false, "spiffe://corp.example/ns/shop/sa/checkout-v2"},
 		{"prefix is not a match", checkout, []string{"spiffe://corp.example/ns/shop/sa"}, nil, false, "spiffe://corp.example/ns/shop/sa"},
+		{"SPIFFE ID as a DNS SAN", checkout, nil, []string{checkout}, false, ""},
+		{"DNS name of a listed SPIFFE caller", checkout + "," + billing, []string{"spiffe://corp.example/ns/shop/sa/other"}, []string{billingName}, false, "spiffe://corp.example/ns/shop/sa/other"},
 		{"no identity", checkout, nil, nil, false, ""},
 		{"no allowlist", "", []string{checkout}, nil, true, checkout},
 	}
@@ -109,10 +113,11 @@ func TestCallerAllowlist(t *testing.T) {
 			if tt.wantOK && err != nil {
 				t.Errorf("gRPC CreateMultiCardPayment() = %v, want OK", err)
 			}
+			wantCode, wantReason, wantHTTP := codes.PermissionDenied, service.ReasonCallerNotAllowed, http.StatusForbidden
 			if !tt.wantOK {
 				st := status.Convert(err)
-				if st.Code() != codes.PermissionDenied || reasonOf(st) != service.ReasonCallerNotAllowed {
-					t.Errorf("gRPC CreateMultiCardPayment() = %v, reason %q; want PERMISSION_DENIED, %s", st.Code(), reasonOf(st), service.ReasonCallerNotAllowed)
+				if st.Code() != wantCode || reasonOf(st) != wantReason {
+					t.Errorf("gRPC CreateMultiCardPayment() = %v, reason %q; want %v, %s", st.Code(), reasonOf(st), wantCode, wantReason)
 				}
 			}
 			// Health checks stay open to every caller.
@@ -126,13 +131,13 @@ func TestCallerAllowlist(t *testing.T) {
 			r := postREST(t, client, "https://"+in.httpAddr, validBody("k-allow-rest"), nil)
 			wantStatus := http.StatusOK
 			if !tt.wantOK {
-				wantStatus = http.StatusForbidden
+				wantStatus = wantHTTP
 			}
 			if r.status != wantStatus {
 				t.Errorf("REST POST = %d %s, want %d", r.status, r.raw, wantStatus)
 			}
-			if !tt.wantOK && restReason(r) != service.ReasonCallerNotAllowed {
-				t.Errorf("REST reason = %q, want %s", restReason(r), service.ReasonCallerNotAllowed)
+			if !tt.wantOK && restReason(r) != wantReason {
+				t.Errorf("REST reason = %q, want %s", restReason(r), wantReason)
 			}
 			for _, path := range []string{"/healthz", "/readyz", "/metrics", "/openapi.json"} {
 				resp, err := client.Get("https://" + in.httpAddr + path)

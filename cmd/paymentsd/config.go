@@ -54,6 +54,9 @@ type config struct {
 
 	GRPCAddr string
 	HTTPAddr string
+	// HealthAddr, if set, is a listen address serving health checks and
+	// nothing else, in plaintext, for the kubelet's probes.
+	HealthAddr string
 	// MetricsAddr, if set, is a listen address serving GET /metrics and
 	// nothing else, for a scraper that must not reach the REST API.
 	MetricsAddr string
@@ -94,12 +97,18 @@ type config struct {
 	MaxInFlight     int
 	MaxConnections  int
 	HTTPReadTimeout time.Duration
-	// AllowedCallers, when set, are the mTLS identities (URI or DNS SANs)
-	// that may call the payments services.
-	AllowedCallers []string
+	// AllowedCallers, when set, are the mTLS identities (SPIFFE IDs, or
+	// dns: names) that may call the payments services.
+	AllowedCallers []service.Identity
 	// AdminCallers are the mTLS identities that may list every caller's
 	// payments and resolve payments in doubt.
-	AdminCallers []string
+	AdminCallers []service.Identity
+	// EventReaders are the mTLS identities that may list and watch the
+	// provider's events (as may the admins).
+	EventReaders []service.Identity
+	// AllowUnidentifiedCallers lets live start without client
+	// certificates, so without caller identities.
+	AllowUnidentifiedCallers bool
 
 	TLSCertFile     string
 	TLSKeyFile      string
@@ -181,10 +190,10 @@ func variables() []variable {
 				return nil
 			}}},
 		{"PAYMENTS_<ENV>_BASE_URL", "",
-			"The provider's base URL for the environment, ending in /v1; https in live. Required unless --simulate.",
+			"The provider's base URL for the environment: ending in /v1, with a host, no credentials, no query or fragment (not even a bare ? or #), and a port, if any, from 1 to 65535; https in live. Required unless --simulate.",
 			setting{}},
 		{"PAYMENTS_<ENV>_API_KEY_FILE", "",
-			"A file holding the environment's provider API key, or two, one a line, while rotating: the one to use first, then the next (a byte-order mark, whitespace around each line and blank lines are ignored). Re-read every PAYMENTS_SECRET_RELOAD_INTERVAL; a 401 or 403 with one key is retried once with the other. Set this or PAYMENTS_<ENV>_API_KEY unless --simulate.",
+			"A file holding the environment's provider API key, or two, one a line, while rotating: the one to use first, then the next (a byte-order mark, whitespace around each line and blank lines are ignored; more than two keys, an empty file or one key twice is refused). Re-read every PAYMENTS_SECRET_RELOAD_INTERVAL; a 401 or 403 with one key is retried once with the other. Set this or PAYMENTS_<ENV>_API_KEY unless --simulate.",
 			setting{}},
 		{"PAYMENTS_<ENV>_API_KEY", "",
 			"The environment's provider API key itself, read once at start; prefer PAYMENTS_<ENV>_API_KEY_FILE, which can be rotated without a restart.",
@@ -196,8 +205,11 @@ func variables() []variable {
 			"The HTTP listen address: REST, /healthz, /readyz, /metrics and /openapi.json.",
 			addrSetting(func(c *config) *string { return &c.HTTPAddr })},
 		{"PAYMENTS_METRICS_ADDR", "",
-			"A listen address serving GET /metrics and nothing else, so that the scraper needs no access to PAYMENTS_HTTP_ADDR, whose REST API takes payments. Unset: /metrics on PAYMENTS_HTTP_ADDR only.",
+			"A listen address serving GET /metrics and nothing else, in plaintext even when the other ports serve TLS, so that the scraper needs neither access to PAYMENTS_HTTP_ADDR, whose REST API takes payments, nor a client certificate. Unset: /metrics on PAYMENTS_HTTP_ADDR only.",
 			addrSetting(func(c *config) *string { return &c.MetricsAddr })},
+		{"PAYMENTS_HEALTH_ADDR", "",
+			"A listen address serving health checks and nothing else, in plaintext and without client certificates, for the kubelet's probes: grpc.health.v1 Check over cleartext HTTP/2 (service \"\" for readiness, \"liveness\" for liveness) and GET /healthz and /readyz. Unset: health checks on PAYMENTS_GRPC_ADDR and PAYMENTS_HTTP_ADDR only, which need a client certificate when PAYMENTS_TLS_CLIENT_CA_FILE is set.",
+			addrSetting(func(c *config) *string { return &c.HealthAddr })},
 		{"PAYMENTS_DATABASE_URL", "sqlite:paymentsd-sandbox.db in sandbox; none in live",
 			"The record store: sqlite:PATH, or a postgres:// URL for replicas sharing one database (percent-encode @ / ? # % in its user name and password). Required in live; --simulate keeps records in memory unless it is set.",
 			setting{}},
@@ -268,22 +280,36 @@ func variables() []variable {
 			"How long calls in flight at SIGTERM may take to finish before they are cut off.",
 			durationSetting(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
 		{"PAYMENTS_TLS_CERT_FILE", "",
-			"The server's PEM certificate; with PAYMENTS_TLS_KEY_FILE, both ports serve TLS. Unset: plaintext.",
+			"The server's PEM certificate (and its chain); with PAYMENTS_TLS_KEY_FILE, the gRPC, HTTP and webhook ports serve TLS. Re-read every PAYMENTS_SECRET_RELOAD_INTERVAL, with the key, so a renewed certificate is used without a restart. Unset: plaintext.",
 			fileSetting(func(c *config) *string { return &c.TLSCertFile })},
 		{"PAYMENTS_TLS_KEY_FILE", "",
 			"The server certificate's PEM private key.",
 			fileSetting(func(c *config) *string { return &c.TLSKeyFile })},
 		{"PAYMENTS_TLS_CLIENT_CA_FILE", "",
-			"PEM roots that callers' client certificates must chain to (mTLS); needs the server certificate.",
+			"PEM roots that callers' client certificates must chain to (mTLS) on the gRPC and HTTP ports: with it every caller has an identity, the one SPIFFE ID (URI SAN) or DNS name (DNS SAN) of its certificate, and a certificate naming none is refused (CALLER_NOT_ALLOWED). Needs the server certificate. Re-read every PAYMENTS_SECRET_RELOAD_INTERVAL. Unset: callers are not identified, which paymentsd says at start; live refuses to start so unless PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS is true.",
 			fileSetting(func(c *config) *string { return &c.TLSClientCAFile })},
+		{"PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS", "false",
+			"true lets live start without PAYMENTS_TLS_CLIENT_CA_FILE, so without caller identities: every caller that reaches the ports may pay and look up any key, nobody may list, resolve or read events, and records name no caller. For a deployment that identifies its callers some other way; paymentsd logs an error at start all the same.",
+			setting{
+				parse: func(c *config, v string) error {
+					b, err := strconv.ParseBool(v)
+					if err != nil {
+						return errors.New("want true or false")
+					}
+					c.AllowUnidentifiedCallers = b
+					return nil
+				},
+				show: func(c *config) slog.Value { return slog.BoolValue(c.AllowUnidentifiedCallers) },
+			}},
 		{"PAYMENTS_ALLOWED_CALLERS", "",
-			"Comma-separated mTLS identities (URI or DNS SANs) that may call the payments and provider-events services; needs PAYMENTS_TLS_CLIENT_CA_FILE. Unset: every caller with a trusted certificate.",
-			setting{parse: func(c *config, v string) error { return parseCallers(&c.AllowedCallers, v) },
-				show: func(c *config) slog.Value { return slog.AnyValue(c.AllowedCallers) }}},
+			"Comma-separated caller identities that may call the payments and provider-events services: SPIFFE IDs (spiffe://trust-domain/path, matched byte for byte) or dns: and a DNS name (dns:billing.corp.example); needs PAYMENTS_TLS_CLIENT_CA_FILE. Unset: every caller whose trusted certificate names an identity; set to only commas or spaces: refused.",
+			identitiesSetting(func(c *config) *[]service.Identity { return &c.AllowedCallers })},
 		{"PAYMENTS_ADMIN_CALLERS", "",
-			"Comma-separated mTLS identities (URI or DNS SANs) that may list every caller's payments and resolve payments in doubt; needs PAYMENTS_TLS_CLIENT_CA_FILE. They may call even when not in PAYMENTS_ALLOWED_CALLERS. Unset: nobody (but everyone under --simulate).",
-			setting{parse: func(c *config, v string) error { return parseCallers(&c.AdminCallers, v) },
-				show: func(c *config) slog.Value { return slog.AnyValue(c.AdminCallers) }}},
+			"Comma-separated caller identities, written as for PAYMENTS_ALLOWED_CALLERS, that may list every caller's payments, resolve payments in doubt and read provider events: usually on-call people (spiffe://trust-domain/people/NAME); needs PAYMENTS_TLS_CLIENT_CA_FILE. They may call even when not in PAYMENTS_ALLOWED_CALLERS. Unset: nobody (but everyone under --simulate).",
+			identitiesSetting(func(c *config) *[]service.Identity { return &c.AdminCallers })},
+		{"PAYMENTS_EVENT_READERS", "",
+			"Comma-separated caller identities, written as for PAYMENTS_ALLOWED_CALLERS, that may list and watch the provider's events (ProviderEventsService), which tell of every caller's payments; the admins may too; needs PAYMENTS_TLS_CLIENT_CA_FILE. They may call even when not in PAYMENTS_ALLOWED_CALLERS. Unset: only the admins (everyone under --simulate).",
+			identitiesSetting(func(c *config) *[]service.Identity { return &c.EventReaders })},
 		{"PAYMENTS_LOG_LEVEL", "info",
 			"The lowest level logged: debug, info, warn or error. The start-up and shutdown lines are always logged.",
 			setting{
@@ -308,7 +334,7 @@ func variables() []variable {
 			"How often PAYMENTS_<ENV>_API_KEY_FILE and PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE are re-read (by content, so a Kubernetes Secret volume's in-place update is seen). A file that becomes unreadable, empty or malformed keeps the last good keys, with a warning and paymentsd_secret_file_ok 0. At least 10ms.",
 			minDurationSetting(10*time.Millisecond, func(c *config) *time.Duration { return &c.SecretReloadInterval })},
 		{"PAYMENTS_WEBHOOK_MAX_BYTES", strconv.Itoa(inbox.DefaultMaxBytes),
-			"The largest webhook delivery body accepted (413 beyond); at most 512 KiB, so that any event fits a page a default gRPC client can read within the memory budget.",
+			"The largest webhook delivery body accepted (413 beyond); at least 1024, at most 512 KiB, so that any event fits a page a default gRPC client can read within the memory budget.",
 			int64Setting(1024, inbox.LargestMaxBytes, func(c *config) *int64 { return &c.WebhookMaxBytes })},
 		{"PAYMENTS_WEBHOOK_MAX_STORED_BYTES", strconv.Itoa(1 << 30),
 			"The webhook inbox's quota: past it deliveries get 503 (outcome over_quota) until retention deletes old events; at least 1 MiB.",
@@ -450,23 +476,44 @@ func fileSetting(field func(*config) *string) setting {
 	}
 }
 
-// parseCallers parses a comma-separated list of identities into list.
-func parseCallers(list *[]string, callers string) error {
+// identitiesSetting reads a comma-separated list of caller identities.
+func identitiesSetting(field func(*config) *[]service.Identity) setting {
+	return setting{
+		parse: func(c *config, v string) error { return parseIdentities(field(c), v) },
+		show: func(c *config) slog.Value {
+			out := make([]string, len(*field(c)))
+			for i, id := range *field(c) {
+				out[i] = id.String()
+			}
+			return slog.AnyValue(out)
+		},
+	}
+}
+
+// parseIdentities parses a comma-separated list of identities into list.
+// Its errors say which entry is wrong and what is wanted, without quoting
+// it.
+func parseIdentities(list *[]service.Identity, v string) error {
 	var problems []error
-	for i, caller := range strings.Split(callers, ",") {
-		caller = strings.TrimSpace(caller)
+	for i, entry := range strings.Split(v, ",") {
+		entry = strings.TrimSpace(entry)
 		switch {
-		case caller == "":
-		case strings.ContainsFunc(caller, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		case entry == "":
+		case strings.ContainsFunc(entry, func(r rune) bool { return r <= ' ' || r == 0x7f }):
 			problems = append(problems, fmt.Errorf("identity %d in the list has spaces or control characters; an identity has none", i+1))
 		default:
-			*list = append(*list, caller)
+			id, err := service.ParseIdentity(entry)
+			if err != nil {
+				problems = append(problems, fmt.Errorf("identity %d in the list: %w", i+1, err))
+				continue
+			}
+			*list = append(*list, id)
 		}
 	}
-	if callers != "" && len(*list) == 0 && len(problems) == 0 {
+	if v != "" && len(*list) == 0 && len(problems) == 0 {
 		// Set, yet empty, it would turn the allowlist off (every caller
 		// with a trusted certificate could call), or name no admin.
-		return errors.New("set but holds no identity: want a comma-separated list of URI or DNS SANs, or leave it unset for no allowlist")
+		return errors.New("set but holds no identity: want a comma-separated list of SPIFFE IDs or dns: names, or leave it unset")
 	}
 	return errors.Join(problems...)
 }
@@ -598,6 +645,13 @@ func loadConfig(args, environ []string) (*config, error) {
 	}
 	if len(c.AdminCallers) > 0 && c.TLSClientCAFile == "" {
 		problem("PAYMENTS_ADMIN_CALLERS needs PAYMENTS_TLS_CLIENT_CA_FILE: admins are identified by their client certificates")
+	}
+	if len(c.EventReaders) > 0 && c.TLSClientCAFile == "" {
+		problem("PAYMENTS_EVENT_READERS needs PAYMENTS_TLS_CLIENT_CA_FILE: event readers are identified by their client certificates")
+	}
+	if c.Environment == "live" && c.TLSClientCAFile == "" && !c.AllowUnidentifiedCallers && !c.Simulate {
+		// Live moves money: who paid, and who resolved, must be known.
+		problem("PAYMENTS_TLS_CLIENT_CA_FILE is not set: live would not know its callers (no caller isolation, no on-call admins, no event readers); set it with PAYMENTS_TLS_CERT_FILE and PAYMENTS_TLS_KEY_FILE (see docs/identity.md), or set PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS=true to run live without caller identities")
 	}
 
 	c.loadDatabase(getenv, problem)

@@ -472,51 +472,6 @@ func TestHungDatabase(t *testing.T) {
 	t.Log(err)
 }
 
-// TestREADMEConfigurationTable: README's Configuration table has a row for
-// each variable --help lists, and no other, with the same default.
-func TestREADMEConfigurationTable(t *testing.T) {
-	t.Parallel()
-	b, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	section := string(b)
-	start := strings.Index(section, "\n## Configuration\n")
-	if start < 0 {
-		t.Fatal("README.md has no Configuration section")
-	}
-	section = section[start+1:]
-	if end := strings.Index(section[3:], "\n## "); end >= 0 {
-		section = section[:end+3]
-	}
-	rows := map[string]string{} // name → default column
-	for _, line := range strings.Split(section, "\n") {
-		cols := strings.Split(line, " | ")
-		if !strings.HasPrefix(line, "| `PAYMENTS_") || len(cols) < 3 {
-			continue
-		}
-		rows[strings.Trim(strings.TrimPrefix(cols[0], "| "), "`")] = cols[1]
-	}
-	for _, v := range variables() {
-		def, ok := rows[v.name]
-		if !ok {
-			t.Errorf("README's Configuration table has no row for %s", v.name)
-			continue
-		}
-		delete(rows, v.name)
-		want := "—"
-		if v.def != "" {
-			want = "`" + v.def + "`"
-		}
-		if v.parse != nil && def != want {
-			t.Errorf("README gives %s the default %s, want %s as --help says", v.name, def, want)
-		}
-	}
-	for name := range rows {
-		t.Errorf("README's Configuration table has a row for %s, which paymentsd does not read", name)
-	}
-}
-
 // TestSecretFileNotRegular: a key or token file variable naming a named
 // pipe is refused at once, naming the variable, rather than hanging
 // startup (and every reload, and shutdown) until something writes to it.

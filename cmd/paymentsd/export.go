@@ -109,7 +109,7 @@ FROM and TO are RFC 3339 times, UTC dates (YYYY-MM-DD), today or
 yesterday; a date as TO means through the end of that day. Yesterday's
 payments: paymentsd payments export --from yesterday --to yesterday
 
-Columns, in this order (README: Operations): idempotency_key, state,
+Columns, in this order (docs/operations.md): idempotency_key, state,
 amount, currency, caller, environment, create_time, update_time, attempts,
 provider_http_status, settlement_gave_up, settlement_window_end_time,
 resolved, last_error, payment_json.

@@ -31,7 +31,7 @@ import (
 // its own process, so that its memory (VmHWM, the peak resident set the
 // kernel records) is paymentsd's alone: goroutine stacks, heap and buffers
 // included, and none of the flooding client's. They are scaled to run in a
-// few seconds on 2 cores; the README gives the figures.
+// few seconds on 2 cores; docs/security.md gives the figures.
 //
 // PAYMENTSD_FLOOD_BIN runs them against another build (such as the
 // previous commit's, to measure what a change bought).
@@ -118,6 +118,12 @@ func buildBinary(name string, flags ...string) (string, error) {
 func startProcess(t *testing.T, env map[string]string) *process {
 	t.Helper()
 	return startCommand(t, exec.Command(paymentsdBinary(t)), env)
+}
+
+// startProcessArgs is startProcess with command-line arguments.
+func startProcessArgs(t *testing.T, env map[string]string, args ...string) *process {
+	t.Helper()
+	return startCommand(t, exec.Command(paymentsdBinary(t), args...), env)
 }
 
 // startBinary starts bin with env and waits until it serves.

@@ -9,6 +9,9 @@ import (
 	"strings"
 )
 
+// docs/configuration.md is made from the same table as usage, by a test:
+//go:generate go test -run=^TestConfigurationPage$ -update .
+
 // usage is --help's text: the flags, then every variable of the table that
 // loadConfig reads, with its default and meaning.
 func usage() string {
@@ -40,16 +43,13 @@ Variables (<ENV> is SANDBOX or LIVE; only PAYMENTS_ENVIRONMENT's are read):
 		fmt.Fprintf(&b, "\n  %s (default: %s)\n", v.name, def)
 		wrap(&b, v.meaning, "      ", 78)
 	}
-	b.WriteString(`
-Also read:
-  OTEL_*      OpenTelemetry tracing: OTEL_TRACES_EXPORTER (otlp, console or
-              none), OTEL_EXPORTER_OTLP_ENDPOINT and the other standard
-              OTLP, sampler and resource variables. Unset: no tracing.
-  GOGC        The Go GC target; paymentsd uses 400 unless it is set.
-  GOMEMLIMIT  The Go runtime's soft memory limit (deploy/ sets it).
-
-Accepted and ignored:
-`)
+	b.WriteString("\nAlso read:\n")
+	for _, v := range alsoRead {
+		var m strings.Builder
+		wrap(&m, v.meaning, strings.Repeat(" ", 14), 78)
+		fmt.Fprintf(&b, "  %-10s  %s", v.name, strings.TrimLeft(m.String(), " "))
+	}
+	b.WriteString("\nAccepted and ignored:\n")
 	for _, name := range slices.Sorted(func(yield func(string) bool) {
 		for k := range ignoredVariables {
 			if !yield(k) {
@@ -65,6 +65,14 @@ Accepted and ignored:
   them off with enableServiceLinks: false.
 `)
 	return b.String()
+}
+
+// alsoRead are the variables paymentsd reads that are not its own: --help
+// and docs/configuration.md list them after the table.
+var alsoRead = []struct{ name, meaning string }{
+	{"OTEL_*", "OpenTelemetry tracing: OTEL_TRACES_EXPORTER (otlp, console or none), OTEL_EXPORTER_OTLP_ENDPOINT and the other standard OTLP, sampler and resource variables. Unset: no tracing."},
+	{"GOGC", "The Go GC target; paymentsd uses 400 unless it is set."},
+	{"GOMEMLIMIT", "The Go runtime's soft memory limit (deploy/ sets it)."},
 }
 
 // wrap writes text in lines of at most width columns, each indented.

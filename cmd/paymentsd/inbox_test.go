@@ -131,7 +131,9 @@ func TestInboxFinding1PoisonBytes(t *testing.T) {
 	}{{"sqlite", storetest.SQLiteURL}, {"postgres", storetest.PostgresURL}} {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			p := startProcess(t, hookEnv(t, "PAYMENTS_DATABASE_URL", b.url(t)))
+			// --simulate: every caller reads events (who may in a real
+			// deployment is TestEventsOnlyForReaders').
+			p := startProcessArgs(t, hookEnv(t, "PAYMENTS_DATABASE_URL", b.url(t)), "--simulate")
 			client := newClient(t)
 			const poison = "application/json; charset=\xe9"
 			if status := post(t, client, p.hookURL(), poison, []byte(`{"a":1}`)); status != http.StatusOK {
@@ -227,10 +229,13 @@ func TestInboxMemoryBudget(t *testing.T) {
 		maxBody  = inbox.LargestMaxBytes
 		large    = 24
 	)
-	p := startProcess(t, hookEnv(t,
+	// --simulate: every caller reads events, so the watches need no
+	// certificates (who may read in a real deployment is
+	// TestEventsOnlyForReaders').
+	p := startProcessArgs(t, hookEnv(t,
 		"GOMEMLIMIT", deployedGoMemLimit(t),
 		"PAYMENTS_WEBHOOK_MAX_BYTES", strconv.Itoa(maxBody),
-		"PAYMENTS_LOG_LEVEL", "error"))
+		"PAYMENTS_LOG_LEVEL", "error"), "--simulate")
 	client := newClient(t)
 	for i := range large + 8 {
 		n := maxBody
@@ -608,7 +613,7 @@ func TestInboxFinding5VolumeReserve(t *testing.T) {
 // commit for SQLite's one writer. Deliveries now go to the writer one at a
 // time, so a payment waits for at most one of them. (The writer is busy
 // with deliveries most of the time, so a payment still waits for about
-// one delivery's commit: the README gives the figures.)
+// one delivery's commit: docs/webhooks.md ("Quota") gives the figures.)
 func TestInboxFinding5PaymentsBesideAFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and floods the binary")

@@ -192,14 +192,29 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	})
 	// The webhook inbox's reader; its events are deleted with the records
 	// after PAYMENTS_RECORD_RETENTION.
-	events, err := service.NewEvents(records, cfg.env(), service.EventsOptions{Registerer: registerer, Logger: logger})
+	events, err := service.NewEvents(records, cfg.env(), service.EventsOptions{
+		Registerer: registerer,
+		Logger:     logger,
+		Readers:    slices.Concat(cfg.EventReaders, cfg.AdminCallers),
+		// Simulated events, like simulated payments, are anyone's.
+		EveryoneReads: cfg.Simulate,
+	})
 	if err != nil {
 		return err
 	}
 
-	tlsConfig, err := loadTLS(cfg)
+	serverTLS, err := loadServerTLS(cfg, registerer)
 	if err != nil {
 		return err
+	}
+	warnUnidentified(cfg, lifecycle)
+	// The gRPC and HTTP ports require client certificates when a client CA
+	// is set; the webhook port never does.
+	var grpcTLS, httpTLS, hooksTLS *tls.Config
+	if serverTLS != nil {
+		grpcTLS = serverTLS.config([]string{"h2"}, true)
+		httpTLS = serverTLS.config([]string{"h2", "http/1.1"}, true)
+		hooksTLS = serverTLS.config([]string{"h2", "http/1.1"}, false)
 	}
 	opts := service.Options{
 		Logger:          logger,
@@ -211,10 +226,11 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		Events:          events,
 		MaxInFlight:     cfg.MaxInFlight,
 		ReadTimeout:     cfg.HTTPReadTimeout,
+		RequireIdentity: serverTLS.requiresClientCerts(),
 		AllowedCallers:  allowedCallers(cfg),
 	}
-	if tlsConfig != nil {
-		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(tlsConfig)))
+	if grpcTLS != nil {
+		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(grpcTLS)))
 	}
 	srv, err := service.NewServer(svc, opts)
 	if err != nil {
@@ -234,22 +250,30 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	// cost memory whatever they send.
 	grpcLn = service.LimitListener(grpcLn, cfg.MaxConnections)
 	httpLn = service.LimitListener(httpLn, cfg.MaxConnections)
-	hooks, err := listenWebhooks(cfg, records, events, logger, registerer, tlsConfig, tracerProvider)
+	hooks, err := listenWebhooks(cfg, records, events, logger, registerer, hooksTLS, tracerProvider)
 	if err != nil {
 		grpcLn.Close()
 		httpLn.Close()
 		return err
 	}
-	scrape, err := listenMetrics(cfg, registry, tlsConfig, logger)
+	scrape, err := listenMetrics(cfg, registry, logger)
 	if err != nil {
 		grpcLn.Close()
 		httpLn.Close()
 		hooks.close()
 		return err
 	}
+	probes, err := listenHealth(cfg, srv.Health, logger)
+	if err != nil {
+		grpcLn.Close()
+		httpLn.Close()
+		hooks.close()
+		scrape.close()
+		return err
+	}
 	httpSrv := &http.Server{
 		Handler:           srv.HTTP,
-		TLSConfig:         tlsConfig,
+		TLSConfig:         httpTLS,
 		MaxHeaderBytes:    service.MaxHeaderBytes,
 		ReadHeaderTimeout: cfg.HTTPReadTimeout,
 		// The body's read deadline is set per request, once its header is
@@ -264,10 +288,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	go func() { errc <- srv.GRPC.Serve(grpcLn) }()
 	go func() {
-		if tlsConfig != nil {
+		if httpTLS != nil {
 			errc <- httpSrv.ServeTLS(httpLn, "", "")
 			return
 		}
@@ -275,6 +299,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	}()
 	hooks.serve(errc)
 	scrape.serve(errc)
+	probes.serve(errc)
 	srv.SetServing(true)
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
@@ -297,6 +322,9 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		}
 		background.Go(func() { f.watch(bgCtx, cfg.APIKeys, cfg.SecretReloadInterval, secretMetrics, lifecycle) })
 	}
+	if serverTLS != nil {
+		background.Go(func() { serverTLS.watch(bgCtx, cfg.SecretReloadInterval, secretMetrics, lifecycle) })
+	}
 	if cfg.WebhookTokenFile != "" && hooks.handler != nil {
 		f := &secretFile{
 			secret: secretWebhookTokens, variable: cfg.WebhookTokenFileVar, path: cfg.WebhookTokenFile,
@@ -310,7 +338,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		}
 		background.Go(func() { f.watch(bgCtx, cfg.WebhookTokens, cfg.SecretReloadInterval, secretMetrics, lifecycle) })
 	}
-	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String(), "webhook_addr", hooks.addr(), "metrics_addr", scrape.addr())
+	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String(), "webhook_addr", hooks.addr(), "metrics_addr", scrape.addr(), "health_addr", probes.addr())
 
 	var serveErr error
 	select {
@@ -353,6 +381,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	}()
 	httpErr := httpSrv.Shutdown(finalCtx)
 	scrape.shutdown(finalCtx)
+	probes.shutdown(finalCtx)
 	select {
 	case <-stopped:
 	case <-finalCtx.Done():
@@ -471,33 +500,23 @@ func newHTTPClient(cfg *config, tp trace.TracerProvider, prop propagation.TextMa
 	}, nil
 }
 
-// loadTLS returns the server TLS configuration, or nil for plaintext.
-func loadTLS(cfg *config) (*tls.Config, error) {
-	if cfg.TLSCertFile == "" {
-		return nil, nil
+// warnUnidentified says, at start, that callers will not be identified
+// when no client CA is set: loudly, naming the variable, since caller
+// isolation, the admin calls and the events then work for nobody.
+// --simulate moves no money, and says nothing.
+func warnUnidentified(cfg *config, logger *slog.Logger) {
+	if cfg.TLSClientCAFile != "" || cfg.Simulate {
+		return
 	}
-	cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("PAYMENTS_TLS_CERT_FILE, PAYMENTS_TLS_KEY_FILE: %w", fileError(err))
+	level := slog.LevelWarn
+	if cfg.Environment == "live" {
+		level = slog.LevelError // started only because PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS is true
 	}
-	tc := &tls.Config{
-		Certificates: []tls.Certificate{cert},
-		MinVersion:   tls.VersionTLS12,
-		NextProtos:   []string{"h2", "http/1.1"},
-	}
-	if cfg.TLSClientCAFile != "" {
-		pem, err := os.ReadFile(cfg.TLSClientCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE: %w", fileError(err))
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, errors.New("PAYMENTS_TLS_CLIENT_CA_FILE: the file it names holds no PEM certificates")
-		}
-		tc.ClientCAs = pool
-		tc.ClientAuth = tls.RequireAndVerifyClientCert
-	}
-	return tc, nil
+	logger.Log(context.Background(), level, "callers are not identified: PAYMENTS_TLS_CLIENT_CA_FILE is not set",
+		"variable", "PAYMENTS_TLS_CLIENT_CA_FILE",
+		"consequences", "every caller that reaches the ports may pay and look up any key; records name no caller; nobody may list or resolve payments or read provider events",
+		"fix", "serve mTLS with client certificates from the callers' CA (see docs/identity.md)",
+		"allow_unidentified_callers", cfg.AllowUnidentifiedCallers)
 }
 
 func randomKey() string {
@@ -507,11 +526,12 @@ func randomKey() string {
 }
 
 // allowedCallers is the connection allowlist: PAYMENTS_ALLOWED_CALLERS and,
-// when it is set, the admins too, who need not be listed twice. Unset, it
-// admits every trusted certificate, admins among them.
-func allowedCallers(cfg *config) []string {
+// when it is set, the admins and event readers too, who need not be listed
+// twice. Unset, it admits every caller whose trusted certificate names an
+// identity.
+func allowedCallers(cfg *config) []service.Identity {
 	if len(cfg.AllowedCallers) == 0 {
 		return nil
 	}
-	return append(slices.Clip(cfg.AllowedCallers), cfg.AdminCallers...)
+	return slices.Concat(cfg.AllowedCallers, cfg.AdminCallers, cfg.EventReaders)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -22,7 +21,6 @@ import (
 type scrapePort struct {
 	srv *http.Server
 	ln  net.Listener
-	tls bool
 }
 
 // Timeouts of the metrics port: a scrape is one small request.
@@ -33,9 +31,11 @@ const (
 	metricsMaxConnections    = 16
 )
 
-// listenMetrics binds the metrics listener, with the server's TLS (and
-// client certificates, if required) as on the other ports.
-func listenMetrics(cfg *config, g prometheus.Gatherer, tlsConfig *tls.Config, logger *slog.Logger) (*scrapePort, error) {
+// listenMetrics binds the metrics listener. It serves plaintext, even
+// when the other ports serve TLS: a scraper presents no client
+// certificate, and the metrics name no caller and hold no secret; a
+// NetworkPolicy admits only the scraper to the port.
+func listenMetrics(cfg *config, g prometheus.Gatherer, logger *slog.Logger) (*scrapePort, error) {
 	if cfg.MetricsAddr == "" {
 		return &scrapePort{}, nil
 	}
@@ -49,7 +49,6 @@ func listenMetrics(cfg *config, g prometheus.Gatherer, tlsConfig *tls.Config, lo
 		ln: service.LimitListener(ln, metricsMaxConnections),
 		srv: &http.Server{
 			Handler:           mux,
-			TLSConfig:         tlsConfig,
 			MaxHeaderBytes:    service.MaxHeaderBytes,
 			ReadHeaderTimeout: metricsReadHeaderTimeout,
 			ReadTimeout:       metricsReadHeaderTimeout,
@@ -57,7 +56,6 @@ func listenMetrics(cfg *config, g prometheus.Gatherer, tlsConfig *tls.Config, lo
 			IdleTimeout:       metricsIdleTimeout,
 			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		},
-		tls: tlsConfig != nil,
 	}
 	return s, nil
 }
@@ -67,13 +65,7 @@ func (s *scrapePort) serve(errc chan<- error) {
 	if s.srv == nil {
 		return
 	}
-	go func() {
-		if s.tls {
-			errc <- s.srv.ServeTLS(s.ln, "", "")
-			return
-		}
-		errc <- s.srv.Serve(s.ln)
-	}()
+	go func() { errc <- s.srv.Serve(s.ln) }()
 }
 
 // addr is the bound address, or "" without a listener.
@@ -92,5 +84,12 @@ func (s *scrapePort) shutdown(ctx context.Context) {
 	}
 	if err := s.srv.Shutdown(ctx); err != nil {
 		s.srv.Close()
+	}
+}
+
+// close closes the listener of a port that never served.
+func (s *scrapePort) close() {
+	if s.ln != nil {
+		s.ln.Close()
 	}
 }

@@ -285,15 +285,16 @@ func TestMonitoringQueriesUseExportedMetrics(t *testing.T) {
 }
 
 // TestAlertRulesHaveRunbooks checks that every alert says what it is, what
-// to do, and links to a runbook heading that exists in the README.
+// to do, and links to its own runbook: the section of docs/runbooks.md
+// named as the alert.
 func TestAlertRulesHaveRunbooks(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../../README.md")
+	runbooks, err := os.ReadFile("../../docs/runbooks.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	anchors := map[string]bool{}
-	for _, line := range strings.Split(string(readme), "\n") {
+	for _, line := range strings.Split(string(runbooks), "\n") {
 		if h, ok := strings.CutPrefix(line, "#"); ok {
 			anchors[githubAnchor(strings.TrimLeft(h, "#"))] = true
 		}
@@ -307,9 +308,12 @@ func TestAlertRulesHaveRunbooks(t *testing.T) {
 		if s := r.Labels["severity"]; s != "critical" && s != "warning" {
 			t.Errorf("alert %s severity = %q, want critical or warning", r.Alert, s)
 		}
-		anchor, ok := strings.CutPrefix(r.Annotations["runbook_url"], "README.md#")
-		if !ok || !anchors[anchor] {
-			t.Errorf("alert %s runbook_url = %q, want README.md#<a heading of README.md>", r.Alert, r.Annotations["runbook_url"])
+		anchor := githubAnchor(r.Alert)
+		if want := "docs/runbooks.md#" + anchor; r.Annotations["runbook_url"] != want {
+			t.Errorf("alert %s runbook_url = %q, want %q", r.Alert, r.Annotations["runbook_url"], want)
+		}
+		if !anchors[anchor] {
+			t.Errorf("docs/runbooks.md has no section for alert %s (a heading %q)", r.Alert, r.Alert)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -322,6 +323,11 @@ type seedRecord struct {
 	amount  int64
 	created time.Time
 	reply   string
+	// inDoubt seeds an OUTCOME_UNKNOWN record whose settlement gave up,
+	// with no reply, instead of a succeeded one.
+	inDoubt bool
+	// caller is the record's caller; "" for checkout.
+	caller string
 }
 
 // seedRecords writes records into the record store of a running
@@ -332,13 +338,13 @@ func seedRecords(tb testing.TB, dbURL string, rs []seedRecord) {
 	driver, dsn, insert := "pgx", dbURL, `INSERT INTO records (key, key_hash, body, body_sha256, currency, amount, state,
 		provider_status, reply, request_id, trace_id, caller, created_at, updated_at, settle_by, next_settle_at,
 		lease_expires_at, gave_up)
-		VALUES ($1::text, sha256(convert_to($1::text, 'UTF8')), NULL, sha256(''::bytea), 'EUR', $2, 2, 201, $3, '', '', $4,
-		$5::timestamptz, $5::timestamptz, $5::timestamptz + interval '1 day', $5::timestamptz, $5::timestamptz, false)`
+		VALUES ($1::text, sha256(convert_to($1::text, 'UTF8')), NULL, sha256(''::bytea), 'EUR', $2, $6, $7, $3, '', '', $4,
+		$5::timestamptz, $5::timestamptz, $9::timestamptz, $5::timestamptz, $5::timestamptz, $8)`
 	if path, ok := strings.CutPrefix(dbURL, "sqlite:"); ok {
 		driver, dsn, insert = "sqlite", "file:"+path+"?_pragma=busy_timeout(10000)", `INSERT INTO records (key, body, body_sha256,
 		currency, amount, state, provider_status, reply, request_id, trace_id, caller, created_at, updated_at, settle_by,
 		next_settle_at, lease_expires_at, gave_up)
-		VALUES (?1, NULL, zeroblob(32), 'EUR', ?2, 2, 201, ?3, '', '', ?4, ?5, ?5, ?5 + 86400000000, 0, 0, 0)`
+		VALUES (?1, NULL, zeroblob(32), 'EUR', ?2, ?6, ?7, ?3, '', '', ?4, ?5, ?5, ?9, 0, 0, ?8)`
 	}
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
@@ -355,7 +361,25 @@ func seedRecords(tb testing.TB, dbURL string, rs []seedRecord) {
 		if driver == "sqlite" {
 			created = r.created.UnixMicro()
 		}
-		if _, err := tx.Exec(insert, r.key, r.amount, []byte(r.reply), checkout, created); err != nil {
+		state, providerStatus, reply, gaveUp, caller := 2, 201, []byte(r.reply), false, cmp.Or(r.caller, checkout)
+		settleBy := r.created.Add(24 * time.Hour)
+		if r.inDoubt {
+			// Settlement gave up: its window closed a minute after the
+			// payment was made.
+			state, providerStatus, reply, gaveUp = 4, 0, nil, true
+			settleBy = r.created.Add(time.Minute)
+		}
+		var settle any = settleBy
+		if driver == "sqlite" {
+			settle = settleBy.UnixMicro()
+		}
+		var gave any = gaveUp
+		if driver == "sqlite" && gaveUp {
+			gave = 1
+		} else if driver == "sqlite" {
+			gave = 0
+		}
+		if _, err := tx.Exec(insert, r.key, r.amount, reply, caller, created, state, providerStatus, gave, settle); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -389,11 +413,11 @@ func testPaymentsExportYesterdayCSV(t *testing.T, db string) {
 	d := newCLIDeployment(t, with(sandboxEnv(fakeProvider(t, "sandbox")), "PAYMENTS_DATABASE_URL", db))
 	in := start(t, d.env)
 	seeds := []seedRecord{
-		{"k-day-before", 1, yesterday.Add(-time.Microsecond), `{"id":"pay_0"}`},
-		{"k-midnight", 2, yesterday, `{"id":"pay_1"}`},
-		{"k-noon, \"quoted\"\nkey", 3, yesterday.Add(12 * time.Hour), `{"id":"pay_2","note":"a, b"}`},
-		{"k-last", 4, today.Add(-time.Microsecond), `{"id":"pay_3"}`},
-		{"k-today", 5, today, `{"id":"pay_4"}`},
+		{key: "k-day-before", amount: 1, created: yesterday.Add(-time.Microsecond), reply: `{"id":"pay_0"}`},
+		{key: "k-midnight", amount: 2, created: yesterday, reply: `{"id":"pay_1"}`},
+		{key: "k-noon, \"quoted\"\nkey", amount: 3, created: yesterday.Add(12 * time.Hour), reply: `{"id":"pay_2","note":"a, b"}`},
+		{key: "k-last", amount: 4, created: today.Add(-time.Microsecond), reply: `{"id":"pay_3"}`},
+		{key: "k-today", amount: 5, created: today, reply: `{"id":"pay_4"}`},
 	}
 	seedRecords(t, db, seeds)
 	want := seeds[1:4]

@@ -468,7 +468,8 @@ func TestDrainDeadline(t *testing.T) {
 // watch gets RESOURCE_EXHAUSTED, and closing a watch frees its slot.
 func TestWatchStreamsHaveTheirOwnCap(t *testing.T) {
 	t.Parallel()
-	in := start(t, with(webhookEnv(t), "PAYMENTS_MAX_IN_FLIGHT", "2"))
+	// --simulate: every caller reads events (see TestEventsOnlyForReaders).
+	in := start(t, with(webhookEnv(t), "PAYMENTS_MAX_IN_FLIGHT", "2"), "--simulate")
 	events := paymentsv1.NewProviderEventsServiceClient(in.conn)
 	watch := func(ctx context.Context) error {
 		stream, err := events.WatchProviderEvents(ctx, &paymentsv1.WatchProviderEventsRequest{})

@@ -159,7 +159,7 @@ func checkNoSecrets(t *testing.T, in *instance, secrets ...string) {
 	}
 }
 
-// TestKeyRotationUnderLoad is the README's rotation procedure, step by
+// TestKeyRotationUnderLoad is docs/operations.md's rotation procedure, step by
 // step, with callers paying all the while: the next key is added to the
 // key file as line 2, the old key is revoked at the provider, and the old
 // line is removed. No call fails, no payment is made twice, and the

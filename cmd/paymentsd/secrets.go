@@ -147,7 +147,7 @@ func newSecretMetrics(reg prometheus.Registerer) *secretMetrics {
 	m := &secretMetrics{
 		ok: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "paymentsd_secret_file_ok",
-			Help: "1 if the secret's file (provider_api_key, webhook_tokens) was readable and well formed when last read; 0 if not, and the last good secrets are in use.",
+			Help: "1 if the secret's file (provider_api_key, webhook_tokens, tls_certificate, tls_client_ca) was readable and well formed when last read; 0 if not, and the last good secrets are in use.",
 		}, []string{"secret"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paymentsd_secret_reloads_total",

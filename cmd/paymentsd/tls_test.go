@@ -92,8 +92,10 @@ func TestTLS(t *testing.T) {
 	certFile, keyFile := writePEMFiles(t, serverCA.issue(t, x509.ExtKeyUsageServerAuth))
 	clientCAFile := filepath.Join(t.TempDir(), "client-ca.pem")
 	os.WriteFile(clientCAFile, clientCA.pem, 0o600)
-	goodClient := clientCA.issue(t, x509.ExtKeyUsageClientAuth)
-	strangerClient := strangerCA.issue(t, x509.ExtKeyUsageClientAuth)
+	goodClient := clientCA.issueClient(t, []string{checkout}, nil)
+	// Trusted, but naming no identity: a CN and an IP SAN are no names.
+	namelessClient := clientCA.issue(t, x509.ExtKeyUsageClientAuth)
+	strangerClient := strangerCA.issueClient(t, []string{checkout}, nil)
 
 	tests := []struct {
 		name       string
@@ -104,6 +106,7 @@ func TestTLS(t *testing.T) {
 		{"TLS, no client certificate", false, nil, true},
 		{"mTLS, trusted client certificate", true, &goodClient, true},
 		{"mTLS, no client certificate", true, nil, false},
+		{"mTLS, trusted client certificate naming no identity", true, &namelessClient, false},
 		{"mTLS, client certificate from another CA", true, &strangerClient, false},
 	}
 	for _, tt := range tests {

@@ -71,7 +71,9 @@ func TestWebhookInboxEndToEnd(t *testing.T) {
 	exporter := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
-	in := startWith(t, webhookEnv(t), tp)
+	// --simulate, where every caller may read events: who may, in a real
+	// deployment, is TestEventsOnlyForReaders'.
+	in := startWith(t, webhookEnv(t), tp, "--simulate")
 	if in.webhookAddr == "" {
 		t.Fatal("serving line has no webhook_addr")
 	}
@@ -109,7 +111,7 @@ func TestWebhookInboxEndToEnd(t *testing.T) {
 	if got, _ := base64.StdEncoding.DecodeString(rest.Events[0].Body); !bytes.Equal(got, body) || rest.Events[0].ContentType != contentType {
 		t.Errorf("REST event body, content type = %q, %q; want %q, %q", got, rest.Events[0].ContentType, body, contentType)
 	}
-	// As the README writes it: empty values mean the defaults.
+	// As the docs write it: empty values mean the defaults.
 	if status, raw := get(t, in.http, "http://"+in.httpAddr+"/v1/provider-events?afterSequence=&pageSize="); status != http.StatusOK || !bytes.Contains(raw, []byte(`"events"`)) {
 		t.Errorf("GET /v1/provider-events?afterSequence=&pageSize= = %d %s, want 200 as with no parameters", status, raw)
 	}
@@ -191,7 +193,8 @@ func mustList(t *testing.T, c paymentsv1.ProviderEventsServiceClient) []*payment
 // and end the watch with UNAVAILABLE.
 func TestWebhookWatchAndShutdown(t *testing.T) {
 	t.Parallel()
-	in := start(t, with(webhookEnv(t), "PAYMENTS_SHUTDOWN_TIMEOUT", "60s"))
+	// --simulate: every caller reads events (see TestEventsOnlyForReaders).
+	in := start(t, with(webhookEnv(t), "PAYMENTS_SHUTDOWN_TIMEOUT", "60s"), "--simulate")
 	events := paymentsv1.NewProviderEventsServiceClient(in.conn)
 	stream, err := events.WatchProviderEvents(t.Context(), &paymentsv1.WatchProviderEventsRequest{})
 	if err != nil {
@@ -301,7 +304,8 @@ func TestWebhookSurvivesSIGKILL(t *testing.T) {
 	client := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(client.CloseIdleConnections)
 
-	first := startProcess(t, env)
+	// --simulate: every caller reads events (see TestEventsOnlyForReaders).
+	first := startProcessArgs(t, env, "--simulate")
 	body := []byte("durable \x00 delivery")
 	if status, _ := deliver(t, client, "http://"+first.webhookAddr+"/webhooks/"+webhookToken, "application/octet-stream", body); status != http.StatusOK {
 		t.Fatalf("delivery = %d, want 200", status)
@@ -309,7 +313,7 @@ func TestWebhookSurvivesSIGKILL(t *testing.T) {
 	first.cmd.Process.Kill()
 	first.cmd.Wait()
 
-	second := startProcess(t, env)
+	second := startProcessArgs(t, env, "--simulate")
 	conn, err := grpc.NewClient(second.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

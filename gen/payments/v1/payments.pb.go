@@ -574,9 +574,10 @@ type GetMultiCardPaymentResponse struct {
 	LastError string `protobuf:"bytes,9,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	// environment is the provider environment the record belongs to.
 	Environment Environment `protobuf:"varint,10,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
-	// caller is the mTLS identity (the client certificate's first URI SAN,
-	// else its first DNS SAN) of the service whose call created the record;
-	// empty without mTLS.
+	// caller is the mTLS identity of the service whose call created the
+	// record: the SPIFFE ID that is its client certificate's one URI SAN,
+	// exactly, or, for a certificate without a URI SAN, "dns:" and its one
+	// DNS SAN; empty without mTLS.
 	Caller string `protobuf:"bytes,11,opt,name=caller,proto3" json:"caller,omitempty"`
 	// request_id and trace_id are those of the call that created the record,
 	// for finding its log lines and trace.

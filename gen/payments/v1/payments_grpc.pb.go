@@ -127,9 +127,11 @@ type PaymentsServiceClient interface {
 	//     earlier request with it may still be at the provider (metadata
 	//     "provider_quiet_until"); retry with the same key after the
 	//     RetryInfo's delay.
-	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
-	//     deployment's allowlist; this call sent nothing (like
-	//     REQUEST_NOT_SENT, it says nothing of earlier calls).
+	//   - CALLER_NOT_ALLOWED: the caller's identity is not on this
+	//     deployment's allowlist, or, with mTLS, its client certificate
+	//     names no identity (ErrorInfo metadata "problem" says why); this
+	//     call sent nothing (like REQUEST_NOT_SENT, it says nothing of
+	//     earlier calls).
 	//   - IDEMPOTENCY_KEY_NOT_OWNED: with mTLS, the key's record was created
 	//     by another caller (or before callers had identities). Nothing was
 	//     sent, and nothing of that record is told: use a new key, unless
@@ -457,9 +459,11 @@ type PaymentsServiceServer interface {
 	//     earlier request with it may still be at the provider (metadata
 	//     "provider_quiet_until"); retry with the same key after the
 	//     RetryInfo's delay.
-	//   - CALLER_NOT_ALLOWED: the caller's client certificate is not on this
-	//     deployment's allowlist; this call sent nothing (like
-	//     REQUEST_NOT_SENT, it says nothing of earlier calls).
+	//   - CALLER_NOT_ALLOWED: the caller's identity is not on this
+	//     deployment's allowlist, or, with mTLS, its client certificate
+	//     names no identity (ErrorInfo metadata "problem" says why); this
+	//     call sent nothing (like REQUEST_NOT_SENT, it says nothing of
+	//     earlier calls).
 	//   - IDEMPOTENCY_KEY_NOT_OWNED: with mTLS, the key's record was created
 	//     by another caller (or before callers had identities). Nothing was
 	//     sent, and nothing of that record is told: use a new key, unless
@@ -794,7 +798,11 @@ const (
 // paymentsd stores durably in an inbox as they arrive on its webhook
 // listener. It is subject to the same caller allowlist (PERMISSION_DENIED,
 // CALLER_NOT_ALLOWED) and in-flight cap (RESOURCE_EXHAUSTED) as
-// PaymentsService.
+// PaymentsService. Events tell of every caller's payments, so only the
+// identities in PAYMENTS_EVENT_READERS and PAYMENTS_ADMIN_CALLERS may list
+// or watch them; any other caller, and any caller without mTLS, is
+// refused with PERMISSION_DENIED (403), reason CALLER_NOT_EVENT_READER
+// (under --simulate every caller may).
 //
 // The provider documents no kinds of event, no payload shape and no
 // signature scheme, so an event is an opaque delivery: its bytes exactly as
@@ -873,7 +881,11 @@ type ProviderEventsService_WatchProviderEventsClient = grpc.ServerStreamingClien
 // paymentsd stores durably in an inbox as they arrive on its webhook
 // listener. It is subject to the same caller allowlist (PERMISSION_DENIED,
 // CALLER_NOT_ALLOWED) and in-flight cap (RESOURCE_EXHAUSTED) as
-// PaymentsService.
+// PaymentsService. Events tell of every caller's payments, so only the
+// identities in PAYMENTS_EVENT_READERS and PAYMENTS_ADMIN_CALLERS may list
+// or watch them; any other caller, and any caller without mTLS, is
+// refused with PERMISSION_DENIED (403), reason CALLER_NOT_EVENT_READER
+// (under --simulate every caller may).
 //
 // The provider documents no kinds of event, no payload shape and no
 // signature scheme, so an event is an opaque delivery: its bytes exactly as

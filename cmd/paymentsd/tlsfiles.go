@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Values of the secret label for the TLS files.
+const (
+	secretTLSCertificate = "tls_certificate"
+	secretTLSClientCA    = "tls_client_ca"
+)
+
+// maxTLSFile bounds how much of a certificate, key or CA file is read: a
+// chain is a few KiB, and a CA bundle of a few hundred roots under 1 MiB.
+const maxTLSFile = 1 << 20
+
+// serverTLS is the server's certificate and key, and the CA that callers'
+// client certificates must chain to, as last read from their files.
+// cert-manager renews the certificate, and the kubelet swaps a Secret
+// volume's files in place: watch re-reads them, and every new handshake
+// uses what was last read, so a rotation needs no restart.
+type serverTLS struct {
+	certFile, keyFile, caFile string
+
+	cert      atomic.Pointer[tls.Certificate]
+	clientCAs atomic.Pointer[x509.CertPool] // nil without PAYMENTS_TLS_CLIENT_CA_FILE
+
+	// notAfter is paymentsd_tls_certificate_expiry_timestamp_seconds.
+	notAfter prometheus.Gauge
+}
+
+// loadServerTLS reads the TLS files that cfg names; nil for plaintext.
+func loadServerTLS(cfg *config, reg prometheus.Registerer) (*serverTLS, error) {
+	if cfg.TLSCertFile == "" {
+		return nil, nil
+	}
+	t := &serverTLS{certFile: cfg.TLSCertFile, keyFile: cfg.TLSKeyFile, caFile: cfg.TLSClientCAFile,
+		notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paymentsd_tls_certificate_expiry_timestamp_seconds",
+			Help: "When the serving certificate in use (PAYMENTS_TLS_CERT_FILE) expires, in Unix seconds: it is re-read every PAYMENTS_SECRET_RELOAD_INTERVAL, so this moves forward at each renewal.",
+		}),
+	}
+	if err := reg.Register(t.notAfter); err != nil {
+		return nil, fmt.Errorf("register TLS metrics: %w", err)
+	}
+	certPEM, keyPEM, err := t.readKeyPair()
+	if err != nil {
+		return nil, fmt.Errorf("PAYMENTS_TLS_CERT_FILE, PAYMENTS_TLS_KEY_FILE: %w", err)
+	}
+	if _, err := t.useKeyPair(certPEM, keyPEM); err != nil {
+		return nil, fmt.Errorf("PAYMENTS_TLS_CERT_FILE, PAYMENTS_TLS_KEY_FILE: %w", err)
+	}
+	if t.caFile != "" {
+		caPEM, err := readTLSFile(t.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE: %w", err)
+		}
+		if _, err := t.useClientCA(caPEM); err != nil {
+			return nil, fmt.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE: %w", err)
+		}
+	}
+	return t, nil
+}
+
+// config is the TLS configuration of a listener offering nextProtos.
+// With clientAuth, and a client CA configured, it requires a client
+// certificate that chains to the CA (the gRPC and HTTP ports); without,
+// it asks for none (the webhook port: the provider has none). Each
+// handshake takes the certificate and CA last read.
+func (t *serverTLS) config(nextProtos []string, clientAuth bool) *tls.Config {
+	current := func() *tls.Config {
+		c := &tls.Config{
+			MinVersion:   tls.VersionTLS12,
+			NextProtos:   nextProtos,
+			Certificates: []tls.Certificate{*t.cert.Load()},
+		}
+		if pool := t.clientCAs.Load(); clientAuth && pool != nil {
+			c.ClientAuth = tls.RequireAndVerifyClientCert
+			c.ClientCAs = pool
+			// No resumption: every connection's certificate is verified
+			// against the CA in use now, not the one of an earlier
+			// session. gRPC connections are long-lived; this costs little.
+			c.SessionTicketsDisabled = true
+		}
+		return c
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: nextProtos,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return current(), nil
+		},
+	}
+}
+
+// requiresClientCerts reports whether callers must present certificates.
+func (t *serverTLS) requiresClientCerts() bool {
+	return t != nil && t.caFile != ""
+}
+
+func (t *serverTLS) readKeyPair() (certPEM, keyPEM []byte, err error) {
+	if certPEM, err = readTLSFile(t.certFile); err != nil {
+		return nil, nil, err
+	}
+	if keyPEM, err = readTLSFile(t.keyFile); err != nil {
+		return nil, nil, err
+	}
+	return certPEM, keyPEM, nil
+}
+
+// useKeyPair puts the key pair in use, and returns what to log of it.
+func (t *serverTLS) useKeyPair(certPEM, keyPEM []byte) ([]slog.Attr, error) {
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		// X509KeyPair's errors never hold the key's bytes.
+		return nil, err
+	}
+	leaf := cert.Leaf
+	if leaf == nil {
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return nil, err
+		}
+	}
+	t.cert.Store(&cert)
+	t.notAfter.Set(float64(leaf.NotAfter.Unix()))
+	sum := sha256.Sum256(leaf.Raw)
+	return []slog.Attr{
+		slog.String("certificate_sha256", hex.EncodeToString(sum[:8])),
+		slog.String("not_after", leaf.NotAfter.UTC().Format(time.RFC3339)),
+		slog.Any("dns_names", leaf.DNSNames),
+	}, nil
+}
+
+// useClientCA puts the CA bundle in use, and returns what to log of it.
+func (t *serverTLS) useClientCA(caPEM []byte) ([]slog.Attr, error) {
+	pool := x509.NewCertPool()
+	n := 0
+	for rest := caPEM; ; {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("a certificate in the file can't be parsed: %w", err)
+		}
+		pool.AddCert(c)
+		n++
+	}
+	if n == 0 {
+		return nil, errors.New("the file it names holds no PEM certificates")
+	}
+	t.clientCAs.Store(pool)
+	return []slog.Attr{slog.Int("client_ca_certificates", n)}, nil
+}
+
+// watch re-reads the files every interval until ctx ends, as the key and
+// token files are (see secretFile.watch): new contents are put in use for
+// the next handshakes, connections already open keep theirs; a file that
+// can't be read or used leaves the last good in use, said once in the log
+// and in paymentsd_secret_file_ok until it is good again.
+func (t *serverTLS) watch(ctx context.Context, interval time.Duration, m *secretMetrics, logger *slog.Logger) {
+	type file struct {
+		secret, variable string
+		read             func() ([]byte, error)
+		use              func([]byte) ([]slog.Attr, error)
+		last             []byte
+		broken           string
+	}
+	certPEM, keyPEM, _ := t.readKeyPair()
+	files := []*file{{
+		secret: secretTLSCertificate, variable: "PAYMENTS_TLS_CERT_FILE, PAYMENTS_TLS_KEY_FILE",
+		read: func() ([]byte, error) {
+			c, k, err := t.readKeyPair()
+			// The two files are one secret: compared, and used, together.
+			return append(append(c, 0), k...), err
+		},
+		use: func(b []byte) ([]slog.Attr, error) {
+			i := bytes.IndexByte(b, 0)
+			return t.useKeyPair(b[:i], b[i+1:])
+		},
+		last: append(append(certPEM, 0), keyPEM...),
+	}}
+	if t.caFile != "" {
+		caPEM, _ := readTLSFile(t.caFile)
+		files = append(files, &file{
+			secret: secretTLSClientCA, variable: "PAYMENTS_TLS_CLIENT_CA_FILE",
+			read: func() ([]byte, error) { return readTLSFile(t.caFile) },
+			use:  t.useClientCA,
+			last: caPEM,
+		})
+	}
+	for _, f := range files {
+		m.ok.WithLabelValues(f.secret).Set(1)
+		for _, r := range []string{"ok", "unreadable", "invalid"} {
+			m.reloads.WithLabelValues(f.secret, r)
+		}
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, f := range files {
+			b, err := f.read()
+			result := "unreadable"
+			var attrs []slog.Attr
+			changed := err == nil && !bytes.Equal(b, f.last)
+			if changed {
+				result = "invalid"
+				attrs, err = f.use(b)
+			}
+			if err != nil {
+				if err.Error() != f.broken {
+					f.broken = err.Error()
+					m.ok.WithLabelValues(f.secret).Set(0)
+					m.reloads.WithLabelValues(f.secret, result).Inc()
+					logger.Warn("TLS file not reloaded: the last good one stays in use until it is fixed",
+						"secret", f.secret, "variable", f.variable, "result", result, "error", err.Error())
+				}
+				continue
+			}
+			if f.broken != "" {
+				f.broken = ""
+				m.ok.WithLabelValues(f.secret).Set(1)
+				if !changed {
+					logger.Info("TLS file good again, unchanged", "secret", f.secret, "variable", f.variable)
+				}
+			}
+			if changed {
+				f.last = b
+				m.reloads.WithLabelValues(f.secret, "ok").Inc()
+				logger.LogAttrs(ctx, slog.LevelInfo, "TLS file reloaded",
+					append([]slog.Attr{slog.String("secret", f.secret), slog.String("variable", f.variable)}, attrs...)...)
+			}
+		}
+	}
+}
+
+// readTLSFile reads a certificate, key or CA file: a regular file, or a
+// symlink to one as in a Secret or CSI volume. Its error names the path
+// only where fileError does.
+func readTLSFile(path string) ([]byte, error) {
+	switch st, err := os.Stat(path); {
+	case err != nil:
+		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+	case !st.Mode().IsRegular():
+		return nil, fmt.Errorf("names %s, which is not a regular file: want a file", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxTLSFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+	}
+	if len(b) > maxTLSFile {
+		return nil, fmt.Errorf("names a file over %d bytes", maxTLSFile)
+	}
+	return b, nil
+}
