@@ -135,7 +135,8 @@ type keyCounts struct {
 	NotCreated int `json:"not_created"`
 	// InDoubt: the caller gave up without a verdict (or was stopped).
 	InDoubt int `json:"in_doubt"`
-	// Settled: of those, SUCCEEDED or NOT_CREATED on record afterwards.
+	// Settled: of those, SUCCEEDED or NOT_CREATED on record afterwards,
+	// or never recorded (so never sent).
 	Settled int `json:"settled_afterwards"`
 	// Charged is how many keys the provider made a payment for.
 	Charged int `json:"charged"`
@@ -184,7 +185,7 @@ type faultStats struct {
 	During      latency `json:"during"`
 	// InDoubt counts keys with a call in the window whose caller ended
 	// without a verdict; Settled, those SUCCEEDED or NOT_CREATED on record
-	// afterwards.
+	// afterwards, or never recorded.
 	InDoubt int `json:"in_doubt"`
 	Settled int `json:"settled_afterwards"`
 	// BySettlement counts keys settled by settlement (keyCounts) whose
@@ -528,9 +529,10 @@ func distribution(ds []time.Duration) latency {
 }
 
 // settled reports whether a record's outcome is known: the payment
-// exists, or certainly does not.
+// exists, or certainly does not (NOT_CREATED, or no record at all: nothing
+// is sent before it is recorded).
 func settled(r record) bool {
-	return r.Found && (r.State == paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED || r.State == paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED)
+	return r.Err == "" && (!r.Found || r.State == paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED || r.State == paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED)
 }
 
 func describe(r record) string {

@@ -327,7 +327,8 @@ func TestCheckKeyCounts(t *testing.T) {
 			{Kind: kindCreate, Key: "no", Start: at(0), End: at(0.1), Code: codes.FailedPrecondition,
 				Reason: "PAYMENT_NOT_CREATED", Verdict: verdictNotCreated, Answered: true, Final: true},
 			failedCall("doubt-settled", 1, 0, 1, codes.Unavailable, ""), // settled by settlement's request at 20s
-			failedCall("doubt-left", 1, 0, 1, codes.Unavailable, ""),
+			failedCall("doubt-left", 1, 0, 1, codes.Unavailable, "PAYMENT_OUTCOME_UNKNOWN"),
+			failedCall("never-recorded", 1, 0, 1, codes.Unavailable, "REQUEST_NOT_SENT"),
 			{Kind: kindClient, Key: "client", Replica: -1, Start: at(0), End: at(1), Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Final: true},
 			{Kind: kindAttempt, Key: "client", Replica: 0, Start: at(0), End: at(1), Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Answered: true},
 		},
@@ -337,22 +338,23 @@ func TestCheckKeyCounts(t *testing.T) {
 			"client":        paid("r0", 0.1, 0.9),
 		},
 		Records: map[string]record{
-			"ok":            succeeded(),
-			"no":            stateRecord(paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED),
-			"doubt-settled": succeeded(),
-			"doubt-left":    {},
-			"client":        succeeded(),
+			"ok":             succeeded(),
+			"no":             stateRecord(paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED),
+			"doubt-settled":  succeeded(),
+			"doubt-left":     {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN, GaveUp: true},
+			"never-recorded": {},
+			"client":         succeeded(),
 		},
 	}
 	got := check(in)
 	if len(got.Violations) != 0 {
 		t.Errorf("check() violations = %+v, want none", got.Violations)
 	}
-	want := keyCounts{Total: 5, OK: 2, NotCreated: 1, InDoubt: 2, Settled: 1, Charged: 3, BySettlement: 1}
+	want := keyCounts{Total: 6, OK: 2, NotCreated: 1, InDoubt: 3, Settled: 2, Charged: 3, BySettlement: 1}
 	if diff := cmp.Diff(want, got.Keys); diff != "" {
 		t.Errorf("check() keys (-want +got):\n%s", diff)
 	}
-	if want := (callCounts{Total: 5, Failed: 3, Clients: 1}); got.Calls != want {
+	if want := (callCounts{Total: 6, Failed: 4, Clients: 1}); got.Calls != want {
 		t.Errorf("check() calls = %+v, want %+v", got.Calls, want)
 	}
 }
