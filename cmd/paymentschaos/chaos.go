@@ -171,7 +171,7 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	}
 	var reader *replica
 	for _, r := range replicas {
-		if r.exitedOnItsOwn() == nil && r.client != nil {
+		if r.running() {
 			reader = r
 			break
 		}

@@ -270,9 +270,17 @@ func check(in checkInput) checkResult {
 			flag(violOverlap, key, "%d of %d requests arrived while another with the key was at the provider (at most %d at once)",
 				facts.Stats.Overlaps, facts.Stats.Requests, facts.Stats.MaxInFlight)
 		}
-		if facts.Stats.AfterDelivered > 0 {
-			d := slices.IndexFunc(facts.History, func(kr upstreamtest.KeyRequest) bool { return kr.Delivered })
-			got, again := facts.History[d], facts.History[d+1]
+		if d := slices.IndexFunc(facts.History, func(kr upstreamtest.KeyRequest) bool { return kr.Delivered }); d >= 0 && facts.Stats.AfterDelivered > 0 {
+			got := facts.History[d]
+			// The first request to arrive after the delivery (one that
+			// arrived before it overlapped, and is counted as such).
+			again := facts.History[len(facts.History)-1]
+			for _, kr := range facts.History[d+1:] {
+				if !kr.Arrived.Before(got.Ended) {
+					again = kr
+					break
+				}
+			}
 			detail := fmt.Sprintf("%d request(s) after a 2xx was delivered to %s at %s; the first at %s, from %s",
 				facts.Stats.AfterDelivered, got.Listener, offset(in, got.Ended), offset(in, again.Arrived), again.Listener)
 			if k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, minTime(again.Arrived, commitBy(in, got.Ended))); killed && !in.Strict {

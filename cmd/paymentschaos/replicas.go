@@ -110,6 +110,13 @@ func (r *replica) close() {
 	}
 }
 
+// running reports whether the replica's process is up.
+func (r *replica) running() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.p != nil && r.p.CheckRunning() == nil
+}
+
 // exitedOnItsOwn reports a replica that died without a fault's kill.
 func (r *replica) exitedOnItsOwn() error {
 	r.mu.Lock()

@@ -47,19 +47,19 @@ type report struct {
 }
 
 type setup struct {
-	Store          string     `json:"store"`
-	Front          string     `json:"front,omitempty"`
-	Async          bool       `json:"async,omitempty"`
-	Replicas       int        `json:"replicas"`
-	Callers        int        `json:"raw_callers"`
-	ClientCallers  int        `json:"client_callers"`
-	LatencyMS      [2]int64   `json:"provider_latency_ms"`
-	UpstreamTimout string     `json:"upstream_timeout"`
-	QuietPeriod    string     `json:"quiet_period"`
-	Faults         string     `json:"faults"`
-	FaultInterval  string     `json:"fault_interval"`
-	DownS          [2]float64 `json:"down_s"`
-	Strict         bool       `json:"strict"`
+	Store           string     `json:"store"`
+	Front           string     `json:"front,omitempty"`
+	Async           bool       `json:"async,omitempty"`
+	Replicas        int        `json:"replicas"`
+	Callers         int        `json:"raw_callers"`
+	ClientCallers   int        `json:"client_callers"`
+	LatencyMS       [2]int64   `json:"provider_latency_ms"`
+	UpstreamTimeout string     `json:"upstream_timeout"`
+	QuietPeriod     string     `json:"quiet_period"`
+	Faults          string     `json:"faults"`
+	FaultInterval   string     `json:"fault_interval"`
+	DownS           [2]float64 `json:"down_s"`
+	Strict          bool       `json:"strict"`
 }
 
 // providerSums totals the fake provider's per-key counts.
@@ -88,8 +88,8 @@ func newReport(o *options, args []string, begin, end time.Time, dueAtEnd int, se
 		Date: begin.UTC(), Command: args, GoVersion: runtime.Version(), Seed: o.seed,
 		Setup: setup{
 			Store: o.store, Replicas: o.replicas, Callers: o.callers, ClientCallers: o.clientCallers,
-			LatencyMS:      [2]int64{o.latencyMin.Milliseconds(), o.latencyMax.Milliseconds()},
-			UpstreamTimout: o.upstreamTO.String(), QuietPeriod: o.quietPeriod.String(),
+			LatencyMS:       [2]int64{o.latencyMin.Milliseconds(), o.latencyMax.Milliseconds()},
+			UpstreamTimeout: o.upstreamTO.String(), QuietPeriod: o.quietPeriod.String(),
 			Faults: o.faults, FaultInterval: o.faultInterval.String(),
 			DownS: [2]float64{o.downMin.Seconds(), o.downMax.Seconds()}, Strict: o.strict,
 		},
