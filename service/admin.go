@@ -45,6 +45,9 @@ const (
 	// ReasonResolutionOutcomeUnknown: the resolution was sent to be
 	// committed and the store's answer was lost: read the record.
 	ReasonResolutionOutcomeUnknown = "RESOLUTION_OUTCOME_UNKNOWN"
+	// ReasonAttemptSucceeded: a resolution said no payment was created for
+	// a key an attempt of which got a 2xx: the payment exists.
+	ReasonAttemptSucceeded = "PAYMENT_ATTEMPT_SUCCEEDED"
 )
 
 // simulatedActor is the audit entry's actor for a resolution made without
@@ -108,6 +111,7 @@ func (s *Service) ListMultiCardPayments(ctx context.Context, req *paymentsv1.Lis
 		MaxBytes:  maxListPageBytes,
 		WithReply: req.GetView() == paymentsv1.ListView_LIST_VIEW_FULL,
 	}
+	q.WithAttempts = q.WithReply
 	if q.Limit == 0 {
 		q.Limit = defaultListPageSize
 	}
@@ -169,7 +173,11 @@ func (s *Service) ListMultiCardPayments(ctx context.Context, req *paymentsv1.Lis
 	}
 	resp := &paymentsv1.ListMultiCardPaymentsResponse{Payments: make([]*paymentsv1.MultiCardPaymentSummary, 0, len(page.Records))}
 	for _, rec := range page.Records {
-		resp.Payments = append(resp.Payments, s.summary(rec, q.WithReply))
+		sum := s.summary(rec, q.WithReply)
+		if q.WithAttempts {
+			sum.AttemptHistory = attemptHistory(page.Attempts[rec.Key])
+		}
+		resp.Payments = append(resp.Payments, sum)
 	}
 	if page.More && page.Next != nil {
 		resp.NextPageToken = encodePageToken(*page.Next, fp)
@@ -279,7 +287,7 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 		Actor:    s.actor(ctx),
 	}
 	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
-		res.RequestID = ci.requestID
+		res.RequestID, res.CallerRequestID = ci.requestID, ci.callerRequestID
 	}
 	if t := req.GetExpectedUpdateTime(); t != nil {
 		if err := t.CheckValid(); err != nil {
@@ -294,6 +302,9 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 		if r := req.GetReplyJson(); r != "" {
 			if _, err := upstream.DecodeReply([]byte(r)); err != nil {
 				return nil, badRequest("reply_json", "must be the provider's payment as a JSON object")
+			}
+			if err := s.checkReplyBelongs(ctx, res.Key, []byte(r)); err != nil {
+				return nil, err
 			}
 			res.Reply = []byte(r)
 		}
@@ -311,6 +322,9 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil, status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment", quoteKey(res.Key), envName(s.env))
+	case errors.Is(err, store.ErrAttemptSucceeded):
+		st := status.New(codes.FailedPrecondition, "an attempt for this idempotency key got a 2xx from the provider (see attempt_history): the payment exists, so it can't be resolved as not created; nothing was changed")
+		return nil, withDetails(st, s.errorInfo(ReasonAttemptSucceeded, map[string]string{"state": paymentState(got.Record.State).String()}))
 	case errors.Is(err, store.ErrNotUnknown):
 		st := status.New(codes.FailedPrecondition, fmt.Sprintf("only a payment whose outcome is unknown can be resolved; this one is %s: nothing was changed",
 			paymentState(got.Record.State)))
@@ -356,6 +370,9 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 		entries = []store.AuditEntry{got.Entry}
 	}
 	resp.AuditEntries = auditEntries(entries)
+	if as, err := s.store.Attempts(ctx, got.Record); err == nil {
+		resp.AttemptHistory = attemptHistory(as)
+	}
 	return &paymentsv1.ResolveMultiCardPaymentResponse{Payment: resp, AuditEntry: auditEntry(got.Entry)}, nil
 }
 
@@ -382,6 +399,7 @@ func auditEntry(e store.AuditEntry) *paymentsv1.AuditEntry {
 		RequestId:        e.RequestID,
 		ReplyRecorded:    e.ReplyRecorded,
 		SettlementGaveUp: e.GaveUp,
+		CallerRequestId:  e.CallerRequestID,
 	}
 }
 

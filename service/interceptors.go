@@ -1,6 +1,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -30,10 +31,15 @@ const RequestIDHeader = "x-request-id"
 
 // callInfo collects what the handler learns about a call for its log line.
 type callInfo struct {
-	requestID      string
-	providerStatus int
-	attempts       int
-	replayed       bool
+	// requestID is paymentsd's own ID of the call, always made here: it
+	// is what records and audit entries name. callerRequestID is the
+	// caller's x-request-id, if it sent a valid one: a label of the
+	// caller's, kept beside it, never in its place.
+	requestID       string
+	callerRequestID string
+	providerStatus  int
+	attempts        int
+	replayed        bool
 }
 
 type callInfoKey struct{}
@@ -54,24 +60,27 @@ func noteReplayed(ctx context.Context) {
 	}
 }
 
-// requestID uses the caller's x-request-id, or makes one, and returns it to
-// the caller in the response header.
+// requestID gives the call paymentsd's own request ID, keeps the caller's
+// valid x-request-id beside it, and answers in the response header with
+// the caller's (echoed, so that it can match the answer to its request)
+// or, if it sent none, paymentsd's.
 func requestID(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	id := incomingRequestID(ctx)
+	ci := newCallInfo(ctx)
 	// The header goes out with the reply or the error; failing to set it
 	// (no transport stream) must not fail the call.
-	_ = grpc.SetHeader(ctx, metadata.MD{RequestIDHeader: {id}})
-	return handler(context.WithValue(ctx, callInfoKey{}, &callInfo{requestID: id}), req)
+	_ = grpc.SetHeader(ctx, metadata.MD{RequestIDHeader: {cmp.Or(ci.callerRequestID, ci.requestID)}})
+	return handler(context.WithValue(ctx, callInfoKey{}, ci), req)
 }
 
-// incomingRequestID is the caller's valid x-request-id, or a new one. It
-// reads the one key (metadata.ValueFromIncomingContext) rather than
-// copying all the metadata (FromIncomingContext) for every call.
-func incomingRequestID(ctx context.Context) string {
+// newCallInfo is a call's callInfo, with its request IDs. It reads the
+// one key (metadata.ValueFromIncomingContext) rather than copying all the
+// metadata (FromIncomingContext) for every call.
+func newCallInfo(ctx context.Context) *callInfo {
+	ci := &callInfo{requestID: newRequestID()}
 	if v := metadata.ValueFromIncomingContext(ctx, RequestIDHeader); len(v) > 0 && validRequestID(v[0]) {
-		return v[0]
+		ci.callerRequestID = v[0]
 	}
-	return newRequestID()
+	return ci
 }
 
 func validRequestID(id string) bool {
@@ -124,6 +133,9 @@ func accessLog(logger *slog.Logger) grpc.UnaryServerInterceptor {
 				slog.Int("attempts", ci.attempts),
 				slog.Bool("replayed", ci.replayed),
 			)
+			if ci.callerRequestID != "" {
+				attrs = append(attrs, slog.String("caller_request_id", ci.callerRequestID))
+			}
 		}
 		if k, ok := req.(interface{ GetIdempotencyKey() string }); ok {
 			attrs = appendKey(attrs, k.GetIdempotencyKey())
@@ -222,10 +234,10 @@ func bind(i grpc.UnaryServerInterceptor, info *grpc.UnaryServerInfo, next grpc.U
 
 // streamRequestID is requestID for streams.
 func streamRequestID(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	id := incomingRequestID(ss.Context())
-	_ = ss.SetHeader(metadata.MD{RequestIDHeader: {id}})
+	ci := newCallInfo(ss.Context())
+	_ = ss.SetHeader(metadata.MD{RequestIDHeader: {cmp.Or(ci.callerRequestID, ci.requestID)}})
 	wrapped := middleware.WrapServerStream(ss)
-	wrapped.WrappedContext = context.WithValue(ss.Context(), callInfoKey{}, &callInfo{requestID: id})
+	wrapped.WrappedContext = context.WithValue(ss.Context(), callInfoKey{}, ci)
 	return handler(srv, wrapped)
 }
 
@@ -254,6 +266,9 @@ func streamAccessLog(logger *slog.Logger) grpc.StreamServerInterceptor {
 		}
 		if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
 			attrs = append(attrs, slog.String("request_id", ci.requestID))
+			if ci.callerRequestID != "" {
+				attrs = append(attrs, slog.String("caller_request_id", ci.callerRequestID))
+			}
 		}
 		if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
 			attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()))

@@ -56,21 +56,25 @@ type outcome struct {
 	err    error
 }
 
-// wait waits, up to max or until ctx ends, for o to be written, and
-// reports whether it was.
+// wait waits, up to max (0: no bound) or until ctx ends, for o to be
+// written, and reports whether it was.
 func (o *outcome) wait(ctx context.Context, max time.Duration) bool {
 	select {
 	case <-o.landed:
 		return o.err == nil
 	default:
 	}
-	t := time.NewTimer(max)
-	defer t.Stop()
+	var timeout <-chan time.Time
+	if max > 0 {
+		t := time.NewTimer(max)
+		defer t.Stop()
+		timeout = t.C
+	}
 	select {
 	case <-o.landed:
 		return o.err == nil
 	case <-ctx.Done():
-	case <-t.C:
+	case <-timeout:
 	}
 	return false
 }
@@ -197,6 +201,51 @@ func (s *Service) land(o *outcome) {
 	}
 	close(o.landed)
 	s.waiters.notify(o.fin.Key)
+}
+
+// releaseClaim hands the outbox a settlement claim by owner whose commit
+// was lost (it may have committed, holding a record this process will
+// never take over, being its own): it retries store.Release until the
+// store answers, as for an outcome.
+func (s *Service) releaseClaim(owner string, settleAfter time.Duration) {
+	b := s.outbox
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		return
+	}
+	b.wg.Add(1)
+	b.mu.Unlock()
+	s.metrics.outcomesPending.Inc()
+	go func() {
+		defer b.wg.Done()
+		defer s.metrics.outcomesPending.Dec()
+		delay := outboxFirstRetry
+		for {
+			ctx, cancel := context.WithTimeout(b.stop, outboxAttemptTimeout)
+			n, err := s.store.Release(ctx, owner, settleAfter)
+			cancel()
+			if err == nil {
+				if n > 0 {
+					s.logger.Warn("released a settlement claim whose commit was not confirmed; nothing was sent",
+						slog.String("claim_owner", owner), slog.Int("records", n))
+				}
+				return
+			}
+			if errors.Is(err, store.ErrClosed) || b.stop.Err() != nil {
+				s.logger.Error("paymentsd stopped before it could release a settlement claim whose commit was not confirmed; the record stays in progress until another replica, or this one restarted, takes it over",
+					slog.String("claim_owner", owner), slog.String("error", err.Error()))
+				return
+			}
+			t := time.NewTimer(delay/2 + rand.N(delay/2+1))
+			select {
+			case <-t.C:
+			case <-b.stop.Done():
+				t.Stop()
+			}
+			delay = min(2*delay, outboxMaxRetry)
+		}
+	}()
 }
 
 func (s *Service) logPendingAtStop(o *outcome) {

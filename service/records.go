@@ -561,7 +561,44 @@ func (s *Service) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMu
 		}
 		resp.AuditEntries = auditEntries(entries)
 	}
+	start = time.Now()
+	as, err := s.store.Attempts(ctx, rec)
+	s.metrics.storeOp("attempts", start, err)
+	if err != nil {
+		return nil, s.lookupError(ctx, err)
+	}
+	resp.AttemptHistory = attemptHistory(as)
 	return resp, nil
+}
+
+// attemptHistory is the API's view of a record's attempts.
+func attemptHistory(as []store.Attempt) []*paymentsv1.PaymentAttempt {
+	out := make([]*paymentsv1.PaymentAttempt, 0, len(as))
+	for _, a := range as {
+		pa := &paymentsv1.PaymentAttempt{
+			Number:             int32(a.Number),
+			Kind:               paymentsv1.AttemptKind(a.Kind),
+			Replica:            a.Replica,
+			ClaimOwner:         a.Owner,
+			RequestId:          a.RequestID,
+			ProviderHttpStatus: int32(a.ProviderStatus),
+			HttpRequests:       int32(a.HTTPRequests),
+			PaymentJson:        a.Reply,
+			Outcome:            paymentState(a.State),
+			Code:               a.Code,
+			Error:              a.Error,
+			Abandoned:          a.Abandoned,
+			InFlight:           a.InFlight,
+		}
+		if !a.StartedAt.IsZero() {
+			pa.StartTime = timestamppb.New(a.StartedAt)
+		}
+		if !a.EndedAt.IsZero() {
+			pa.EndTime = timestamppb.New(a.EndedAt)
+		}
+		out = append(out, pa)
+	}
+	return out
 }
 
 func (s *Service) noRecordError(key string) error {

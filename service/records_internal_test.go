@@ -1,11 +1,11 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"database/sql"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -22,6 +24,7 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/store"
+	"example.com/paymentsd/store/storetest"
 	"example.com/paymentsd/upstream"
 	"example.com/paymentsd/upstream/upstreamtest"
 )
@@ -54,6 +57,9 @@ type fixture struct {
 	store *store.Store
 	p     *upstreamtest.Server
 	path  string // the SQLite file
+	// faults is the store's failure seam (storetest.Faults).
+	faults *storetest.Faults
+	logs   *logBuffer
 }
 
 // newFixture returns a Service on a fresh SQLite file, calling the fake
@@ -74,7 +80,8 @@ func newFixture(t *testing.T, lease time.Duration, now func() time.Time) fixture
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "records.db")
-	opts := store.Options{Now: now}
+	faults := storetest.NewFaults()
+	opts := store.Options{Now: now, WrapConnector: faults.Wrap}
 	if now != nil {
 		// The test moves the clock past leases at once: takeovers don't
 		// wait for the store's writes to have been healthy for long.
@@ -84,11 +91,23 @@ func newFixture(t *testing.T, lease time.Duration, now func() time.Time) fixture
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.Close() })
+	t.Cleanup(func() {
+		faults.Clear()
+		st.Close()
+	})
+	logs := &logBuffer{}
 	svc := New(Config{Client: client, Store: st, Environment: paymentsv1.Environment_ENVIRONMENT_SANDBOX,
-		LeaseTTL: lease, Now: now, Registerer: prometheus.NewRegistry()})
-	t.Cleanup(func() { svc.Shutdown(context.Background()) })
-	return fixture{svc: svc, store: st, p: p, path: path}
+		LeaseTTL: lease, Now: now, Registerer: prometheus.NewRegistry(),
+		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	t.Cleanup(func() {
+		// A test that failed midway may leave faults that would hold
+		// the outbox.
+		faults.Clear()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		svc.Shutdown(ctx)
+	})
+	return fixture{svc: svc, store: st, p: p, path: path, faults: faults, logs: logs}
 }
 
 func payment(key string) *paymentsv1.CreateMultiCardPaymentRequest {
@@ -233,22 +252,6 @@ func TestSendWithinLease(t *testing.T) {
 	}
 }
 
-// A provider refusal that can't be recorded as NotCreated leaves the record
-// InProgress, for settlement to re-send when its lease expires: the caller
-// must hear that the outcome is unknown, never that nothing was created.
-func TestNotCreatedThatCannotBeRecordedIsUnknown(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 10*time.Second, nil)
-	f.p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
-		f.store.Close() // the store fails while the provider answers
-		return upstreamtest.Reply{Status: http.StatusUnauthorized, Body: []byte(`{"errors":[{"code":"UNAUTHORIZED"}]}`)}
-	})
-	_, err := f.svc.CreateMultiCardPayment(t.Context(), payment("refused"))
-	if status.Code(err) != codes.Unauthenticated || reasonOf(err) != ReasonOutcomeUnknown {
-		t.Errorf("call = %v (%s), want UNAUTHENTICATED %s", err, reasonOf(err), ReasonOutcomeUnknown)
-	}
-}
-
 // A call waiting on a key another call holds at the provider, whose store
 // then fails, is told the payment is in progress, never that nothing was
 // created.
@@ -323,81 +326,6 @@ func claimFor(svc *Service, key, owner string) store.Claim {
 		Owner: owner, LeaseTTL: svc.leaseTTL, Window: svc.window, Quiet: svc.quiet}
 }
 
-// errCommitLost is what the store reports when a claim's COMMIT got no
-// answer (a connection lost as it was sent): the claim may be written.
-var errCommitLost = fmt.Errorf("begin: commit: %w: connection reset by peer", store.ErrCommitUnknown)
-
-// A claim that committed although the store reported an error is this
-// call's own record: if it started the key afresh it is marked NotCreated
-// (nothing was sent, and settlement must never send it); if it took over
-// a record whose earlier attempt may have created the payment, it stays
-// unknown, for settlement.
-func TestClaimCommittedDespiteError(t *testing.T) {
-	t.Parallel()
-	t.Run("fresh key", func(t *testing.T) {
-		t.Parallel()
-		c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
-		f := newFixture(t, 10*time.Second, c.Now)
-		cl := claimFor(f.svc, "fresh", f.svc.owner+"/call")
-		if b, err := f.store.Begin(t.Context(), cl); err != nil || b.Outcome != store.Acquired {
-			t.Fatalf("Begin = %+v, %v", b, err)
-		}
-		err := f.svc.beginError(t.Context(), cl, errCommitLost)
-		if reasonOf(err) != ReasonNotCreated {
-			t.Errorf("answer = %v (%s), want %s", err, reasonOf(err), ReasonNotCreated)
-		}
-		c.add(time.Hour)
-		f.svc.settleDue(t.Context())
-		if n := len(f.p.Requests()); n != 0 {
-			t.Errorf("settlement sent %d requests for a key the caller was told was not created", n)
-		}
-	})
-	t.Run("after a holder died", func(t *testing.T) {
-		t.Parallel()
-		c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
-		f := newFixture(t, 10*time.Second, c.Now)
-		// A call claims the key and sends it, and the provider creates the
-		// payment; the call dies before recording anything.
-		dead := claimFor(f.svc, "orphan", "paymentsd-another/dead") // a replica that died
-		if _, err := f.store.Begin(t.Context(), dead); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.svc.client.Send(t.Context(), dead.Body); err != nil {
-			t.Fatal(err)
-		}
-		// Past its lease and quiet period (its request may have been at
-		// the provider until then), a retry takes the record over, with
-		// an error.
-		c.add(f.svc.leaseTTL + f.svc.quiet + time.Second)
-		cl := claimFor(f.svc, "orphan", f.svc.owner+"/retry")
-		if b, err := f.store.Begin(t.Context(), cl); err != nil || b.Outcome != store.Acquired {
-			t.Fatalf("Begin = %+v, %v", b, err)
-		}
-		err := f.svc.beginError(t.Context(), cl, errCommitLost)
-		if reasonOf(err) != ReasonOutcomeUnknown {
-			t.Errorf("answer = %v (%s), want %s", err, reasonOf(err), ReasonOutcomeUnknown)
-		}
-		c.add(time.Minute)
-		f.svc.settleDue(t.Context())
-		rec, err := f.store.Get(t.Context(), "orphan")
-		if err != nil || rec.State != store.StateSucceeded {
-			t.Errorf("record after settlement = %v, %v; want Succeeded", rec.State, err)
-		}
-	})
-	t.Run("unreadable", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, 10*time.Second, nil)
-		cl := claimFor(f.svc, "unreadable", f.svc.owner+"/call")
-		if _, err := f.store.Begin(t.Context(), cl); err != nil {
-			t.Fatal(err)
-		}
-		f.store.Close()
-		if err := f.svc.beginError(t.Context(), cl, errCommitLost); reasonOf(err) != ReasonOutcomeUnknown {
-			t.Errorf("answer = %v (%s), want %s: the claim may be written, and settlement would send it", err, reasonOf(err), ReasonOutcomeUnknown)
-		}
-	})
-}
-
 // A caller's retry of an unknown key near the end of its settlement window
 // sends nothing that could reach the provider after the window: the
 // provider may have forgotten the key by then.
@@ -448,4 +376,23 @@ func TestExpiredUntoldSaysNothingOfTheRecord(t *testing.T) {
 	if strings.Contains(st.Message(), "STATE") {
 		t.Errorf("message %q tells the record's state", st.Message())
 	}
+}
+
+// logBuffer is a bytes.Buffer safe for a logger and a test to share.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// count is how many lines logged msg.
+func (b *logBuffer) count(msg string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.buf.String(), `"msg":"`+msg+`"`)
 }

@@ -73,6 +73,11 @@ func (s *Service) settleDue(ctx context.Context) {
 			if ctx.Err() == nil {
 				s.logger.Warn("settlement could not claim records", slog.String("error", err.Error()))
 			}
+			if errors.Is(err, store.ErrCommitUnknown) {
+				// The claim may hold a record that no replica of this
+				// process would ever take over: release it.
+				s.releaseClaim(owner, settleBackoff(s.settleBase, 0))
+			}
 			return
 		}
 		if len(recs) == 0 {

@@ -156,13 +156,10 @@ func (s *Store) Attempts(ctx context.Context, r Record) ([]Attempt, error) {
 		defer rows.Close()
 		var out []Attempt
 		for rows.Next() {
-			var a Attempt
-			var kind, state int
-			if err := rows.Scan(&a.Number, &kind, &a.Owner, &a.Replica, &a.RequestID, timeCol{&a.StartedAt}, timeCol{&a.EndedAt},
-				&a.ProviderStatus, &a.HTTPRequests, &a.Reply, &state, &a.Code, &a.Error, &a.Abandoned); err != nil {
+			a, err := scanAttempt(rows)
+			if err != nil {
 				return nil, err
 			}
-			a.Kind, a.State = AttemptKind(kind), State(state)
 			out = append(out, a)
 		}
 		return out, rows.Err()
@@ -171,10 +168,27 @@ func (s *Store) Attempts(ctx context.Context, r Record) ([]Attempt, error) {
 		return nil, s.wrap(fmt.Errorf("attempts %.64q: %w", r.Key, err))
 	}
 	if r.State == StateInProgress {
-		out = append(out, Attempt{
-			Number: r.AttemptSeq, Kind: r.AttemptKind, Owner: r.LeaseOwner, Replica: ownerProcess(r.LeaseOwner),
-			RequestID: r.AttemptRequestID, StartedAt: r.AttemptStartedAt, State: StateInProgress, InFlight: true,
-		})
+		out = append(out, inFlight(r))
 	}
 	return out, nil
+}
+
+// scanAttempt reads a row of attemptColumns, after the columns of
+// before.
+func scanAttempt(row scanner, before ...any) (Attempt, error) {
+	var a Attempt
+	var kind, state int
+	dest := append(before, &a.Number, &kind, &a.Owner, &a.Replica, &a.RequestID, timeCol{&a.StartedAt}, timeCol{&a.EndedAt},
+		&a.ProviderStatus, &a.HTTPRequests, &a.Reply, &state, &a.Code, &a.Error, &a.Abandoned)
+	err := row.Scan(dest...)
+	a.Kind, a.State = AttemptKind(kind), State(state)
+	return a, err
+}
+
+// inFlight is r's attempt in flight, as the record holds it.
+func inFlight(r Record) Attempt {
+	return Attempt{
+		Number: r.AttemptSeq, Kind: r.AttemptKind, Owner: r.LeaseOwner, Replica: ownerProcess(r.LeaseOwner),
+		RequestID: r.AttemptRequestID, StartedAt: r.AttemptStartedAt, State: StateInProgress, InFlight: true,
+	}
 }

@@ -177,17 +177,27 @@ func TestCommitFaults(t *testing.T) {
 						t.Fatalf("ClaimDue() with a %s commit error = %v, want ErrCommitUnknown", name, err)
 					}
 					r := get(t, s, "k")
-					if lose {
-						if r.State != store.StateInProgress || r.LeaseOwner != "q/1" {
-							t.Errorf("record after a lost settlement claim = %v held by %q, want InProgress held by q/1", r.State, r.LeaseOwner)
-						}
-						return
+					if lose && (r.State != store.StateInProgress || r.LeaseOwner != "q/1") {
+						t.Errorf("record after a lost settlement claim = %v held by %q, want InProgress held by q/1", r.State, r.LeaseOwner)
 					}
-					if r.State != store.StateOutcomeUnknown || r.LeaseOwner != "" {
+					if !lose && (r.State != store.StateOutcomeUnknown || r.LeaseOwner != "") {
 						t.Errorf("record after a failed settlement claim = %v held by %q, want OutcomeUnknown, unheld", r.State, r.LeaseOwner)
+					}
+					// The claimant releases what its claim may hold: its
+					// own process would never take it over.
+					n, err := s.Release(ctx, "q/1", 0)
+					if want := map[bool]int{false: 0, true: 1}[lose]; err != nil || n != want {
+						t.Errorf("Release(q/1) = %d, %v; want %d", n, err, want)
+					}
+					if r := get(t, s, "k"); r.State != store.StateOutcomeUnknown || r.LeaseOwner != "" {
+						t.Errorf("record after Release = %v held by %q, want OutcomeUnknown, unheld", r.State, r.LeaseOwner)
 					}
 					if got := claimDue(t, s, "q/2", 0, 1); len(got) != 1 || got[0].LeaseOwner != "q/2" {
 						t.Errorf("next ClaimDue() = %v, want k claimed by q/2", keys(got))
+					}
+					as := attemptsOf(t, s, "k")
+					if want := map[bool]int{false: 2, true: 3}[lose]; len(as) != want || (lose && (as[1].Owner != "q/1" || as[1].HTTPRequests != 0)) {
+						t.Errorf("attempts = %+v; want the first call's, the released claim's (if it committed), the new claim's", as)
 					}
 				})
 				t.Run(name+" resolution", func(t *testing.T) {

@@ -34,6 +34,9 @@ type ListQuery struct {
 	// WithReply reads each record's Reply (and counts it in Size); without
 	// it Reply is nil.
 	WithReply bool
+	// WithAttempts reads each record's attempts into Page.Attempts (and,
+	// with WithReply, counts them in Size).
+	WithAttempts bool
 }
 
 // Cursor is a position in page order. Tie is opaque.
@@ -51,11 +54,19 @@ type Page struct {
 	Next *Cursor
 	// More: at least one more record matched when the page was read.
 	More bool
+	// Attempts, with ListQuery.WithAttempts, holds each record's attempts
+	// (as Attempts returns them) by key.
+	Attempts map[string][]Attempt
 }
 
 // listOverhead is what ListRecords counts per record besides its key,
-// caller, last error and reply: the summary's fixed fields and framing.
-const listOverhead = 160
+// caller, last error and reply: the summary's fixed fields and framing;
+// attemptOverhead the same for each of its attempts, besides its owner,
+// request ID, error and reply.
+const (
+	listOverhead    = 160
+	attemptOverhead = 96
+)
 
 // ListRecords returns a page of the records q asks for (never tombstoned
 // ones). It reads the page's positions from the indexes alone, then (with
@@ -159,6 +170,12 @@ func (s *Store) listRecords(ctx context.Context, q ListQuery) (Page, error) {
 	positions := strings.Join(arms, "\nUNION ALL\n") + "\nORDER BY created_at, tie LIMIT " + limit
 
 	size := d.bytesOf("key") + " + " + d.bytesOf("caller") + " + " + d.bytesOf("last_error") + " + " + d.bytesOf("reply")
+	if q.WithAttempts {
+		// An attempt in flight is counted too (it has no row yet).
+		size += ` + (SELECT COALESCE(SUM(` + d.bytesOf("a.reply") + ` + 2 * ` + d.bytesOf("a.owner") + ` + ` + d.bytesOf("a.request_id") +
+			` + ` + d.bytesOf("a.error") + ` + ` + strconv.Itoa(attemptOverhead) + `), 0) FROM attempts a WHERE a.` + d.keyCol + ` = records.` + d.keyCol + `)
+			+ ` + strconv.Itoa(attemptOverhead) + ` + 2 * ` + d.bytesOf("lease_owner")
+	}
 	reply := "NULL"
 	if q.WithReply {
 		reply = "reply"
@@ -270,9 +287,62 @@ func (s *Store) listRecords(ctx context.Context, q ListQuery) (Page, error) {
 			page.Records = append(page.Records, r)
 			page.Next = &Cursor{CreatedAt: r.CreatedAt, Tie: tie}
 		}
-		return rows.Err()
+		if err := rows.Err(); err != nil || !q.WithAttempts || len(page.Records) == 0 {
+			return err
+		}
+		rows.Close()
+		page.Attempts, err = s.pageAttempts(ctx, tx, page.Records)
+		return err
 	})
 	return page, err
+}
+
+// pageAttempts reads the attempts of a page's records, by key.
+func (s *Store) pageAttempts(ctx context.Context, tx *sql.Tx, recs []Record) (map[string][]Attempt, error) {
+	d := s.d
+	var in listArgs
+	marks := make([]string, len(recs))
+	byCol := make(map[string]string, len(recs)) // keyCol's value → key
+	for i, r := range recs {
+		marks[i] = in.add(d.k(r.Key))
+		byCol[keyColString(d.k(r.Key))] = r.Key
+	}
+	rows, err := tx.QueryContext(ctx, d.q(`SELECT `+d.keyCol+`, `+attemptColumns+` FROM attempts
+		WHERE `+d.keyCol+` IN (`+strings.Join(marks, ", ")+`) ORDER BY id`), in...)
+	if err != nil {
+		return nil, fmt.Errorf("read attempts: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[string][]Attempt, len(recs))
+	for rows.Next() {
+		var col any
+		a, err := scanAttempt(rows, &col)
+		if err != nil {
+			return nil, fmt.Errorf("read attempts: %w", err)
+		}
+		key := byCol[keyColString(col)]
+		out[key] = append(out[key], a)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read attempts: %w", err)
+	}
+	for _, r := range recs {
+		if r.State == StateInProgress {
+			out[r.Key] = append(out[r.Key], inFlight(r))
+		}
+	}
+	return out, nil
+}
+
+// keyColString is a keyCol value (a key, or its hash) as a map key.
+func keyColString(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	}
+	return fmt.Sprint(v)
 }
 
 // readSnapshot runs fn in a read-only transaction on the readers, whose

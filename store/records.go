@@ -465,17 +465,20 @@ func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record, now t
 		return Began{Outcome: Replay, Record: r}, nil
 	case r.State == StateInProgress && !expired:
 		return Began{Outcome: Busy, Record: r}, nil
-	case r.State == StateInProgress && !s.mayTakeOver(c.Owner, r.LeaseOwner):
-		// Its holder may have an outcome on its way: see writeHealth.
-		return Began{Outcome: Busy, Record: r}, nil
 	case r.State == StateNotCreated:
 		nr, err := updateRecord(ctx, tx, d, now, acquire+`, settle_by = $10, gave_up = $11`,
 			c.Key, append(acquireArgs, d.t(now.Add(c.Window)), false)...)
 		return Began{Outcome: Acquired, Record: nr, Prior: r.State}, err
 	case r.State == StateOutcomeUnknown || r.State == StateInProgress:
+		// An expired lease's holder may have an outcome on its way: see
+		// writeHealth.
+		takeover := r.State == StateInProgress
 		if !now.Before(r.SettleBy) {
 			if r.State == StateOutcomeUnknown {
 				return Began{Outcome: PastWindow, Record: r}, nil
+			}
+			if !s.mayTakeOver(c.Owner, r.LeaseOwner) {
+				return Began{Outcome: Busy, Record: r}, nil
 			}
 			if err := s.abandon(ctx, tx, r, now); err != nil {
 				return Began{}, err
@@ -487,7 +490,10 @@ func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record, now t
 		if now.Before(r.QuietUntil) {
 			return Began{Outcome: Quiet, Record: r}, nil
 		}
-		if r.State == StateInProgress {
+		if takeover {
+			if !s.mayTakeOver(c.Owner, r.LeaseOwner) {
+				return Began{Outcome: Busy, Record: r}, nil
+			}
 			if err := s.abandon(ctx, tx, r, now); err != nil {
 				return Began{}, err
 			}
@@ -792,6 +798,51 @@ func (s *Store) ClaimDue(ctx context.Context, owner string, leaseTTL, quiet time
 		return nil, s.wrap(fmt.Errorf("claim due records: %w", err))
 	}
 	return out, nil
+}
+
+// Release ends owner's claims, which may have committed without its
+// claimant learning it (ClaimDue's ErrCommitUnknown): every record
+// InProgress under owner's lease becomes OutcomeUnknown again, due for
+// settlement after settleAfter, and its attempt gets its row, nothing
+// sent. It returns how many it released: none when the claim never
+// committed. (A claimant never takes over its own process's records, so
+// without this a lost claim would wait for another replica.)
+func (s *Store) Release(ctx context.Context, owner string, settleAfter time.Duration) (int, error) {
+	d := s.d
+	var n int
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx, now time.Time) error {
+		n = 0
+		rows, err := tx.QueryContext(ctx, d.q(`SELECT `+recordColumns+` FROM records
+			WHERE state = $1 AND lease_owner = $2 `+d.lockRows), int(StateInProgress), owner)
+		if err != nil {
+			return err
+		}
+		held, err := scanRecords(rows, now)
+		if err != nil {
+			return err
+		}
+		for _, r := range held {
+			err := s.insertAttempt(ctx, tx, r.Key, Attempt{
+				Number: r.AttemptSeq, Kind: r.AttemptKind, Owner: owner, Replica: ownerProcess(owner),
+				RequestID: r.AttemptRequestID, StartedAt: r.AttemptStartedAt, EndedAt: now, State: StateOutcomeUnknown,
+				Error: "released: the claim's commit was not confirmed to its claimant, which sent nothing",
+			})
+			if err != nil {
+				return err
+			}
+			if _, err := updateRecord(ctx, tx, d, now, `state = $2, lease_owner = '', lease_expires_at = $3, quiet_until = $3,
+				next_settle_at = $4, updated_at = $5`, r.Key, int(StateOutcomeUnknown), d.t(time.Time{}),
+				d.t(now.Add(max(settleAfter, 0))), d.t(now)); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, s.wrap(fmt.Errorf("release claims: %w", err))
+	}
+	return n, nil
 }
 
 // lockDue reads and locks up to limit untombstoned records that are

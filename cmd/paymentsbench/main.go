@@ -19,8 +19,10 @@
 //     (grpc-floor, the gRPC floor);
 //   - the record floors, the least that any service with durable records
 //     can do: each floor again, with one INSERT committed before the
-//     request is forwarded and one UPDATE queued after the answer, through
-//     the store's own group commit (store.Store.FloorExec), with
+//     request is forwarded and one UPDATE committed after the answer,
+//     before it is passed on (as paymentsd records an outcome before it
+//     answers), through the store's own group commit
+//     (store.Store.FloorExec), with
 //     paymentsd's driver and pragmas, in a database of its own per store
 //     (record-proxy/sqlite, record-grpc/sqlite, and the same on
 //     PostgreSQL); paymentsd's targets are ratios to these;

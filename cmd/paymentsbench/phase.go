@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -69,6 +71,14 @@ type phaseResult struct {
 	// Replays counts calls paymentsd answered from an earlier record,
 	// warm-ups included: with a key per call it must be 0.
 	Replays float64 `json:"replays"`
+	// OutcomeCommitP50Micros and OutcomeCommitP99Micros estimate, from
+	// paymentsd's paymentsd_outcome_commit_seconds histogram over the
+	// measured calls (interpolating within its buckets), the time from
+	// the provider's answer to the commit of its record: the window in
+	// which a replica that dies leaves the key to be sent again. Absent for
+	// a paymentsd without the histogram.
+	OutcomeCommitP50Micros float64 `json:"outcome_commit_p50_us,omitempty"`
+	OutcomeCommitP99Micros float64 `json:"outcome_commit_p99_us,omitempty"`
 
 	PerRound []roundResult `json:"per_round"`
 }
@@ -109,6 +119,7 @@ type sample struct {
 func summarize(p *path, concurrency int, samples []sample) phaseResult {
 	r := phaseResult{Path: p.name, API: p.api, Store: p.store, Floor: p.floor, RecordFloor: p.recordFloor, Concurrency: concurrency, Rounds: len(samples)}
 	ops := map[string]float64{}
+	window := map[float64]float64{}
 	var commits float64
 	var latencies [][]time.Duration
 	var elapsed time.Duration
@@ -131,6 +142,9 @@ func summarize(p *path, concurrency int, samples []sample) phaseResult {
 			ops[op] += n
 		}
 		commits += s.storeOps.commitCount()
+		for le, c := range s.storeOps.window {
+			window[le] += c
+		}
 		r.PerRound = append(r.PerRound, s.round)
 	}
 	all := slices.Concat(latencies...)
@@ -156,8 +170,38 @@ func summarize(p *path, concurrency int, samples []sample) phaseResult {
 			r.StoreOpsPerCall[op] = c / n
 		}
 		r.CommitsPerCall = commits / n
+		r.OutcomeCommitP50Micros = 1e6 * histogramQuantile(window, 0.50)
+		r.OutcomeCommitP99Micros = 1e6 * histogramQuantile(window, 0.99)
 	}
 	return r
+}
+
+// histogramQuantile estimates the q-quantile of a histogram's cumulative
+// bucket counts (by upper bound, +Inf included) as Prometheus's
+// histogram_quantile does: linearly within the bucket it falls in. 0 for
+// an empty histogram.
+func histogramQuantile(cumulative map[float64]float64, q float64) float64 {
+	les := slices.Sorted(maps.Keys(cumulative))
+	if len(les) == 0 || cumulative[les[len(les)-1]] == 0 {
+		return 0
+	}
+	total := cumulative[les[len(les)-1]]
+	rank := q * total
+	lower, below := 0.0, 0.0
+	for _, le := range les {
+		c := cumulative[le]
+		if c >= rank {
+			if math.IsInf(le, 1) {
+				return lower // past the last finite bucket: its bound
+			}
+			if c == below {
+				return le
+			}
+			return lower + (le-lower)*(rank-below)/(c-below)
+		}
+		lower, below = le, c
+	}
+	return lower
 }
 
 // path is one way of making a payment that the benchmark measures.
@@ -310,6 +354,9 @@ type serviceMetrics struct {
 	// hasCommits: paymentsd exports paymentsd_store_commits_total; without
 	// it, every operation is taken as a commit of its own.
 	hasCommits bool
+	// window is paymentsd_outcome_commit_seconds's cumulative bucket
+	// counts, by upper bound.
+	window map[float64]float64
 }
 
 // sub is m − before, for the store's counts.
@@ -321,6 +368,10 @@ func (m serviceMetrics) sub(before serviceMetrics) serviceMetrics {
 	d.commits = m.commits - before.commits
 	d.connsOpened = m.connsOpened - before.connsOpened
 	d.replays = m.replays - before.replays
+	d.window = map[float64]float64{}
+	for le, c := range m.window {
+		d.window[le] = c - before.window[le]
+	}
 	return d
 }
 
@@ -340,7 +391,7 @@ func (m serviceMetrics) commitCount() float64 {
 
 // readMetrics reads paymentsd's /metrics.
 func (s *serviceProcess) readMetrics(ctx context.Context, client *http.Client) (serviceMetrics, error) {
-	m := serviceMetrics{storeOps: map[string]float64{}}
+	m := serviceMetrics{storeOps: map[string]float64{}, window: map[float64]float64{}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.httpAddr+"/metrics", nil)
 	if err != nil {
 		return m, err
@@ -371,6 +422,13 @@ func (s *serviceProcess) readMetrics(ctx context.Context, client *http.Client) (
 		case "paymentsd_store_commits_total":
 			m.commits += value
 			m.hasCommits = true
+		case "paymentsd_outcome_commit_seconds_bucket":
+			if _, le, ok := strings.Cut(labels, `le="`); ok {
+				le, _, _ = strings.Cut(le, `"`)
+				if bound, err := strconv.ParseFloat(le, 64); err == nil {
+					m.window[bound] += value
+				}
+			}
 		case "paymentsd_store_duration_seconds_count":
 			if _, op, ok := strings.Cut(labels, `op="`); ok {
 				op, _, _ = strings.Cut(op, `"`)

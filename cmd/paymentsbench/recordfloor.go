@@ -61,18 +61,19 @@ func (f *recordFloor) begin(ctx context.Context, key string, body []byte) error 
 		key, body, now)
 }
 
-// finish records the provider's answer to key's request. Like paymentsd's
-// record of a success (store.FinishLater), it is committed in the next
-// group commit, and the answer does not wait for it. A failed UPDATE ends
-// the floor: a measuring stick that loses records measures nothing.
+// finish records the provider's answer to key's request, and returns once
+// it is durable, as paymentsd's record of an outcome is before paymentsd
+// answers (it commits in the next group commit). A failed UPDATE ends the
+// floor: a measuring stick that loses records measures nothing.
 func (f *recordFloor) finish(key string, status int, reply []byte) {
-	f.st.FloorExecLater(func(err error) {
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "record floor: UPDATE %q: %v\n", key, err)
-			os.Exit(1)
-		}
-	}, `UPDATE floor_records SET state = 2, status = $2, reply = $3, updated_at = $4 WHERE key = $1`,
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := f.st.FloorExec(ctx, `UPDATE floor_records SET state = 2, status = $2, reply = $3, updated_at = $4 WHERE key = $1`,
 		key, status, reply, time.Now().UnixMicro())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "record floor: UPDATE %q: %v\n", key, err)
+		os.Exit(1)
+	}
 }
 
 func (f *recordFloor) close() error { return f.st.Close() }

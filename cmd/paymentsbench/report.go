@@ -309,6 +309,22 @@ func printReport(w io.Writer, r *results) {
 	fmt.Fprintf(w, "durable-write floor: fsync of 4 KiB in %s, median %.0f µs (p90 %.0f µs) over %d.\n",
 		r.Fsync.Dir, r.Fsync.MedianMicros, r.Fsync.P90Micros, r.Fsync.Samples)
 
+	var window []phaseResult
+	for _, p := range r.Phases {
+		if p.OutcomeCommitP50Micros > 0 {
+			window = append(window, p)
+		}
+	}
+	if len(window) > 0 {
+		fmt.Fprintln(w, "\nthe window a replica's death leaves, from the provider's answer to its record's commit (paymentsd_outcome_commit_seconds, interpolated in its buckets):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "path	conc	p50 µs	p99 µs	")
+		for _, p := range window {
+			fmt.Fprintf(tw, "%s	%d	%.0f	%.0f	\n", p.Path, p.Concurrency, p.OutcomeCommitP50Micros, p.OutcomeCommitP99Micros)
+		}
+		tw.Flush()
+	}
+
 	if costs := storeCosts(r); len(costs) > 0 {
 		fmt.Fprintln(w, "\nrecord store cost per gRPC payment (against paymentsd with sqlite::memory:, records off-disk):")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

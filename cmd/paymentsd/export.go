@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -27,7 +29,7 @@ var exportColumns = []string{
 	"idempotency_key", "state", "amount", "currency", "caller", "environment",
 	"create_time", "update_time", "attempts", "provider_http_status",
 	"settlement_gave_up", "settlement_window_end_time", "resolved", "last_error",
-	"payment_json",
+	"payment_json", "attempt_history",
 }
 
 // exportRecord is one line of a JSON lines export, keyed as exportColumns.
@@ -47,6 +49,50 @@ type exportRecord struct {
 	Resolved                bool   `json:"resolved"`
 	LastError               string `json:"last_error"`
 	PaymentJSON             string `json:"payment_json"`
+	// AttemptHistory is every attempt for the key, oldest first; in CSV,
+	// as a JSON array.
+	AttemptHistory []exportAttempt `json:"attempt_history"`
+}
+
+// exportAttempt is one attempt in an export, as PaymentAttempt, with the
+// provider's reply as a string (exactly, for a reply in UTF-8).
+type exportAttempt struct {
+	Number             int32  `json:"number"`
+	Kind               string `json:"kind"` // call or settlement
+	Replica            string `json:"replica"`
+	ClaimOwner         string `json:"claim_owner"`
+	RequestID          string `json:"request_id"`
+	StartTime          string `json:"start_time"`
+	EndTime            string `json:"end_time"`
+	ProviderHTTPStatus int32  `json:"provider_http_status"`
+	HTTPRequests       int32  `json:"http_requests"`
+	Outcome            string `json:"outcome"`
+	Code               int32  `json:"code"`
+	Error              string `json:"error"`
+	Abandoned          bool   `json:"abandoned"`
+	InFlight           bool   `json:"in_flight"`
+	PaymentJSON        string `json:"payment_json"`
+}
+
+func exportAttempts(as []*paymentsv1.PaymentAttempt) []exportAttempt {
+	out := make([]exportAttempt, 0, len(as))
+	for _, a := range as {
+		kind := ""
+		switch a.GetKind() {
+		case paymentsv1.AttemptKind_ATTEMPT_KIND_CALL:
+			kind = "call"
+		case paymentsv1.AttemptKind_ATTEMPT_KIND_SETTLEMENT:
+			kind = "settlement"
+		}
+		out = append(out, exportAttempt{
+			Number: a.GetNumber(), Kind: kind, Replica: a.GetReplica(), ClaimOwner: a.GetClaimOwner(),
+			RequestID: a.GetRequestId(), StartTime: exportTime(a.GetStartTime()), EndTime: exportTime(a.GetEndTime()),
+			ProviderHTTPStatus: a.GetProviderHttpStatus(), HTTPRequests: a.GetHttpRequests(), Outcome: stateName(a.GetOutcome()),
+			Code: a.GetCode(), Error: a.GetError(), Abandoned: a.GetAbandoned(), InFlight: a.GetInFlight(),
+			PaymentJSON: string(a.GetPaymentJson()),
+		})
+	}
+	return out
 }
 
 func newExportRecord(p *paymentsv1.MultiCardPaymentSummary) exportRecord {
@@ -64,6 +110,7 @@ func newExportRecord(p *paymentsv1.MultiCardPaymentSummary) exportRecord {
 		Resolved:                p.GetResolved(),
 		LastError:               p.GetLastError(),
 		PaymentJSON:             string(p.GetPaymentJson()),
+		AttemptHistory:          exportAttempts(p.GetAttemptHistory()),
 	}
 	if m := p.GetAmountMoney(); m != nil {
 		r.Amount, r.Currency = strconv.FormatInt(m.GetAmount(), 10), m.GetCurrency()
@@ -72,11 +119,17 @@ func newExportRecord(p *paymentsv1.MultiCardPaymentSummary) exportRecord {
 }
 
 func (r exportRecord) csv() []string {
+	// Not json.Marshal, which would escape <, > and & in the provider's
+	// replies.
+	var attempts bytes.Buffer
+	enc := json.NewEncoder(&attempts)
+	enc.SetEscapeHTML(false)
+	enc.Encode(r.AttemptHistory)
 	return []string{
 		r.IdempotencyKey, r.State, r.Amount, r.Currency, r.Caller, r.Environment,
 		r.CreateTime, r.UpdateTime, strconv.Itoa(int(r.Attempts)), strconv.Itoa(int(r.ProviderHTTPStatus)),
 		strconv.FormatBool(r.SettlementGaveUp), r.SettlementWindowEndTime, strconv.FormatBool(r.Resolved), r.LastError,
-		r.PaymentJSON,
+		r.PaymentJSON, strings.TrimSuffix(attempts.String(), "\n"),
 	}
 }
 
@@ -112,7 +165,11 @@ payments: paymentsd payments export --from yesterday --to yesterday
 Columns, in this order (docs/operations.md): idempotency_key, state,
 amount, currency, caller, environment, create_time, update_time, attempts,
 provider_http_status, settlement_gave_up, settlement_window_end_time,
-resolved, last_error, payment_json.
+resolved, last_error, payment_json, attempt_history (every attempt for the
+key, oldest first, as a JSON array: number, kind, replica, claim_owner,
+request_id, start_time, end_time, provider_http_status, http_requests,
+outcome, code, error, abandoned, in_flight and payment_json, the provider's
+reply to it).
 `
 
 func paymentsExport(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {

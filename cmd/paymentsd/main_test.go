@@ -540,12 +540,19 @@ func TestRequestID(t *testing.T) {
 	if got := r.header.Get("X-Request-Id"); len(got) < 16 {
 		t.Errorf("REST X-Request-Id = %q on an error without one from the caller, want a generated ID", got)
 	}
-	ids := map[string]bool{}
+	// The log names the callers' IDs beside paymentsd's own, which every
+	// call has.
+	callers := map[string]bool{}
 	for _, line := range in.logs.lines("call") {
-		ids[line["request_id"].(string)] = true
+		if id, _ := line["request_id"].(string); len(id) != 32 {
+			t.Errorf("call line request_id = %q, want paymentsd's own", id)
+		}
+		if id, ok := line["caller_request_id"].(string); ok {
+			callers[id] = true
+		}
 	}
-	if !ids["caller-req-1"] || !ids["caller-req-2"] {
-		t.Errorf("call log lines have request IDs %v, want the callers'", ids)
+	if !callers["caller-req-1"] || !callers["caller-req-2"] {
+		t.Errorf("call log lines have caller request IDs %v, want the callers'", callers)
 	}
 }
 

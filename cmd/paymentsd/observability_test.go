@@ -206,19 +206,24 @@ func TestAccessLog(t *testing.T) {
 	}
 	got := lines[0]
 	want := map[string]any{
-		"method":          "/payments.v1.PaymentsService/CreateMultiCardPayment",
-		"code":            "OK",
-		"provider_status": float64(201),
-		"attempts":        float64(2),
-		"idempotency_key": "k-log-line",
-		"request_id":      "rid-log-1",
-		"environment":     "sandbox",
-		"level":           "INFO",
+		"method":            "/payments.v1.PaymentsService/CreateMultiCardPayment",
+		"code":              "OK",
+		"provider_status":   float64(201),
+		"attempts":          float64(2),
+		"idempotency_key":   "k-log-line",
+		"caller_request_id": "rid-log-1",
+		"environment":       "sandbox",
+		"level":             "INFO",
 	}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("call line %s = %v, want %v", k, got[k], v)
 		}
+	}
+	// The call's own request ID is always paymentsd's, beside the
+	// caller's.
+	if id, _ := got["request_id"].(string); len(id) != 32 || id == "rid-log-1" {
+		t.Errorf("call line request_id = %v, want paymentsd's own", got["request_id"])
 	}
 	if d, ok := got["duration_ms"].(float64); !ok || d <= 0 {
 		t.Errorf("call line duration_ms = %v, want a positive number", got["duration_ms"])

@@ -523,7 +523,9 @@ func printable(s string) string {
 
 const getText = `Usage: paymentsd payments get [flags] KEY
 
-Show the payment whose idempotency key is KEY, and its audit trail: who
+Show the payment whose idempotency key is KEY, its attempts (each call's
+and each settlement re-send's: which replica, when, the provider's status
+and reply exactly, and what was recorded), and its audit trail: who
 resolved it, when, from and to which state, and with what evidence.
 -o json prints payments.v1.GetMultiCardPaymentResponse as the REST API does.
 `
@@ -598,6 +600,9 @@ func writePayment(stdout io.Writer, key string, p *paymentsv1.GetMultiCardPaymen
 	if err := w.Flush(); err != nil {
 		return err
 	}
+	if err := writeAttempts(stdout, p.GetAttemptHistory()); err != nil {
+		return err
+	}
 	entries := p.GetAuditEntries()
 	if len(entries) == 0 {
 		_, err := io.WriteString(stdout, "\nAudit trail: none\n")
@@ -605,7 +610,7 @@ func writePayment(stdout io.Writer, key string, p *paymentsv1.GetMultiCardPaymen
 	}
 	io.WriteString(stdout, "\nAudit trail:\n")
 	w = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "  WHEN (UTC)\tBY\tFROM\tTO\tREQUEST ID\tEVIDENCE")
+	fmt.Fprintln(w, "  WHEN (UTC)\tBY\tFROM\tTO\tREQUEST ID\tCALLER'S REQUEST ID\tEVIDENCE")
 	for _, e := range entries {
 		from := stateName(e.GetFromState())
 		if e.GetSettlementGaveUp() {
@@ -615,8 +620,40 @@ func writePayment(stdout io.Writer, key string, p *paymentsv1.GetMultiCardPaymen
 		if e.GetReplyRecorded() {
 			to += " (reply recorded)"
 		}
-		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%s\n", timeText(e.GetCreateTime()), printable(e.GetActor()), from, to,
-			dash(printable(e.GetRequestId())), printable(e.GetEvidence()))
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", timeText(e.GetCreateTime()), printable(e.GetActor()), from, to,
+			dash(printable(e.GetRequestId())), dash(printable(e.GetCallerRequestId())), printable(e.GetEvidence()))
+	}
+	return w.Flush()
+}
+
+// writeAttempts writes a record's attempts as a table: who made each,
+// when, the provider's status, what was recorded, and the provider's
+// reply exactly (or why it failed).
+func writeAttempts(stdout io.Writer, attempts []*paymentsv1.PaymentAttempt) error {
+	if len(attempts) == 0 {
+		_, err := io.WriteString(stdout, "\nAttempts: none recorded\n")
+		return err
+	}
+	io.WriteString(stdout, "\nAttempts:\n")
+	w := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "  #\tBY\tREPLICA\tREQUEST ID\tSTARTED (UTC)\tENDED (UTC)\tPROVIDER\tOUTCOME\tREPLY OR ERROR")
+	for _, a := range attempts {
+		by := strings.ToLower(strings.TrimPrefix(a.GetKind().String(), "ATTEMPT_KIND_"))
+		outcome := stateName(a.GetOutcome())
+		switch {
+		case a.GetInFlight():
+			outcome = "in flight"
+		case a.GetAbandoned():
+			outcome += " (abandoned)"
+		}
+		ended := timeText(a.GetEndTime())
+		detail := string(a.GetPaymentJson())
+		if detail == "" || a.GetProviderHttpStatus() < 200 || a.GetProviderHttpStatus() > 299 {
+			detail = strings.TrimSpace(a.GetError() + " " + detail)
+		}
+		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.GetNumber(), by, dash(printable(a.GetReplica())),
+			dash(printable(a.GetRequestId())), timeText(a.GetStartTime()), ended, providerStatusText(a.GetProviderHttpStatus()),
+			outcome, dash(printable(detail)))
 	}
 	return w.Flush()
 }

@@ -10,7 +10,10 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // Cluster is a PostgreSQL server of a test's own, which the test may stop
@@ -95,6 +98,63 @@ func (c *Cluster) Start() {
 func (c *Cluster) Stop(mode string) {
 	c.t.Helper()
 	c.run("pg_ctl", "-D", c.data(), "-w", "-t", "60", "-m", mode, "stop")
+}
+
+// Kill kills the server with SIGKILL, the postmaster and every process it
+// started, as a crash would, and waits until they are gone. Start starts
+// it again, recovering from the WAL.
+func (c *Cluster) Kill() {
+	c.t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.data(), "postmaster.pid"))
+	if err != nil {
+		c.t.Fatalf("kill the server: %v", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		c.t.Fatalf("kill the server: postmaster.pid holds %q", first)
+	}
+	// Its children each lead a process group of their own: find them
+	// before the postmaster dies and they are handed to init.
+	pids := append([]int{pid}, childrenOf(pid)...)
+	for _, p := range pids {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, p := range pids {
+		for syscall.Kill(p, 0) == nil {
+			if time.Now().After(deadline) {
+				c.t.Fatalf("process %d of the killed server is still there", p)
+			}
+			time.Sleep(10 * time.Millisecond) // no signal for another process's end
+		}
+	}
+}
+
+// childrenOf lists the processes whose parent is pid, from /proc.
+func childrenOf(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …; comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(stat[i+1:]))
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
 }
 
 func (c *Cluster) pgctl(args ...string) {

@@ -968,3 +968,18 @@ func TestAddListener(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyStatsDelivered: KeyStats counts the 2xx replies delivered for a
+// key, and the requests that came after the first of them.
+func TestKeyStatsDelivered(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	srv.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Status: http.StatusServiceUnavailable}))
+	for range 3 {
+		mustDo(t, srv, call{key: goodKey, body: goodBody})
+	}
+	got := srv.KeyStats("idem-1")
+	if got.Requests != 3 || got.Delivered != 2 || got.AfterDelivered != 1 {
+		t.Errorf("KeyStats after a 503 and two 200s = %+v, want 3 requests, 2 delivered, 1 after a delivered 2xx", got)
+	}
+}

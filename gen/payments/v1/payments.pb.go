@@ -27,6 +27,61 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// AttemptKind says who made an attempt.
+type AttemptKind int32
+
+const (
+	// ATTEMPT_KIND_UNSPECIFIED: not known (an attempt in flight when
+	// paymentsd started keeping attempts).
+	AttemptKind_ATTEMPT_KIND_UNSPECIFIED AttemptKind = 0
+	// ATTEMPT_KIND_CALL: a CreateMultiCardPayment call.
+	AttemptKind_ATTEMPT_KIND_CALL AttemptKind = 1
+	// ATTEMPT_KIND_SETTLEMENT: paymentsd's settlement, re-sending the
+	// recorded body of a key whose outcome was unknown or whose holder died.
+	AttemptKind_ATTEMPT_KIND_SETTLEMENT AttemptKind = 2
+)
+
+// Enum value maps for AttemptKind.
+var (
+	AttemptKind_name = map[int32]string{
+		0: "ATTEMPT_KIND_UNSPECIFIED",
+		1: "ATTEMPT_KIND_CALL",
+		2: "ATTEMPT_KIND_SETTLEMENT",
+	}
+	AttemptKind_value = map[string]int32{
+		"ATTEMPT_KIND_UNSPECIFIED": 0,
+		"ATTEMPT_KIND_CALL":        1,
+		"ATTEMPT_KIND_SETTLEMENT":  2,
+	}
+)
+
+func (x AttemptKind) Enum() *AttemptKind {
+	p := new(AttemptKind)
+	*p = x
+	return p
+}
+
+func (x AttemptKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AttemptKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_payments_v1_payments_proto_enumTypes[0].Descriptor()
+}
+
+func (AttemptKind) Type() protoreflect.EnumType {
+	return &file_payments_v1_payments_proto_enumTypes[0]
+}
+
+func (x AttemptKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AttemptKind.Descriptor instead.
+func (AttemptKind) EnumDescriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{0}
+}
+
 // ListView chooses the fields of MultiCardPaymentSummary that are filled.
 type ListView int32
 
@@ -36,7 +91,8 @@ const (
 	// LIST_VIEW_BASIC leaves payment_json empty, keeping pages small.
 	ListView_LIST_VIEW_BASIC ListView = 1
 	// LIST_VIEW_FULL also fills payment_json, the provider's last reply
-	// (which holds the provider's own payment ID), for reconciliation.
+	// (which holds the provider's own payment ID), and attempt_history, for
+	// reconciliation.
 	ListView_LIST_VIEW_FULL ListView = 2
 )
 
@@ -65,11 +121,11 @@ func (x ListView) String() string {
 }
 
 func (ListView) Descriptor() protoreflect.EnumDescriptor {
-	return file_payments_v1_payments_proto_enumTypes[0].Descriptor()
+	return file_payments_v1_payments_proto_enumTypes[1].Descriptor()
 }
 
 func (ListView) Type() protoreflect.EnumType {
-	return &file_payments_v1_payments_proto_enumTypes[0]
+	return &file_payments_v1_payments_proto_enumTypes[1]
 }
 
 func (x ListView) Number() protoreflect.EnumNumber {
@@ -78,7 +134,7 @@ func (x ListView) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ListView.Descriptor instead.
 func (ListView) EnumDescriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{0}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{1}
 }
 
 // ResolutionOutcome is what a person found out about a payment.
@@ -121,11 +177,11 @@ func (x ResolutionOutcome) String() string {
 }
 
 func (ResolutionOutcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_payments_v1_payments_proto_enumTypes[1].Descriptor()
+	return file_payments_v1_payments_proto_enumTypes[2].Descriptor()
 }
 
 func (ResolutionOutcome) Type() protoreflect.EnumType {
-	return &file_payments_v1_payments_proto_enumTypes[1]
+	return &file_payments_v1_payments_proto_enumTypes[2]
 }
 
 func (x ResolutionOutcome) Number() protoreflect.EnumNumber {
@@ -134,7 +190,7 @@ func (x ResolutionOutcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ResolutionOutcome.Descriptor instead.
 func (ResolutionOutcome) EnumDescriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{1}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{2}
 }
 
 // PaymentState is what paymentsd's record says about a payment's money.
@@ -190,11 +246,11 @@ func (x PaymentState) String() string {
 }
 
 func (PaymentState) Descriptor() protoreflect.EnumDescriptor {
-	return file_payments_v1_payments_proto_enumTypes[2].Descriptor()
+	return file_payments_v1_payments_proto_enumTypes[3].Descriptor()
 }
 
 func (PaymentState) Type() protoreflect.EnumType {
-	return &file_payments_v1_payments_proto_enumTypes[2]
+	return &file_payments_v1_payments_proto_enumTypes[3]
 }
 
 func (x PaymentState) Number() protoreflect.EnumNumber {
@@ -203,7 +259,7 @@ func (x PaymentState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PaymentState.Descriptor instead.
 func (PaymentState) EnumDescriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{2}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{3}
 }
 
 // Environment is a provider environment. Each has its own base URL and keys.
@@ -243,11 +299,11 @@ func (x Environment) String() string {
 }
 
 func (Environment) Descriptor() protoreflect.EnumDescriptor {
-	return file_payments_v1_payments_proto_enumTypes[3].Descriptor()
+	return file_payments_v1_payments_proto_enumTypes[4].Descriptor()
 }
 
 func (Environment) Type() protoreflect.EnumType {
-	return &file_payments_v1_payments_proto_enumTypes[3]
+	return &file_payments_v1_payments_proto_enumTypes[4]
 }
 
 func (x Environment) Number() protoreflect.EnumNumber {
@@ -256,7 +312,7 @@ func (x Environment) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Environment.Descriptor instead.
 func (Environment) EnumDescriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{3}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{4}
 }
 
 // Money is an amount in a currency, as the provider defines it.
@@ -564,7 +620,8 @@ type GetMultiCardPaymentResponse struct {
 	// 0 when it never answered.
 	ProviderHttpStatus int32 `protobuf:"varint,5,opt,name=provider_http_status,json=providerHttpStatus,proto3" json:"provider_http_status,omitempty"`
 	// attempts is how many requests paymentsd has sent to the provider for
-	// this key, across every call and the background settlement.
+	// this key, across every call and the background settlement (see
+	// attempt_history for each attempt).
 	Attempts int32 `protobuf:"varint,6,opt,name=attempts,proto3" json:"attempts,omitempty"`
 	// create_time is when the record was first written.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
@@ -580,7 +637,9 @@ type GetMultiCardPaymentResponse struct {
 	// DNS SAN; empty without mTLS.
 	Caller string `protobuf:"bytes,11,opt,name=caller,proto3" json:"caller,omitempty"`
 	// request_id and trace_id are those of the call that created the record,
-	// for finding its log lines and trace.
+	// for finding its log lines and trace. request_id is paymentsd's own ID
+	// of that call (its log line also names any X-Request-Id the caller
+	// sent, as caller_request_id).
 	RequestId string `protobuf:"bytes,12,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	TraceId   string `protobuf:"bytes,13,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
 	// last_attempt_time is when the last request for this key (by a call or
@@ -605,6 +664,13 @@ type GetMultiCardPaymentResponse struct {
 	AuditEntries []*AuditEntry `protobuf:"bytes,18,rep,name=audit_entries,json=auditEntries,proto3" json:"audit_entries,omitempty"`
 	// idempotency_key is the record's key, exactly.
 	IdempotencyKey string `protobuf:"bytes,19,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// attempt_history lists the attempts to send this key, oldest first:
+	// each call's and each settlement re-send's, with the replica that made
+	// it, when, what the provider answered (the reply exactly) and what was
+	// recorded, ending with the attempt in flight, if any. A record never
+	// forgets an attempt that got a 2xx. Attempts made before paymentsd kept
+	// them one by one are counted in attempts only.
+	AttemptHistory []*PaymentAttempt `protobuf:"bytes,20,rep,name=attempt_history,json=attemptHistory,proto3" json:"attempt_history,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -772,6 +838,204 @@ func (x *GetMultiCardPaymentResponse) GetIdempotencyKey() string {
 	return ""
 }
 
+func (x *GetMultiCardPaymentResponse) GetAttemptHistory() []*PaymentAttempt {
+	if x != nil {
+		return x.AttemptHistory
+	}
+	return nil
+}
+
+// PaymentAttempt is one attempt to send a key's request to the provider:
+// a CreateMultiCardPayment call's, or settlement's re-send of the recorded
+// body. Each claims the key's record before anything is sent.
+type PaymentAttempt struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// number counts the key's attempts from 1 (for a record that was in
+	// flight when paymentsd started keeping attempts, from that one).
+	Number int32 `protobuf:"varint,1,opt,name=number,proto3" json:"number,omitempty"`
+	// kind says who made it.
+	Kind AttemptKind `protobuf:"varint,2,opt,name=kind,proto3,enum=payments.v1.AttemptKind" json:"kind,omitempty"`
+	// replica is the paymentsd process that made it, as its logs and
+	// claim_owner name it; claim_owner is its claim of the record,
+	// "<replica>/<claim id>", unique to the attempt.
+	Replica    string `protobuf:"bytes,3,opt,name=replica,proto3" json:"replica,omitempty"`
+	ClaimOwner string `protobuf:"bytes,4,opt,name=claim_owner,json=claimOwner,proto3" json:"claim_owner,omitempty"`
+	// request_id is paymentsd's request ID of the call that made it, for its
+	// log lines; empty for settlement.
+	RequestId string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// start_time is when the attempt claimed the record, and end_time when
+	// its outcome was recorded (unset while in flight), by the record
+	// store's clock.
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	EndTime   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// provider_http_status is the provider's HTTP status to the attempt; 0
+	// when it never answered.
+	ProviderHttpStatus int32 `protobuf:"varint,8,opt,name=provider_http_status,json=providerHttpStatus,proto3" json:"provider_http_status,omitempty"`
+	// http_requests is how many HTTP requests the attempt sent (paymentsd's
+	// provider client retries failures that prove nothing was done); 0 when
+	// it sent nothing, or, for an abandoned attempt, when nobody knows.
+	HttpRequests int32 `protobuf:"varint,9,opt,name=http_requests,json=httpRequests,proto3" json:"http_requests,omitempty"`
+	// payment_json is the provider's reply to the attempt exactly as
+	// received: the payment after a 2xx, the error body otherwise; empty when
+	// the provider never answered. (Base64 over REST, as proto3 JSON writes
+	// bytes.)
+	PaymentJson []byte `protobuf:"bytes,10,opt,name=payment_json,json=paymentJson,proto3" json:"payment_json,omitempty"`
+	// outcome is what the attempt recorded: PAYMENT_STATE_SUCCEEDED,
+	// PAYMENT_STATE_NOT_CREATED or PAYMENT_STATE_OUTCOME_UNKNOWN;
+	// PAYMENT_STATE_IN_PROGRESS while in flight. A record whose attempt got
+	// a 2xx is PAYMENT_STATE_SUCCEEDED, with the first 2xx's reply.
+	Outcome PaymentState `protobuf:"varint,11,opt,name=outcome,proto3,enum=payments.v1.PaymentState" json:"outcome,omitempty"`
+	// code is the gRPC status code the attempt's caller was answered with
+	// (0 after a success, and for settlement), and error says why the
+	// attempt failed; both empty after a 2xx.
+	Code  int32  `protobuf:"varint,12,opt,name=code,proto3" json:"code,omitempty"`
+	Error string `protobuf:"bytes,13,opt,name=error,proto3" json:"error,omitempty"`
+	// abandoned is true when the attempt's holder recorded no outcome (it
+	// died, or lost the database for longer than its lease and quiet
+	// period), and the replica that took the record over, or gave it up,
+	// ended it. Its request may have reached the provider.
+	Abandoned bool `protobuf:"varint,14,opt,name=abandoned,proto3" json:"abandoned,omitempty"`
+	// in_flight is true while the attempt is being made.
+	InFlight      bool `protobuf:"varint,15,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PaymentAttempt) Reset() {
+	*x = PaymentAttempt{}
+	mi := &file_payments_v1_payments_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PaymentAttempt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PaymentAttempt) ProtoMessage() {}
+
+func (x *PaymentAttempt) ProtoReflect() protoreflect.Message {
+	mi := &file_payments_v1_payments_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PaymentAttempt.ProtoReflect.Descriptor instead.
+func (*PaymentAttempt) Descriptor() ([]byte, []int) {
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PaymentAttempt) GetNumber() int32 {
+	if x != nil {
+		return x.Number
+	}
+	return 0
+}
+
+func (x *PaymentAttempt) GetKind() AttemptKind {
+	if x != nil {
+		return x.Kind
+	}
+	return AttemptKind_ATTEMPT_KIND_UNSPECIFIED
+}
+
+func (x *PaymentAttempt) GetReplica() string {
+	if x != nil {
+		return x.Replica
+	}
+	return ""
+}
+
+func (x *PaymentAttempt) GetClaimOwner() string {
+	if x != nil {
+		return x.ClaimOwner
+	}
+	return ""
+}
+
+func (x *PaymentAttempt) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *PaymentAttempt) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *PaymentAttempt) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *PaymentAttempt) GetProviderHttpStatus() int32 {
+	if x != nil {
+		return x.ProviderHttpStatus
+	}
+	return 0
+}
+
+func (x *PaymentAttempt) GetHttpRequests() int32 {
+	if x != nil {
+		return x.HttpRequests
+	}
+	return 0
+}
+
+func (x *PaymentAttempt) GetPaymentJson() []byte {
+	if x != nil {
+		return x.PaymentJson
+	}
+	return nil
+}
+
+func (x *PaymentAttempt) GetOutcome() PaymentState {
+	if x != nil {
+		return x.Outcome
+	}
+	return PaymentState_PAYMENT_STATE_UNSPECIFIED
+}
+
+func (x *PaymentAttempt) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *PaymentAttempt) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *PaymentAttempt) GetAbandoned() bool {
+	if x != nil {
+		return x.Abandoned
+	}
+	return false
+}
+
+func (x *PaymentAttempt) GetInFlight() bool {
+	if x != nil {
+		return x.InFlight
+	}
+	return false
+}
+
 // ListMultiCardPaymentsRequest filters and pages paymentsd's records. All
 // filters given must match.
 type ListMultiCardPaymentsRequest struct {
@@ -804,7 +1068,7 @@ type ListMultiCardPaymentsRequest struct {
 
 func (x *ListMultiCardPaymentsRequest) Reset() {
 	*x = ListMultiCardPaymentsRequest{}
-	mi := &file_payments_v1_payments_proto_msgTypes[5]
+	mi := &file_payments_v1_payments_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +1080,7 @@ func (x *ListMultiCardPaymentsRequest) String() string {
 func (*ListMultiCardPaymentsRequest) ProtoMessage() {}
 
 func (x *ListMultiCardPaymentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[5]
+	mi := &file_payments_v1_payments_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +1093,7 @@ func (x *ListMultiCardPaymentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultiCardPaymentsRequest.ProtoReflect.Descriptor instead.
 func (*ListMultiCardPaymentsRequest) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{5}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListMultiCardPaymentsRequest) GetState() []PaymentState {
@@ -902,7 +1166,7 @@ type ListMultiCardPaymentsResponse struct {
 
 func (x *ListMultiCardPaymentsResponse) Reset() {
 	*x = ListMultiCardPaymentsResponse{}
-	mi := &file_payments_v1_payments_proto_msgTypes[6]
+	mi := &file_payments_v1_payments_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +1178,7 @@ func (x *ListMultiCardPaymentsResponse) String() string {
 func (*ListMultiCardPaymentsResponse) ProtoMessage() {}
 
 func (x *ListMultiCardPaymentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[6]
+	mi := &file_payments_v1_payments_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +1191,7 @@ func (x *ListMultiCardPaymentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultiCardPaymentsResponse.ProtoReflect.Descriptor instead.
 func (*ListMultiCardPaymentsResponse) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{6}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListMultiCardPaymentsResponse) GetPayments() []*MultiCardPaymentSummary {
@@ -983,14 +1247,18 @@ type MultiCardPaymentSummary struct {
 	// (or the reply a person recorded when resolving).
 	PaymentJson []byte `protobuf:"bytes,13,opt,name=payment_json,json=paymentJson,proto3" json:"payment_json,omitempty"`
 	// environment is the provider environment the record belongs to.
-	Environment   Environment `protobuf:"varint,14,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Environment Environment `protobuf:"varint,14,opt,name=environment,proto3,enum=payments.v1.Environment" json:"environment,omitempty"`
+	// attempt_history, in LIST_VIEW_FULL only, is as in
+	// GetMultiCardPaymentResponse: every attempt for the key, with the
+	// provider's reply to each.
+	AttemptHistory []*PaymentAttempt `protobuf:"bytes,15,rep,name=attempt_history,json=attemptHistory,proto3" json:"attempt_history,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *MultiCardPaymentSummary) Reset() {
 	*x = MultiCardPaymentSummary{}
-	mi := &file_payments_v1_payments_proto_msgTypes[7]
+	mi := &file_payments_v1_payments_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1270,7 @@ func (x *MultiCardPaymentSummary) String() string {
 func (*MultiCardPaymentSummary) ProtoMessage() {}
 
 func (x *MultiCardPaymentSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[7]
+	mi := &file_payments_v1_payments_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1283,7 @@ func (x *MultiCardPaymentSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultiCardPaymentSummary.ProtoReflect.Descriptor instead.
 func (*MultiCardPaymentSummary) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{7}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *MultiCardPaymentSummary) GetIdempotencyKey() string {
@@ -1116,6 +1384,13 @@ func (x *MultiCardPaymentSummary) GetEnvironment() Environment {
 	return Environment_ENVIRONMENT_UNSPECIFIED
 }
 
+func (x *MultiCardPaymentSummary) GetAttemptHistory() []*PaymentAttempt {
+	if x != nil {
+		return x.AttemptHistory
+	}
+	return nil
+}
+
 // ResolveMultiCardPaymentRequest records a person's finding about a
 // payment in doubt.
 type ResolveMultiCardPaymentRequest struct {
@@ -1147,7 +1422,7 @@ type ResolveMultiCardPaymentRequest struct {
 
 func (x *ResolveMultiCardPaymentRequest) Reset() {
 	*x = ResolveMultiCardPaymentRequest{}
-	mi := &file_payments_v1_payments_proto_msgTypes[8]
+	mi := &file_payments_v1_payments_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1434,7 @@ func (x *ResolveMultiCardPaymentRequest) String() string {
 func (*ResolveMultiCardPaymentRequest) ProtoMessage() {}
 
 func (x *ResolveMultiCardPaymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[8]
+	mi := &file_payments_v1_payments_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1447,7 @@ func (x *ResolveMultiCardPaymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveMultiCardPaymentRequest.ProtoReflect.Descriptor instead.
 func (*ResolveMultiCardPaymentRequest) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{8}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ResolveMultiCardPaymentRequest) GetIdempotencyKey() string {
@@ -1224,7 +1499,7 @@ type ResolveMultiCardPaymentResponse struct {
 
 func (x *ResolveMultiCardPaymentResponse) Reset() {
 	*x = ResolveMultiCardPaymentResponse{}
-	mi := &file_payments_v1_payments_proto_msgTypes[9]
+	mi := &file_payments_v1_payments_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1236,7 +1511,7 @@ func (x *ResolveMultiCardPaymentResponse) String() string {
 func (*ResolveMultiCardPaymentResponse) ProtoMessage() {}
 
 func (x *ResolveMultiCardPaymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[9]
+	mi := &file_payments_v1_payments_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1524,7 @@ func (x *ResolveMultiCardPaymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveMultiCardPaymentResponse.ProtoReflect.Descriptor instead.
 func (*ResolveMultiCardPaymentResponse) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{9}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResolveMultiCardPaymentResponse) GetPayment() *GetMultiCardPaymentResponse {
@@ -1281,20 +1556,25 @@ type AuditEntry struct {
 	Outcome ResolutionOutcome `protobuf:"varint,5,opt,name=outcome,proto3,enum=payments.v1.ResolutionOutcome" json:"outcome,omitempty"`
 	// evidence is the person's evidence, exactly.
 	Evidence string `protobuf:"bytes,6,opt,name=evidence,proto3" json:"evidence,omitempty"`
-	// request_id is the resolving call's request ID, for its log lines.
+	// request_id is paymentsd's own request ID of the resolving call
+	// (always one paymentsd made), for its log lines.
 	RequestId string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// reply_recorded is true when the person recorded the provider's reply.
 	ReplyRecorded bool `protobuf:"varint,8,opt,name=reply_recorded,json=replyRecorded,proto3" json:"reply_recorded,omitempty"`
 	// settlement_gave_up is whether settlement had given up on the record
 	// when it was resolved (resolved past its window).
 	SettlementGaveUp bool `protobuf:"varint,9,opt,name=settlement_gave_up,json=settlementGaveUp,proto3" json:"settlement_gave_up,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// caller_request_id is the X-Request-Id the resolving call's caller
+	// sent, if a valid one: the caller's own label, as the caller gave it
+	// (paymentsd does not check what it names).
+	CallerRequestId string `protobuf:"bytes,10,opt,name=caller_request_id,json=callerRequestId,proto3" json:"caller_request_id,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_payments_v1_payments_proto_msgTypes[10]
+	mi := &file_payments_v1_payments_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1586,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[10]
+	mi := &file_payments_v1_payments_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1599,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{10}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AuditEntry) GetCreateTime() *timestamppb.Timestamp {
@@ -1385,6 +1665,13 @@ func (x *AuditEntry) GetSettlementGaveUp() bool {
 	return false
 }
 
+func (x *AuditEntry) GetCallerRequestId() string {
+	if x != nil {
+		return x.CallerRequestId
+	}
+	return ""
+}
+
 // ProviderError is attached as a status detail to every error that comes from
 // a provider reply, so callers can see what the provider said.
 type ProviderError struct {
@@ -1406,7 +1693,7 @@ type ProviderError struct {
 
 func (x *ProviderError) Reset() {
 	*x = ProviderError{}
-	mi := &file_payments_v1_payments_proto_msgTypes[11]
+	mi := &file_payments_v1_payments_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1705,7 @@ func (x *ProviderError) String() string {
 func (*ProviderError) ProtoMessage() {}
 
 func (x *ProviderError) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[11]
+	mi := &file_payments_v1_payments_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1718,7 @@ func (x *ProviderError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderError.ProtoReflect.Descriptor instead.
 func (*ProviderError) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{11}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ProviderError) GetHttpStatus() int32 {
@@ -1478,7 +1765,7 @@ type ListProviderEventsRequest struct {
 
 func (x *ListProviderEventsRequest) Reset() {
 	*x = ListProviderEventsRequest{}
-	mi := &file_payments_v1_payments_proto_msgTypes[12]
+	mi := &file_payments_v1_payments_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1490,7 +1777,7 @@ func (x *ListProviderEventsRequest) String() string {
 func (*ListProviderEventsRequest) ProtoMessage() {}
 
 func (x *ListProviderEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[12]
+	mi := &file_payments_v1_payments_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1503,7 +1790,7 @@ func (x *ListProviderEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProviderEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListProviderEventsRequest) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{12}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListProviderEventsRequest) GetAfterSequence() int64 {
@@ -1534,7 +1821,7 @@ type ListProviderEventsResponse struct {
 
 func (x *ListProviderEventsResponse) Reset() {
 	*x = ListProviderEventsResponse{}
-	mi := &file_payments_v1_payments_proto_msgTypes[13]
+	mi := &file_payments_v1_payments_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +1833,7 @@ func (x *ListProviderEventsResponse) String() string {
 func (*ListProviderEventsResponse) ProtoMessage() {}
 
 func (x *ListProviderEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[13]
+	mi := &file_payments_v1_payments_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +1846,7 @@ func (x *ListProviderEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProviderEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListProviderEventsResponse) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{13}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListProviderEventsResponse) GetEvents() []*ProviderEvent {
@@ -1588,7 +1875,7 @@ type WatchProviderEventsRequest struct {
 
 func (x *WatchProviderEventsRequest) Reset() {
 	*x = WatchProviderEventsRequest{}
-	mi := &file_payments_v1_payments_proto_msgTypes[14]
+	mi := &file_payments_v1_payments_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1887,7 @@ func (x *WatchProviderEventsRequest) String() string {
 func (*WatchProviderEventsRequest) ProtoMessage() {}
 
 func (x *WatchProviderEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[14]
+	mi := &file_payments_v1_payments_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1900,7 @@ func (x *WatchProviderEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchProviderEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchProviderEventsRequest) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{14}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchProviderEventsRequest) GetAfterSequence() int64 {
@@ -1634,7 +1921,7 @@ type WatchProviderEventsResponse struct {
 
 func (x *WatchProviderEventsResponse) Reset() {
 	*x = WatchProviderEventsResponse{}
-	mi := &file_payments_v1_payments_proto_msgTypes[15]
+	mi := &file_payments_v1_payments_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1933,7 @@ func (x *WatchProviderEventsResponse) String() string {
 func (*WatchProviderEventsResponse) ProtoMessage() {}
 
 func (x *WatchProviderEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[15]
+	mi := &file_payments_v1_payments_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1946,7 @@ func (x *WatchProviderEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchProviderEventsResponse.ProtoReflect.Descriptor instead.
 func (*WatchProviderEventsResponse) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{15}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WatchProviderEventsResponse) GetEvent() *ProviderEvent {
@@ -1720,7 +2007,7 @@ type ProviderEvent struct {
 
 func (x *ProviderEvent) Reset() {
 	*x = ProviderEvent{}
-	mi := &file_payments_v1_payments_proto_msgTypes[16]
+	mi := &file_payments_v1_payments_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +2019,7 @@ func (x *ProviderEvent) String() string {
 func (*ProviderEvent) ProtoMessage() {}
 
 func (x *ProviderEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[16]
+	mi := &file_payments_v1_payments_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +2032,7 @@ func (x *ProviderEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderEvent.ProtoReflect.Descriptor instead.
 func (*ProviderEvent) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{16}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ProviderEvent) GetSequence() int64 {
@@ -1843,7 +2130,7 @@ type HttpHeader struct {
 
 func (x *HttpHeader) Reset() {
 	*x = HttpHeader{}
-	mi := &file_payments_v1_payments_proto_msgTypes[17]
+	mi := &file_payments_v1_payments_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +2142,7 @@ func (x *HttpHeader) String() string {
 func (*HttpHeader) ProtoMessage() {}
 
 func (x *HttpHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_payments_v1_payments_proto_msgTypes[17]
+	mi := &file_payments_v1_payments_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +2155,7 @@ func (x *HttpHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HttpHeader.ProtoReflect.Descriptor instead.
 func (*HttpHeader) Descriptor() ([]byte, []int) {
-	return file_payments_v1_payments_proto_rawDescGZIP(), []int{17}
+	return file_payments_v1_payments_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HttpHeader) GetName() string {
@@ -1912,7 +2199,7 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\fpayment_json\x18\x05 \x01(\fR\vpaymentJson\x12\x1a\n" +
 	"\bresolved\x18\x06 \x01(\bR\bresolved\"c\n" +
 	"\x1aGetMultiCardPaymentRequest\x12E\n" +
-	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\xe3\a\n" +
+	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\"\xa9\b\n" +
 	"\x1bGetMultiCardPaymentResponse\x12/\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x19.payments.v1.PaymentStateR\x05state\x12D\n" +
 	"\arequest\x18\x02 \x01(\v2*.payments.v1.CreateMultiCardPaymentRequestR\arequest\x121\n" +
@@ -1937,7 +2224,28 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\x1asettlement_window_end_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x17settlementWindowEndTime\x12,\n" +
 	"\x12settlement_gave_up\x18\x11 \x01(\bR\x10settlementGaveUp\x12<\n" +
 	"\raudit_entries\x18\x12 \x03(\v2\x17.payments.v1.AuditEntryR\fauditEntries\x12'\n" +
-	"\x0fidempotency_key\x18\x13 \x01(\tR\x0eidempotencyKey\"\xd9\x03\n" +
+	"\x0fidempotency_key\x18\x13 \x01(\tR\x0eidempotencyKey\x12D\n" +
+	"\x0fattempt_history\x18\x14 \x03(\v2\x1b.payments.v1.PaymentAttemptR\x0eattemptHistory\"\xb6\x04\n" +
+	"\x0ePaymentAttempt\x12\x16\n" +
+	"\x06number\x18\x01 \x01(\x05R\x06number\x12,\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x18.payments.v1.AttemptKindR\x04kind\x12\x18\n" +
+	"\areplica\x18\x03 \x01(\tR\areplica\x12\x1f\n" +
+	"\vclaim_owner\x18\x04 \x01(\tR\n" +
+	"claimOwner\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\x129\n" +
+	"\n" +
+	"start_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x120\n" +
+	"\x14provider_http_status\x18\b \x01(\x05R\x12providerHttpStatus\x12#\n" +
+	"\rhttp_requests\x18\t \x01(\x05R\fhttpRequests\x12!\n" +
+	"\fpayment_json\x18\n" +
+	" \x01(\fR\vpaymentJson\x123\n" +
+	"\aoutcome\x18\v \x01(\x0e2\x19.payments.v1.PaymentStateR\aoutcome\x12\x12\n" +
+	"\x04code\x18\f \x01(\x05R\x04code\x12\x14\n" +
+	"\x05error\x18\r \x01(\tR\x05error\x12\x1c\n" +
+	"\tabandoned\x18\x0e \x01(\bR\tabandoned\x12\x1b\n" +
+	"\tin_flight\x18\x0f \x01(\bR\binFlight\"\xd9\x03\n" +
 	"\x1cListMultiCardPaymentsRequest\x12B\n" +
 	"\x05state\x18\x01 \x03(\x0e2\x19.payments.v1.PaymentStateB\x11\xbaH\x0e\x92\x01\v\x10\x04\"\a\x82\x01\x04\x10\x01 \x00R\x05state\x12?\n" +
 	"\rcreated_after\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
@@ -1952,7 +2260,7 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\x13_settlement_gave_up\"\x89\x01\n" +
 	"\x1dListMultiCardPaymentsResponse\x12@\n" +
 	"\bpayments\x18\x01 \x03(\v2$.payments.v1.MultiCardPaymentSummaryR\bpayments\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xab\x05\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xf1\x05\n" +
 	"\x17MultiCardPaymentSummary\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12/\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x19.payments.v1.PaymentStateR\x05state\x125\n" +
@@ -1971,7 +2279,8 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"last_error\x18\v \x01(\tR\tlastError\x12\x1a\n" +
 	"\bresolved\x18\f \x01(\bR\bresolved\x12!\n" +
 	"\fpayment_json\x18\r \x01(\fR\vpaymentJson\x12:\n" +
-	"\venvironment\x18\x0e \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\"\xcf\x03\n" +
+	"\venvironment\x18\x0e \x01(\x0e2\x18.payments.v1.EnvironmentR\venvironment\x12D\n" +
+	"\x0fattempt_history\x18\x0f \x03(\v2\x1b.payments.v1.PaymentAttemptR\x0eattemptHistory\"\xcf\x03\n" +
 	"\x1eResolveMultiCardPaymentRequest\x12E\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17\x10\x012\x13^[^\\x00-\\x1f\\x7f]*$R\x0eidempotencyKey\x12D\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x1e.payments.v1.ResolutionOutcomeB\n" +
@@ -1984,7 +2293,7 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\x1fResolveMultiCardPaymentResponse\x12B\n" +
 	"\apayment\x18\x01 \x01(\v2(.payments.v1.GetMultiCardPaymentResponseR\apayment\x128\n" +
 	"\vaudit_entry\x18\x02 \x01(\v2\x17.payments.v1.AuditEntryR\n" +
-	"auditEntry\"\x99\x03\n" +
+	"auditEntry\"\xc5\x03\n" +
 	"\n" +
 	"AuditEntry\x12;\n" +
 	"\vcreate_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
@@ -1998,7 +2307,9 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\a \x01(\tR\trequestId\x12%\n" +
 	"\x0ereply_recorded\x18\b \x01(\bR\rreplyRecorded\x12,\n" +
-	"\x12settlement_gave_up\x18\t \x01(\bR\x10settlementGaveUp\"\x9c\x01\n" +
+	"\x12settlement_gave_up\x18\t \x01(\bR\x10settlementGaveUp\x12*\n" +
+	"\x11caller_request_id\x18\n" +
+	" \x01(\tR\x0fcallerRequestId\"\x9c\x01\n" +
 	"\rProviderError\x12\x1f\n" +
 	"\vhttp_status\x18\x01 \x01(\x05R\n" +
 	"httpStatus\x12\x12\n" +
@@ -2035,7 +2346,11 @@ const file_payments_v1_payments_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x1f\n" +
 	"\vvalue_bytes\x18\x03 \x01(\fR\n" +
-	"valueBytes*N\n" +
+	"valueBytes*_\n" +
+	"\vAttemptKind\x12\x1c\n" +
+	"\x18ATTEMPT_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11ATTEMPT_KIND_CALL\x10\x01\x12\x1b\n" +
+	"\x17ATTEMPT_KIND_SETTLEMENT\x10\x02*N\n" +
 	"\bListView\x12\x19\n" +
 	"\x15LIST_VIEW_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fLIST_VIEW_BASIC\x10\x01\x12\x12\n" +
@@ -2075,90 +2390,98 @@ func file_payments_v1_payments_proto_rawDescGZIP() []byte {
 	return file_payments_v1_payments_proto_rawDescData
 }
 
-var file_payments_v1_payments_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_payments_v1_payments_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_payments_v1_payments_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_payments_v1_payments_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_payments_v1_payments_proto_goTypes = []any{
-	(ListView)(0),                           // 0: payments.v1.ListView
-	(ResolutionOutcome)(0),                  // 1: payments.v1.ResolutionOutcome
-	(PaymentState)(0),                       // 2: payments.v1.PaymentState
-	(Environment)(0),                        // 3: payments.v1.Environment
-	(*Money)(nil),                           // 4: payments.v1.Money
-	(*CreateMultiCardPaymentRequest)(nil),   // 5: payments.v1.CreateMultiCardPaymentRequest
-	(*CreateMultiCardPaymentResponse)(nil),  // 6: payments.v1.CreateMultiCardPaymentResponse
-	(*GetMultiCardPaymentRequest)(nil),      // 7: payments.v1.GetMultiCardPaymentRequest
-	(*GetMultiCardPaymentResponse)(nil),     // 8: payments.v1.GetMultiCardPaymentResponse
-	(*ListMultiCardPaymentsRequest)(nil),    // 9: payments.v1.ListMultiCardPaymentsRequest
-	(*ListMultiCardPaymentsResponse)(nil),   // 10: payments.v1.ListMultiCardPaymentsResponse
-	(*MultiCardPaymentSummary)(nil),         // 11: payments.v1.MultiCardPaymentSummary
-	(*ResolveMultiCardPaymentRequest)(nil),  // 12: payments.v1.ResolveMultiCardPaymentRequest
-	(*ResolveMultiCardPaymentResponse)(nil), // 13: payments.v1.ResolveMultiCardPaymentResponse
-	(*AuditEntry)(nil),                      // 14: payments.v1.AuditEntry
-	(*ProviderError)(nil),                   // 15: payments.v1.ProviderError
-	(*ListProviderEventsRequest)(nil),       // 16: payments.v1.ListProviderEventsRequest
-	(*ListProviderEventsResponse)(nil),      // 17: payments.v1.ListProviderEventsResponse
-	(*WatchProviderEventsRequest)(nil),      // 18: payments.v1.WatchProviderEventsRequest
-	(*WatchProviderEventsResponse)(nil),     // 19: payments.v1.WatchProviderEventsResponse
-	(*ProviderEvent)(nil),                   // 20: payments.v1.ProviderEvent
-	(*HttpHeader)(nil),                      // 21: payments.v1.HttpHeader
-	(*structpb.Struct)(nil),                 // 22: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil),           // 23: google.protobuf.Timestamp
+	(AttemptKind)(0),                        // 0: payments.v1.AttemptKind
+	(ListView)(0),                           // 1: payments.v1.ListView
+	(ResolutionOutcome)(0),                  // 2: payments.v1.ResolutionOutcome
+	(PaymentState)(0),                       // 3: payments.v1.PaymentState
+	(Environment)(0),                        // 4: payments.v1.Environment
+	(*Money)(nil),                           // 5: payments.v1.Money
+	(*CreateMultiCardPaymentRequest)(nil),   // 6: payments.v1.CreateMultiCardPaymentRequest
+	(*CreateMultiCardPaymentResponse)(nil),  // 7: payments.v1.CreateMultiCardPaymentResponse
+	(*GetMultiCardPaymentRequest)(nil),      // 8: payments.v1.GetMultiCardPaymentRequest
+	(*GetMultiCardPaymentResponse)(nil),     // 9: payments.v1.GetMultiCardPaymentResponse
+	(*PaymentAttempt)(nil),                  // 10: payments.v1.PaymentAttempt
+	(*ListMultiCardPaymentsRequest)(nil),    // 11: payments.v1.ListMultiCardPaymentsRequest
+	(*ListMultiCardPaymentsResponse)(nil),   // 12: payments.v1.ListMultiCardPaymentsResponse
+	(*MultiCardPaymentSummary)(nil),         // 13: payments.v1.MultiCardPaymentSummary
+	(*ResolveMultiCardPaymentRequest)(nil),  // 14: payments.v1.ResolveMultiCardPaymentRequest
+	(*ResolveMultiCardPaymentResponse)(nil), // 15: payments.v1.ResolveMultiCardPaymentResponse
+	(*AuditEntry)(nil),                      // 16: payments.v1.AuditEntry
+	(*ProviderError)(nil),                   // 17: payments.v1.ProviderError
+	(*ListProviderEventsRequest)(nil),       // 18: payments.v1.ListProviderEventsRequest
+	(*ListProviderEventsResponse)(nil),      // 19: payments.v1.ListProviderEventsResponse
+	(*WatchProviderEventsRequest)(nil),      // 20: payments.v1.WatchProviderEventsRequest
+	(*WatchProviderEventsResponse)(nil),     // 21: payments.v1.WatchProviderEventsResponse
+	(*ProviderEvent)(nil),                   // 22: payments.v1.ProviderEvent
+	(*HttpHeader)(nil),                      // 23: payments.v1.HttpHeader
+	(*structpb.Struct)(nil),                 // 24: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil),           // 25: google.protobuf.Timestamp
 }
 var file_payments_v1_payments_proto_depIdxs = []int32{
-	4,  // 0: payments.v1.CreateMultiCardPaymentRequest.amount_money:type_name -> payments.v1.Money
-	22, // 1: payments.v1.CreateMultiCardPaymentResponse.payment:type_name -> google.protobuf.Struct
-	3,  // 2: payments.v1.CreateMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
-	2,  // 3: payments.v1.GetMultiCardPaymentResponse.state:type_name -> payments.v1.PaymentState
-	5,  // 4: payments.v1.GetMultiCardPaymentResponse.request:type_name -> payments.v1.CreateMultiCardPaymentRequest
-	22, // 5: payments.v1.GetMultiCardPaymentResponse.payment:type_name -> google.protobuf.Struct
-	23, // 6: payments.v1.GetMultiCardPaymentResponse.create_time:type_name -> google.protobuf.Timestamp
-	23, // 7: payments.v1.GetMultiCardPaymentResponse.update_time:type_name -> google.protobuf.Timestamp
-	3,  // 8: payments.v1.GetMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
-	23, // 9: payments.v1.GetMultiCardPaymentResponse.last_attempt_time:type_name -> google.protobuf.Timestamp
-	23, // 10: payments.v1.GetMultiCardPaymentResponse.provider_quiet_until:type_name -> google.protobuf.Timestamp
-	23, // 11: payments.v1.GetMultiCardPaymentResponse.settlement_window_end_time:type_name -> google.protobuf.Timestamp
-	14, // 12: payments.v1.GetMultiCardPaymentResponse.audit_entries:type_name -> payments.v1.AuditEntry
-	2,  // 13: payments.v1.ListMultiCardPaymentsRequest.state:type_name -> payments.v1.PaymentState
-	23, // 14: payments.v1.ListMultiCardPaymentsRequest.created_after:type_name -> google.protobuf.Timestamp
-	23, // 15: payments.v1.ListMultiCardPaymentsRequest.created_before:type_name -> google.protobuf.Timestamp
-	0,  // 16: payments.v1.ListMultiCardPaymentsRequest.view:type_name -> payments.v1.ListView
-	11, // 17: payments.v1.ListMultiCardPaymentsResponse.payments:type_name -> payments.v1.MultiCardPaymentSummary
-	2,  // 18: payments.v1.MultiCardPaymentSummary.state:type_name -> payments.v1.PaymentState
-	4,  // 19: payments.v1.MultiCardPaymentSummary.amount_money:type_name -> payments.v1.Money
-	23, // 20: payments.v1.MultiCardPaymentSummary.create_time:type_name -> google.protobuf.Timestamp
-	23, // 21: payments.v1.MultiCardPaymentSummary.update_time:type_name -> google.protobuf.Timestamp
-	23, // 22: payments.v1.MultiCardPaymentSummary.settlement_window_end_time:type_name -> google.protobuf.Timestamp
-	3,  // 23: payments.v1.MultiCardPaymentSummary.environment:type_name -> payments.v1.Environment
-	1,  // 24: payments.v1.ResolveMultiCardPaymentRequest.outcome:type_name -> payments.v1.ResolutionOutcome
-	23, // 25: payments.v1.ResolveMultiCardPaymentRequest.expected_update_time:type_name -> google.protobuf.Timestamp
-	8,  // 26: payments.v1.ResolveMultiCardPaymentResponse.payment:type_name -> payments.v1.GetMultiCardPaymentResponse
-	14, // 27: payments.v1.ResolveMultiCardPaymentResponse.audit_entry:type_name -> payments.v1.AuditEntry
-	23, // 28: payments.v1.AuditEntry.create_time:type_name -> google.protobuf.Timestamp
-	2,  // 29: payments.v1.AuditEntry.from_state:type_name -> payments.v1.PaymentState
-	2,  // 30: payments.v1.AuditEntry.to_state:type_name -> payments.v1.PaymentState
-	1,  // 31: payments.v1.AuditEntry.outcome:type_name -> payments.v1.ResolutionOutcome
-	3,  // 32: payments.v1.ProviderError.environment:type_name -> payments.v1.Environment
-	20, // 33: payments.v1.ListProviderEventsResponse.events:type_name -> payments.v1.ProviderEvent
-	20, // 34: payments.v1.WatchProviderEventsResponse.event:type_name -> payments.v1.ProviderEvent
-	23, // 35: payments.v1.ProviderEvent.receive_time:type_name -> google.protobuf.Timestamp
-	21, // 36: payments.v1.ProviderEvent.headers:type_name -> payments.v1.HttpHeader
-	3,  // 37: payments.v1.ProviderEvent.environment:type_name -> payments.v1.Environment
-	5,  // 38: payments.v1.PaymentsService.CreateMultiCardPayment:input_type -> payments.v1.CreateMultiCardPaymentRequest
-	7,  // 39: payments.v1.PaymentsService.GetMultiCardPayment:input_type -> payments.v1.GetMultiCardPaymentRequest
-	9,  // 40: payments.v1.PaymentsService.ListMultiCardPayments:input_type -> payments.v1.ListMultiCardPaymentsRequest
-	12, // 41: payments.v1.PaymentsService.ResolveMultiCardPayment:input_type -> payments.v1.ResolveMultiCardPaymentRequest
-	16, // 42: payments.v1.ProviderEventsService.ListProviderEvents:input_type -> payments.v1.ListProviderEventsRequest
-	18, // 43: payments.v1.ProviderEventsService.WatchProviderEvents:input_type -> payments.v1.WatchProviderEventsRequest
-	6,  // 44: payments.v1.PaymentsService.CreateMultiCardPayment:output_type -> payments.v1.CreateMultiCardPaymentResponse
-	8,  // 45: payments.v1.PaymentsService.GetMultiCardPayment:output_type -> payments.v1.GetMultiCardPaymentResponse
-	10, // 46: payments.v1.PaymentsService.ListMultiCardPayments:output_type -> payments.v1.ListMultiCardPaymentsResponse
-	13, // 47: payments.v1.PaymentsService.ResolveMultiCardPayment:output_type -> payments.v1.ResolveMultiCardPaymentResponse
-	17, // 48: payments.v1.ProviderEventsService.ListProviderEvents:output_type -> payments.v1.ListProviderEventsResponse
-	19, // 49: payments.v1.ProviderEventsService.WatchProviderEvents:output_type -> payments.v1.WatchProviderEventsResponse
-	44, // [44:50] is the sub-list for method output_type
-	38, // [38:44] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	5,  // 0: payments.v1.CreateMultiCardPaymentRequest.amount_money:type_name -> payments.v1.Money
+	24, // 1: payments.v1.CreateMultiCardPaymentResponse.payment:type_name -> google.protobuf.Struct
+	4,  // 2: payments.v1.CreateMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
+	3,  // 3: payments.v1.GetMultiCardPaymentResponse.state:type_name -> payments.v1.PaymentState
+	6,  // 4: payments.v1.GetMultiCardPaymentResponse.request:type_name -> payments.v1.CreateMultiCardPaymentRequest
+	24, // 5: payments.v1.GetMultiCardPaymentResponse.payment:type_name -> google.protobuf.Struct
+	25, // 6: payments.v1.GetMultiCardPaymentResponse.create_time:type_name -> google.protobuf.Timestamp
+	25, // 7: payments.v1.GetMultiCardPaymentResponse.update_time:type_name -> google.protobuf.Timestamp
+	4,  // 8: payments.v1.GetMultiCardPaymentResponse.environment:type_name -> payments.v1.Environment
+	25, // 9: payments.v1.GetMultiCardPaymentResponse.last_attempt_time:type_name -> google.protobuf.Timestamp
+	25, // 10: payments.v1.GetMultiCardPaymentResponse.provider_quiet_until:type_name -> google.protobuf.Timestamp
+	25, // 11: payments.v1.GetMultiCardPaymentResponse.settlement_window_end_time:type_name -> google.protobuf.Timestamp
+	16, // 12: payments.v1.GetMultiCardPaymentResponse.audit_entries:type_name -> payments.v1.AuditEntry
+	10, // 13: payments.v1.GetMultiCardPaymentResponse.attempt_history:type_name -> payments.v1.PaymentAttempt
+	0,  // 14: payments.v1.PaymentAttempt.kind:type_name -> payments.v1.AttemptKind
+	25, // 15: payments.v1.PaymentAttempt.start_time:type_name -> google.protobuf.Timestamp
+	25, // 16: payments.v1.PaymentAttempt.end_time:type_name -> google.protobuf.Timestamp
+	3,  // 17: payments.v1.PaymentAttempt.outcome:type_name -> payments.v1.PaymentState
+	3,  // 18: payments.v1.ListMultiCardPaymentsRequest.state:type_name -> payments.v1.PaymentState
+	25, // 19: payments.v1.ListMultiCardPaymentsRequest.created_after:type_name -> google.protobuf.Timestamp
+	25, // 20: payments.v1.ListMultiCardPaymentsRequest.created_before:type_name -> google.protobuf.Timestamp
+	1,  // 21: payments.v1.ListMultiCardPaymentsRequest.view:type_name -> payments.v1.ListView
+	13, // 22: payments.v1.ListMultiCardPaymentsResponse.payments:type_name -> payments.v1.MultiCardPaymentSummary
+	3,  // 23: payments.v1.MultiCardPaymentSummary.state:type_name -> payments.v1.PaymentState
+	5,  // 24: payments.v1.MultiCardPaymentSummary.amount_money:type_name -> payments.v1.Money
+	25, // 25: payments.v1.MultiCardPaymentSummary.create_time:type_name -> google.protobuf.Timestamp
+	25, // 26: payments.v1.MultiCardPaymentSummary.update_time:type_name -> google.protobuf.Timestamp
+	25, // 27: payments.v1.MultiCardPaymentSummary.settlement_window_end_time:type_name -> google.protobuf.Timestamp
+	4,  // 28: payments.v1.MultiCardPaymentSummary.environment:type_name -> payments.v1.Environment
+	10, // 29: payments.v1.MultiCardPaymentSummary.attempt_history:type_name -> payments.v1.PaymentAttempt
+	2,  // 30: payments.v1.ResolveMultiCardPaymentRequest.outcome:type_name -> payments.v1.ResolutionOutcome
+	25, // 31: payments.v1.ResolveMultiCardPaymentRequest.expected_update_time:type_name -> google.protobuf.Timestamp
+	9,  // 32: payments.v1.ResolveMultiCardPaymentResponse.payment:type_name -> payments.v1.GetMultiCardPaymentResponse
+	16, // 33: payments.v1.ResolveMultiCardPaymentResponse.audit_entry:type_name -> payments.v1.AuditEntry
+	25, // 34: payments.v1.AuditEntry.create_time:type_name -> google.protobuf.Timestamp
+	3,  // 35: payments.v1.AuditEntry.from_state:type_name -> payments.v1.PaymentState
+	3,  // 36: payments.v1.AuditEntry.to_state:type_name -> payments.v1.PaymentState
+	2,  // 37: payments.v1.AuditEntry.outcome:type_name -> payments.v1.ResolutionOutcome
+	4,  // 38: payments.v1.ProviderError.environment:type_name -> payments.v1.Environment
+	22, // 39: payments.v1.ListProviderEventsResponse.events:type_name -> payments.v1.ProviderEvent
+	22, // 40: payments.v1.WatchProviderEventsResponse.event:type_name -> payments.v1.ProviderEvent
+	25, // 41: payments.v1.ProviderEvent.receive_time:type_name -> google.protobuf.Timestamp
+	23, // 42: payments.v1.ProviderEvent.headers:type_name -> payments.v1.HttpHeader
+	4,  // 43: payments.v1.ProviderEvent.environment:type_name -> payments.v1.Environment
+	6,  // 44: payments.v1.PaymentsService.CreateMultiCardPayment:input_type -> payments.v1.CreateMultiCardPaymentRequest
+	8,  // 45: payments.v1.PaymentsService.GetMultiCardPayment:input_type -> payments.v1.GetMultiCardPaymentRequest
+	11, // 46: payments.v1.PaymentsService.ListMultiCardPayments:input_type -> payments.v1.ListMultiCardPaymentsRequest
+	14, // 47: payments.v1.PaymentsService.ResolveMultiCardPayment:input_type -> payments.v1.ResolveMultiCardPaymentRequest
+	18, // 48: payments.v1.ProviderEventsService.ListProviderEvents:input_type -> payments.v1.ListProviderEventsRequest
+	20, // 49: payments.v1.ProviderEventsService.WatchProviderEvents:input_type -> payments.v1.WatchProviderEventsRequest
+	7,  // 50: payments.v1.PaymentsService.CreateMultiCardPayment:output_type -> payments.v1.CreateMultiCardPaymentResponse
+	9,  // 51: payments.v1.PaymentsService.GetMultiCardPayment:output_type -> payments.v1.GetMultiCardPaymentResponse
+	12, // 52: payments.v1.PaymentsService.ListMultiCardPayments:output_type -> payments.v1.ListMultiCardPaymentsResponse
+	15, // 53: payments.v1.PaymentsService.ResolveMultiCardPayment:output_type -> payments.v1.ResolveMultiCardPaymentResponse
+	19, // 54: payments.v1.ProviderEventsService.ListProviderEvents:output_type -> payments.v1.ListProviderEventsResponse
+	21, // 55: payments.v1.ProviderEventsService.WatchProviderEvents:output_type -> payments.v1.WatchProviderEventsResponse
+	50, // [50:56] is the sub-list for method output_type
+	44, // [44:50] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_payments_v1_payments_proto_init() }
@@ -2166,14 +2489,14 @@ func file_payments_v1_payments_proto_init() {
 	if File_payments_v1_payments_proto != nil {
 		return
 	}
-	file_payments_v1_payments_proto_msgTypes[5].OneofWrappers = []any{}
+	file_payments_v1_payments_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_payments_v1_payments_proto_rawDesc), len(file_payments_v1_payments_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   18,
+			NumEnums:      5,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

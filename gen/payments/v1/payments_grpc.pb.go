@@ -79,6 +79,15 @@ type PaymentsServiceClient interface {
 	//     NOT_FOUND with that reason. Once the tombstone is gone too, the
 	//     key is unknown again: never reuse a key, make a new one per
 	//     payment.
+	//   - A provider's 2xx is answered once its record is committed, or, if
+	//     the record store is slow or down, when the call's deadline comes
+	//     first: the answer is the provider's reply either way, and paymentsd
+	//     goes on writing it, however long the store is down, holding the
+	//     key meanwhile (no replica sends it again). A refusal that proves no
+	//     payment exists is answered PAYMENT_NOT_CREATED only once recorded;
+	//     otherwise PAYMENT_OUTCOME_UNKNOWN. Only a replica that dies between
+	//     the provider's answer and its record leaves the key to settlement,
+	//     which sends it again once its lease and quiet period have passed.
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
 	//     REQUEST_NOT_SENT (a missing record proves nothing: another call's
 	//     claim may be about to commit), or PAYMENT_OUTCOME_UNKNOWN when the
@@ -296,13 +305,23 @@ type PaymentsServiceClient interface {
 	// REST: POST /v1/multi-card-payments:resolve with the request as the
 	// JSON body.
 	//
+	// A reply_json must belong to the payment: if it names idempotencyKey,
+	// amountMoney.amount or amountMoney.currency (top-level fields, each at
+	// most once), each must equal the record's (the key exactly, the amount
+	// as a JSON number equal to it, the currency exactly); otherwise it is
+	// refused, INVALID_ARGUMENT with a BadRequest field violation naming
+	// reply_json.idempotencyKey, reply_json.amountMoney.amount or
+	// reply_json.amountMoney.currency, and nothing is written.
+	//
 	// Codes: INVALID_ARGUMENT (400) for a missing outcome, blank or too long
-	// evidence, or a reply that is not a JSON object (or given with
-	// NOT_CREATED); PERMISSION_DENIED (403), CALLER_NOT_ADMIN; NOT_FOUND
-	// (404) when there is no record of the key; FAILED_PRECONDITION (422),
-	// reason RECORD_NOT_UNKNOWN, when the record is not
-	// PAYMENT_STATE_OUTCOME_UNKNOWN (its ErrorInfo metadata "state" says
-	// what it is: a resolution is never undone or redone here); ABORTED
+	// evidence, or a reply that is not a JSON object, names another payment,
+	// or is given with NOT_CREATED; PERMISSION_DENIED (403),
+	// CALLER_NOT_ADMIN; NOT_FOUND (404) when there is no record of the key;
+	// FAILED_PRECONDITION (422), reason RECORD_NOT_UNKNOWN, when the record
+	// is not PAYMENT_STATE_OUTCOME_UNKNOWN (its ErrorInfo metadata "state"
+	// says what it is: a resolution is never undone or redone here); reason
+	// PAYMENT_ATTEMPT_SUCCEEDED for NOT_CREATED when an attempt for the key
+	// got a 2xx (see attempt_history): the payment exists; ABORTED
 	// (409), reason PAYMENT_IN_PROGRESS, with a RetryInfo, while a request
 	// with the key is being sent or may still be at the provider (its quiet
 	// period): a person never races paymentsd's own sender, so retry after
@@ -411,6 +430,15 @@ type PaymentsServiceServer interface {
 	//     NOT_FOUND with that reason. Once the tombstone is gone too, the
 	//     key is unknown again: never reuse a key, make a new one per
 	//     payment.
+	//   - A provider's 2xx is answered once its record is committed, or, if
+	//     the record store is slow or down, when the call's deadline comes
+	//     first: the answer is the provider's reply either way, and paymentsd
+	//     goes on writing it, however long the store is down, holding the
+	//     key meanwhile (no replica sends it again). A refusal that proves no
+	//     payment exists is answered PAYMENT_NOT_CREATED only once recorded;
+	//     otherwise PAYMENT_OUTCOME_UNKNOWN. Only a replica that dies between
+	//     the provider's answer and its record leaves the key to settlement,
+	//     which sends it again once its lease and quiet period have passed.
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
 	//     REQUEST_NOT_SENT (a missing record proves nothing: another call's
 	//     claim may be about to commit), or PAYMENT_OUTCOME_UNKNOWN when the
@@ -628,13 +656,23 @@ type PaymentsServiceServer interface {
 	// REST: POST /v1/multi-card-payments:resolve with the request as the
 	// JSON body.
 	//
+	// A reply_json must belong to the payment: if it names idempotencyKey,
+	// amountMoney.amount or amountMoney.currency (top-level fields, each at
+	// most once), each must equal the record's (the key exactly, the amount
+	// as a JSON number equal to it, the currency exactly); otherwise it is
+	// refused, INVALID_ARGUMENT with a BadRequest field violation naming
+	// reply_json.idempotencyKey, reply_json.amountMoney.amount or
+	// reply_json.amountMoney.currency, and nothing is written.
+	//
 	// Codes: INVALID_ARGUMENT (400) for a missing outcome, blank or too long
-	// evidence, or a reply that is not a JSON object (or given with
-	// NOT_CREATED); PERMISSION_DENIED (403), CALLER_NOT_ADMIN; NOT_FOUND
-	// (404) when there is no record of the key; FAILED_PRECONDITION (422),
-	// reason RECORD_NOT_UNKNOWN, when the record is not
-	// PAYMENT_STATE_OUTCOME_UNKNOWN (its ErrorInfo metadata "state" says
-	// what it is: a resolution is never undone or redone here); ABORTED
+	// evidence, or a reply that is not a JSON object, names another payment,
+	// or is given with NOT_CREATED; PERMISSION_DENIED (403),
+	// CALLER_NOT_ADMIN; NOT_FOUND (404) when there is no record of the key;
+	// FAILED_PRECONDITION (422), reason RECORD_NOT_UNKNOWN, when the record
+	// is not PAYMENT_STATE_OUTCOME_UNKNOWN (its ErrorInfo metadata "state"
+	// says what it is: a resolution is never undone or redone here); reason
+	// PAYMENT_ATTEMPT_SUCCEEDED for NOT_CREATED when an attempt for the key
+	// got a 2xx (see attempt_history): the payment exists; ABORTED
 	// (409), reason PAYMENT_IN_PROGRESS, with a RetryInfo, while a request
 	// with the key is being sent or may still be at the provider (its quiet
 	// period): a person never races paymentsd's own sender, so retry after
