@@ -7,8 +7,10 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -236,14 +238,18 @@ const readOnlySQLTransaction = "25006"
 // openPostgres opens a database/sql pool over pgx.
 //
 // The pool keeps no state in a server session from one transaction to the
-// next, so that a pooler in transaction mode (PgBouncer's pool_mode =
+// next that a pooler in transaction mode (PgBouncer's pool_mode =
 // transaction), which lends each transaction whichever server session is
-// free, serves it as well as a direct connection does:
+// free, would lose or hand to another client:
 //   - no startup parameters (PgBouncer refuses them): statementTimeout is
-//     set in each transaction instead (transact);
-//   - no named prepared statements: pgx runs every query as the unnamed
-//     statement, in one round trip (QueryExecModeExec), and the store
-//     prepares nothing (Store.prepared);
+//     set in each transaction (transact), and as a startup parameter only
+//     once detectPooler has found the connections direct;
+//   - no named prepared statements through a pooler: the store prepares
+//     nothing itself (Store.prepared), and pgx runs every query as the
+//     unnamed statement (QueryExecModeExec) until detectPooler has found
+//     the connections direct, when it caches a named statement per query
+//     and connection instead (QueryExecModeCacheStatement), which the
+//     server plans once; see pgMode;
 //   - no session SET, advisory lock, temporary table or LISTEN: migrate
 //     takes a transaction's advisory lock.
 //
@@ -252,12 +258,13 @@ const readOnlySQLTransaction = "25006"
 // kept in the pool, so that the next one is opened afresh, and a
 // multi-host URL with target_session_attrs=read-write (or a proxy that
 // follows the primary) finds the new primary.
-func openPostgres(rawURL string, opts Options) (*sql.DB, error) {
+func openPostgres(rawURL string, opts Options) (*sql.DB, *pgMode, error) {
 	cfg, err := pgx.ParseConfig(rawURL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	mode := &pgMode{explicit: namesParam(rawURL, execModeParam), urlMode: cfg.DefaultQueryExecMode}
+	mode.v.Store(int64(pgx.QueryExecModeExec))
 	cfg.OnPgError = func(_ *pgconn.PgConn, e *pgconn.PgError) bool {
 		return !strings.EqualFold(e.Severity, "FATAL") && e.Code != readOnlySQLTransaction
 	}
@@ -267,16 +274,28 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, error) {
 		// for as long as its caller's context allows, or forever.
 		cfg.ConnectTimeout = opts.connectTimeout()
 	}
+	beforeConnect := stdlib.OptionBeforeConnect(func(_ context.Context, c *pgx.ConnConfig) error {
+		if !mode.explicit {
+			c.DefaultQueryExecMode = pgx.QueryExecMode(mode.v.Load())
+		}
+		if mode.direct.Load() {
+			// Straight to PostgreSQL, every statement is bounded, reads
+			// outside a transaction too; a pooler would refuse this.
+			c.RuntimeParams = maps.Clone(c.RuntimeParams)
+			c.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
+		}
+		return nil
+	})
 	var db *sql.DB
 	if opts.WrapConnector != nil {
-		db = sql.OpenDB(opts.WrapConnector(stdlib.GetConnector(*cfg)))
+		db = sql.OpenDB(opts.WrapConnector(stdlib.GetConnector(*cfg, beforeConnect)))
 	} else {
-		db = stdlib.OpenDB(*cfg)
+		db = stdlib.OpenDB(*cfg, beforeConnect)
 	}
 	db.SetMaxOpenConns(opts.postgresConns())
 	db.SetMaxIdleConns(opts.postgresConns())
 	db.SetConnMaxIdleTime(5 * time.Minute)
-	return db, nil
+	return db, mode, nil
 }
 
 // transact runs fn in a transaction on the writer, committing if fn returns
@@ -316,6 +335,21 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 		s.noteWrite(err, time.Now())
 	}()
 	return fn(tx)
+}
+
+// namesParam reports whether the PostgreSQL URL's query sets the parameter
+// name.
+func namesParam(rawURL, name string) bool {
+	u, ok := splitPostgresURL(rawURL)
+	if !ok {
+		return false
+	}
+	for _, p := range u.params() {
+		if k, _ := url.QueryUnescape(p[0]); k == name {
+			return true
+		}
+	}
+	return false
 }
 
 // CheckURL reports what is wrong with a database URL, or nil: "sqlite:PATH",

@@ -193,6 +193,8 @@ type Store struct {
 	stopHeartbeat chan struct{}
 	stopOnce      sync.Once
 	heartbeatDone chan struct{}
+	// pg is how PostgreSQL connections send queries; nil for SQLite.
+	pg *pgMode
 	// stmts caches prepared statements by database and query (SQLite
 	// only).
 	stmts sync.Map // stmtKey → *sql.Stmt
@@ -329,11 +331,11 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 		// which file could not be opened.
 		where = "sqlite file " + path
 	} else {
-		db, err := openPostgres(url, opts)
+		db, mode, err := openPostgres(url, opts)
 		if err != nil {
 			return nil, fmt.Errorf("PostgreSQL URL: %w", err)
 		}
-		s.d, s.w, s.r = postgresDialect, db, db
+		s.d, s.w, s.r, s.pg = postgresDialect, db, db, mode
 	}
 	s.batch = newBatcher(s)
 
@@ -351,7 +353,12 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 
 	mctx, cancel := context.WithTimeout(ctx, opts.migrateTimeout())
 	defer cancel()
-	err = s.migrate(mctx, env, opts.Logger)
+	if s.pg != nil {
+		err = s.detectPooler(mctx, opts.Logger)
+	}
+	if err == nil {
+		err = s.migrate(mctx, env, opts.Logger)
+	}
 	for _, q := range s.writerQueries() {
 		if err != nil {
 			break
