@@ -122,8 +122,7 @@ type checkResult struct {
 	Keys    keyCounts   `json:"keys"`
 	Calls   callCounts  `json:"calls"`
 	Faults  []faultStats
-	// Outside is the latency of calls that started outside every fault's
-	// window.
+	// Outside is the latency of calls that overlap no fault's window.
 	Outside latency `json:"outside_faults"`
 }
 
@@ -170,8 +169,10 @@ type faultStats struct {
 	// the fault was undone: the fault's window runs from Start to it (or to
 	// the next fault, or the end of the run).
 	Recovered time.Time `json:"-"`
-	Calls     int       `json:"calls"`
-	Failed    int       `json:"failed"`
+	// Calls counts the gRPC calls that overlap the window, and Failed
+	// those that failed.
+	Calls  int `json:"calls"`
+	Failed int `json:"failed"`
 	// FailedBy counts the failed calls by "CODE REASON".
 	FailedBy map[string]int `json:"failed_by"`
 	// LongestFailedRun is the longest run of consecutive failed calls (by
@@ -436,8 +437,9 @@ func maxTime(a, b time.Time) time.Time {
 	return a
 }
 
-// faultFigures measures each fault's window over attempts (gRPC calls, by
-// start), and the latency outside every window.
+// faultFigures measures each fault's window over the attempts (gRPC
+// calls, by start) that overlap it, and the latency of those that overlap
+// no window.
 func faultFigures(in checkInput, attempts []call, outcome map[string]string) ([]faultStats, latency) {
 	faults := slices.Clone(in.Faults)
 	slices.SortStableFunc(faults, func(a, b fault) int { return a.Start.Compare(b.Start) })
@@ -464,7 +466,9 @@ func faultFigures(in checkInput, attempts []call, outcome map[string]string) ([]
 		successes := []time.Time{f.Start}
 		doubt := make(map[string]bool)
 		for j, c := range attempts {
-			if c.Start.Before(f.Start) || !c.Start.Before(fs.Recovered) {
+			// A call that overlaps the window counts: one that waited
+			// through the fault (for a commit, say) felt it.
+			if !c.End.After(f.Start) || !c.Start.Before(fs.Recovered) {
 				continue
 			}
 			inWindow[j] = true

@@ -360,13 +360,15 @@ func TestCheckKeyCounts(t *testing.T) {
 }
 
 // TestCheckFaultFigures: a fault's window runs from its start to the end of
-// the first successful call that started after it was undone.
+// the first successful call that started after it was undone, and holds the
+// calls that overlap it.
 func TestCheckFaultFigures(t *testing.T) {
 	t.Parallel()
 	in := checkInput{
 		Begin: t0, End: at(60),
 		Calls: []call{
 			okCall("a", 0, 0, 0.1),     // before: outside
+			okCall("w", 1, 9.5, 12.9),  // waited through the fault: during
 			okCall("b", 0, 10.0, 10.4), // during, a success on the replica left
 			failedCall("c", 1, 10.1, 10.2, codes.Unavailable, ""),
 			failedCall("c", 0, 10.5, 10.6, codes.Unavailable, "REQUEST_NOT_SENT"),
@@ -392,7 +394,7 @@ func TestCheckFaultFigures(t *testing.T) {
 	want := faultStats{
 		fault:     in.Faults[0],
 		Recovered: fs.Recovered,
-		Calls:     7,
+		Calls:     8,
 		Failed:    4,
 		FailedBy: map[string]int{
 			"Unavailable":                         1,
@@ -401,7 +403,7 @@ func TestCheckFaultFigures(t *testing.T) {
 		},
 		LongestFailedRun:        4,
 		LongestFailedRunSeconds: 2.4, // 10.1 to 12.5
-		Unavailable:             2.6, // 10.4 to 13.0
+		Unavailable:             2.5, // 10.4 to 12.9
 		During:                  fs.During,
 		InDoubt:                 1, // d
 		Settled:                 1,
@@ -410,8 +412,8 @@ func TestCheckFaultFigures(t *testing.T) {
 	if diff := cmp.Diff(want, fs, cmp.AllowUnexported(faultStats{}), cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })); diff != "" {
 		t.Errorf("fault figures (-want +got):\n%s", diff)
 	}
-	if fs.During.Calls != 7 || got.Outside.Calls != 2 {
-		t.Errorf("latency over %d calls during and %d outside, want 7 and 2", fs.During.Calls, got.Outside.Calls)
+	if fs.During.Calls != 8 || got.Outside.Calls != 2 {
+		t.Errorf("latency over %d calls during and %d outside, want 8 and 2", fs.During.Calls, got.Outside.Calls)
 	}
 }
 
