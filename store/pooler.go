@@ -55,7 +55,20 @@ func (s *Store) detectPooler(ctx context.Context, logger *slog.Logger) error {
 	defer conn.Close()
 	var keyPID uint32
 	if err := conn.Raw(func(dc any) error {
-		keyPID = dc.(*stdlib.Conn).Conn().PgConn().PID()
+		// A wrapped driver connection (the tests' failure seam) says
+		// what it wraps.
+		for {
+			u, ok := dc.(interface{ Unwrap() driver.Conn })
+			if !ok {
+				break
+			}
+			dc = u.Unwrap()
+		}
+		pc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("the PostgreSQL connection is a %T, not pgx's", dc)
+		}
+		keyPID = pc.Conn().PgConn().PID()
 		return nil
 	}); err != nil {
 		return err

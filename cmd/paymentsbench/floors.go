@@ -25,6 +25,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+
+	"example.com/paymentsd/internal/proc"
 )
 
 // The floors are the least a Go service can do on each of paymentsd's
@@ -268,7 +270,7 @@ func fsyncFloor(dir string, n int) (fsyncResult, error) {
 
 // floorProcess is a running floor.
 type floorProcess struct {
-	*child
+	*proc.Process
 	addr string
 }
 
@@ -284,14 +286,14 @@ func (e *environment) startFloor(ctx context.Context, name, mode string, fake *f
 		}
 		env = append(env, floorDatabaseEnv+"="+dbURL)
 	}
-	c, ready, err := startChild(ctx, name, env, e.self, mode, "-addr=127.0.0.1:0",
-		"-provider="+fake.paymentURL(), "-key="+e.providerKey)
+	c, ready, err := proc.Start(ctx, proc.Command{Name: name, Path: e.self, Env: env, Args: []string{
+		mode, "-addr=127.0.0.1:0", "-provider=" + fake.paymentURL(), "-key=" + e.providerKey}})
 	if err != nil {
 		return nil, err
 	}
 	if ready.Addr == "" {
-		c.stop()
+		c.Stop()
 		return nil, fmt.Errorf("%s reported no address", name)
 	}
-	return &floorProcess{child: c, addr: ready.Addr}, nil
+	return &floorProcess{Process: c, addr: ready.Addr}, nil
 }

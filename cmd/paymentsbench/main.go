@@ -261,17 +261,17 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 	if err != nil {
 		return nil, err
 	}
-	defer fake.stop()
+	defer fake.Stop()
 	proxyFloor, err := e.startFloor(ctx, "proxy-floor", proxyFloorFlag, fake, "")
 	if err != nil {
 		return nil, err
 	}
-	defer proxyFloor.stop()
+	defer proxyFloor.Stop()
 	grpcFloor, err := e.startFloor(ctx, "grpc-floor", grpcFloorFlag, fake, "")
 	if err != nil {
 		return nil, err
 	}
-	defer grpcFloor.stop()
+	defer grpcFloor.Stop()
 
 	httpClient := newLoadClient()
 	defer httpClient.CloseIdleConnections()
@@ -289,9 +289,9 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 	}
 	paths := []*path{
 		{name: "direct", proto: "http", call: postPayment(httpClient, fake.paymentURL(), e.providerKey)},
-		{name: "proxy-floor", proto: "http", proc: proxyFloor.child,
+		{name: "proxy-floor", proto: "http", proc: proxyFloor.Process,
 			call: postPayment(httpClient, "http://"+proxyFloor.addr+"/v1/multi-card-payments", "")},
-		{name: "grpc-floor", proto: "grpc", proc: grpcFloor.child, call: grpcPayment(floorClient)},
+		{name: "grpc-floor", proto: "grpc", proc: grpcFloor.Process, call: grpcPayment(floorClient)},
 	}
 
 	stores := []string{storeSQLite}
@@ -311,37 +311,37 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 			if err != nil {
 				return nil, err
 			}
-			defer rp.stop()
+			defer rp.Stop()
 			rg, err := e.startFloor(ctx, "record-grpc-"+st, grpcFloorFlag, fake, st)
 			if err != nil {
 				return nil, err
 			}
-			defer rg.stop()
+			defer rg.Stop()
 			rgClient, err := grpcClient(rg.addr)
 			if err != nil {
 				return nil, err
 			}
 			paths = append(paths,
-				&path{name: recordProxy, proto: "http", floor: "proxy-floor", proc: rp.child,
+				&path{name: recordProxy, proto: "http", floor: "proxy-floor", proc: rp.Process,
 					call: postPayment(httpClient, "http://"+rp.addr+"/v1/multi-card-payments", "")},
-				&path{name: recordGRPC, proto: "grpc", floor: "grpc-floor", proc: rg.child, call: grpcPayment(rgClient)})
+				&path{name: recordGRPC, proto: "grpc", floor: "grpc-floor", proc: rg.Process, call: grpcPayment(rgClient)})
 		}
 		svc, err := e.startPaymentsd(ctx, "paymentsd-"+st, st, fake)
 		if err != nil {
 			return nil, err
 		}
-		defer svc.stop()
+		defer svc.Stop()
 		client, err := grpcClient(svc.grpcAddr)
 		if err != nil {
 			return nil, err
 		}
 		paths = append(paths, &path{name: "grpc/" + st, proto: "grpc", api: "grpc", store: st, floor: "grpc-floor", recordFloor: recordGRPC,
-			proc: svc.child, svc: svc, call: grpcPayment(client)})
+			proc: svc.Process, svc: svc, call: grpcPayment(client)})
 		if st == storeMemory {
 			continue // only to price the store, on the gRPC path
 		}
 		paths = append(paths, &path{name: "rest/" + st, proto: "http", api: "rest", store: st, floor: "proxy-floor", recordFloor: recordProxy,
-			proc: svc.child, svc: svc, call: postPayment(httpClient, "http://"+svc.httpAddr+"/v1/multi-card-payments", "")})
+			proc: svc.Process, svc: svc, call: postPayment(httpClient, "http://"+svc.httpAddr+"/v1/multi-card-payments", "")})
 	}
 
 	levels := []struct{ concurrency, requests int }{

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"example.com/paymentsd/internal/proc"
 )
 
 // phaseResult is one path at one concurrency, over every round.
@@ -215,7 +217,7 @@ type path struct {
 	floor, recordFloor string
 	call               caller
 	// proc is the process whose CPU is the path's ("svc"); nil for direct.
-	proc *child
+	proc *proc.Process
 	// svc is set for paymentsd, whose /metrics are read.
 	svc *serviceProcess
 }
@@ -234,9 +236,9 @@ func (m *meter) readCPU(p *path) (cpuReading, error) {
 	var r cpuReading
 	var err1, err2, err3 error
 	if p.proc != nil {
-		r.svc, err1 = cpuTime(p.proc.pid(), m.tick)
+		r.svc, err1 = cpuTime(p.proc.Pid(), m.tick)
 	}
-	r.fake, err2 = cpuTime(m.fake.pid(), m.tick)
+	r.fake, err2 = cpuTime(m.fake.Pid(), m.tick)
 	r.self, err3 = cpuTime(os.Getpid(), m.tick)
 	return r, errors.Join(err1, err2, err3)
 }
@@ -287,11 +289,11 @@ func (m *meter) round(ctx context.Context, p *path, keyPrefix string, concurrenc
 		return s, err
 	}
 	if p.proc != nil {
-		if err := p.proc.checkRunning(); err != nil {
+		if err := p.proc.CheckRunning(); err != nil {
 			return s, err
 		}
 	}
-	if err := m.fake.checkRunning(); err != nil {
+	if err := m.fake.CheckRunning(); err != nil {
 		return s, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -469,11 +471,11 @@ type profiler struct {
 
 func (p *profiler) start(context.Context) error {
 	os.Remove(p.svc.profile + ".done")
-	return p.svc.cmd.Process.Signal(syscall.SIGUSR1)
+	return p.svc.Signal(syscall.SIGUSR1)
 }
 
 func (p *profiler) stop() {
-	if err := p.svc.cmd.Process.Signal(syscall.SIGUSR2); err != nil {
+	if err := p.svc.Signal(syscall.SIGUSR2); err != nil {
 		fmt.Fprintf(p.log, "profile: %v\n", err)
 		return
 	}
@@ -493,5 +495,5 @@ func (p *profiler) stop() {
 		fmt.Fprintf(p.log, "profile: %v\n", err)
 		return
 	}
-	fmt.Fprintf(p.log, "CPU profile of %s: %s (go tool pprof -top %s)\n", p.svc.name, p.out, p.out)
+	fmt.Fprintf(p.log, "CPU profile of %s: %s (go tool pprof -top %s)\n", p.svc.Name, p.out, p.out)
 }

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+
+	"example.com/paymentsd/internal/proc"
 )
 
 // rssResult is the peak-memory phase of one process.
@@ -74,9 +76,9 @@ func (e *environment) peakRSSOf(ctx context.Context, pathName string, opts *opti
 	if err != nil {
 		return r, err
 	}
-	defer fake.stop()
+	defer fake.Stop()
 	var (
-		proc     *child
+		proc     *proc.Process
 		grpcAddr string
 		httpURL  string
 	)
@@ -93,8 +95,8 @@ func (e *environment) peakRSSOf(ctx context.Context, pathName string, opts *opti
 		if err != nil {
 			return r, err
 		}
-		defer f.stop()
-		proc, grpcAddr, httpURL = f.child, f.addr, "http://"+f.addr+"/v1/multi-card-payments"
+		defer f.Stop()
+		proc, grpcAddr, httpURL = f.Process, f.addr, "http://"+f.addr+"/v1/multi-card-payments"
 	default:
 		// Every call must be in flight at once: the caps on calls and
 		// connections are raised above n for this process.
@@ -104,8 +106,8 @@ func (e *environment) peakRSSOf(ctx context.Context, pathName string, opts *opti
 		if err != nil {
 			return r, err
 		}
-		defer svc.stop()
-		proc, grpcAddr, httpURL = svc.child, svc.grpcAddr, "http://"+svc.httpAddr+"/v1/multi-card-payments"
+		defer svc.Stop()
+		proc, grpcAddr, httpURL = svc.Process, svc.grpcAddr, "http://"+svc.httpAddr+"/v1/multi-card-payments"
 	}
 
 	var calls []caller
@@ -128,7 +130,7 @@ func (e *environment) peakRSSOf(ctx context.Context, pathName string, opts *opti
 		calls = append(calls, postPayment(client, httpURL, ""))
 	}
 
-	idle, _, err := memory(proc.pid())
+	idle, _, err := memory(proc.Pid())
 	if err != nil {
 		return r, err
 	}
@@ -159,11 +161,11 @@ func (e *environment) peakRSSOf(ctx context.Context, pathName string, opts *opti
 	if err := ctx.Err(); err != nil {
 		return r, err
 	}
-	if err := errors.Join(proc.checkRunning(), fake.checkRunning()); err != nil {
+	if err := errors.Join(proc.CheckRunning(), fake.CheckRunning()); err != nil {
 		return r, err
 	}
 
-	after, peak, err := memory(proc.pid())
+	after, peak, err := memory(proc.Pid())
 	if err != nil {
 		return r, err
 	}

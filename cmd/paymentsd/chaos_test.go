@@ -125,14 +125,14 @@ chaos:
 	checkProvider(t, p, a)
 	var again []string
 	for key, ks := range p.AllKeyStats() {
-		if ks.AfterSuccess > 0 {
-			again = append(again, fmt.Sprintf("%s (%d after its 2xx)", key, ks.AfterSuccess))
+		if ks.AfterDelivered > 0 {
+			again = append(again, fmt.Sprintf("%s (%d after its 2xx)", key, ks.AfterDelivered))
 		}
 	}
 	if len(again) > 0 {
 		t.Errorf("%d keys were sent again after the provider's 2xx: %v", len(again), again)
 		for key, ks := range p.AllKeyStats() {
-			if ks.AfterSuccess == 0 {
+			if ks.AfterDelivered == 0 {
 				continue
 			}
 			rec, err := client(0).GetMultiCardPayment(context.Background(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: key})

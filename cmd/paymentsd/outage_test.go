@@ -249,9 +249,9 @@ func (c *outageCase) check(t *testing.T) {
 	}
 	waitProviderIdle(t, c.p)
 	ks := c.p.KeyStats(outageKey)
-	if ks.Requests != 1 || ks.Successes != 1 || ks.AfterSuccess != 0 {
+	if ks.Requests != 1 || ks.Delivered != 1 || ks.AfterDelivered != 0 {
 		t.Errorf("provider saw %d requests, answered %d with a 2xx and got %d after it; want 1, 1 and 0: the key was sent again after its 2xx",
-			ks.Requests, ks.Successes, ks.AfterSuccess)
+			ks.Requests, ks.Delivered, ks.AfterDelivered)
 	}
 	if rec.GetState() != paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED || string(rec.GetPaymentJson()) != string(told.resp.GetPaymentJson()) {
 		t.Errorf("record = %v with reply %s; want SUCCEEDED with the reply the caller was told (%s)", rec.GetState(), rec.GetPaymentJson(), told.resp.GetPaymentJson())

@@ -356,6 +356,10 @@ func (c *faultConn) PrepareContext(ctx context.Context, query string) (driver.St
 
 func (c *faultConn) Close() error { return c.c.Close() }
 
+// Unwrap returns the real driver's connection, for code that needs it (the
+// store's pooler detection reads pgx's own).
+func (c *faultConn) Unwrap() driver.Conn { return c.c }
+
 func (c *faultConn) Begin() (driver.Tx, error) {
 	return c.BeginTx(context.Background(), driver.TxOptions{})
 }

@@ -11,11 +11,18 @@
 // id of its own), and every later request with that key and the same body
 // gets the same reply, so tests can tell a replay from a double charge.
 //
+// Per idempotency key it keeps what a checker needs to judge the client:
+// counts (KeyStats: requests, overlaps, charges, 2xx replies delivered, and
+// requests that came after one was) and every request's story
+// (KeyHistory). AddListener gives each of several clients an address of
+// its own, so the history says whose request each was.
+//
 // paymentsd --simulate runs the same server in-process.
 package upstreamtest
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -101,6 +108,7 @@ type Server struct {
 	URL string
 
 	srv          *httptest.Server
+	extra        []*http.Server // AddListener's
 	conns        atomic.Int64
 	canceled     chan struct{}
 	mu           sync.Mutex
@@ -118,6 +126,7 @@ type Server struct {
 	inFlight    map[string]int     // idempotency key → requests being answered
 	maxInFlight map[string]int     // idempotency key → most seen at once
 	perKey      map[string]*KeyStats
+	history     map[string][]*KeyRequest   // idempotency key → its requests
 	bodies      map[string]map[string]bool // idempotency key → bodies seen
 }
 
@@ -132,11 +141,35 @@ type KeyStats struct {
 	// Charges counts the payments the fake made for the key: more than
 	// one is a double charge.
 	Charges int
-	// Successes counts the 2xx replies the fake sent whole for the key,
-	// and AfterSuccess the requests with the key that arrived after the
-	// first of them: a key sent again after its 2xx.
-	Successes    int
-	AfterSuccess int
+	// Overlaps counts the requests that arrived while another request
+	// with the key was being answered.
+	Overlaps int
+	// Delivered counts the 2xx replies for the key written in full to the
+	// client's connection. The fake can't see whether the client read
+	// one: a client killed just after it was written still counts.
+	Delivered int
+	// AfterDelivered counts the requests that arrived after a 2xx reply
+	// for the key had been delivered: the key sent again by a client that
+	// had been told of a success (unless it died before reading it).
+	AfterDelivered int
+}
+
+// KeyRequest is one request with an idempotency key, as the fake saw it.
+type KeyRequest struct {
+	// Listener is the name of the listener the request came in on (see
+	// AddListener), or "" for URL's.
+	Listener string
+	// Arrived is when the fake had read the request; Ended is when it was
+	// done with it (just before the last byte of its reply went out), or
+	// zero while it is still being answered.
+	Arrived, Ended time.Time
+	// Status is the status line sent, or 0 if none was: the client went
+	// away first, or a Reset or Hangup fault.
+	Status int
+	// Charged reports whether the request made a payment.
+	Charged bool
+	// Delivered reports whether a 2xx reply to it was written in full.
+	Delivered bool
 }
 
 // payment is a payment the idempotent fake created.
@@ -160,16 +193,13 @@ func newServer(useTLS bool) *Server {
 		inFlight:     make(map[string]int),
 		maxInFlight:  make(map[string]int),
 		perKey:       make(map[string]*KeyStats),
+		history:      make(map[string][]*KeyRequest),
 		bodies:       make(map[string]map[string]bool),
 		canceled:     make(chan struct{}, 4096),
 		keepRequests: true,
 	}
 	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(s.serveHTTP))
-	s.srv.Config.ConnState = func(_ net.Conn, state http.ConnState) {
-		if state == http.StateNew {
-			s.conns.Add(1)
-		}
-	}
+	s.srv.Config.ConnState = s.countConn
 	if useTLS {
 		s.srv.StartTLS()
 	} else {
@@ -179,8 +209,53 @@ func newServer(useTLS bool) *Server {
 	return s
 }
 
+func (s *Server) countConn(_ net.Conn, state http.ConnState) {
+	if state == http.StateNew {
+		s.conns.Add(1)
+	}
+}
+
+// listenerKey is the context key of the name of the listener a request
+// came in on.
+type listenerKey struct{}
+
+// AddListener starts another listener on 127.0.0.1 for the same fake
+// provider (over TLS if the server is) and returns its base URL, ending in
+// /v1. Requests that come in on it carry name in KeyHistory, so that a test
+// whose clients each get a listener of their own (several paymentsd
+// processes, say) can tell whose request each was. Close closes it.
+func (s *Server) AddListener(name string) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(fmt.Sprintf("upstreamtest: listen: %v", err))
+	}
+	scheme := "http"
+	if s.srv.TLS != nil {
+		ln, scheme = tls.NewListener(ln, s.srv.TLS), "https"
+	}
+	srv := &http.Server{
+		Handler:   http.HandlerFunc(s.serveHTTP),
+		ConnState: s.countConn,
+		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
+			return context.WithValue(ctx, listenerKey{}, name)
+		},
+	}
+	s.mu.Lock()
+	s.extra = append(s.extra, srv)
+	s.mu.Unlock()
+	go srv.Serve(ln)
+	return scheme + "://" + ln.Addr().String() + "/v1"
+}
+
 // Close shuts the server down, closing its connections.
 func (s *Server) Close() {
+	s.mu.Lock()
+	extra := s.extra
+	s.extra = nil
+	s.mu.Unlock()
+	for _, srv := range extra {
+		srv.Close()
+	}
 	s.srv.CloseClientConnections()
 	s.srv.Close()
 }
@@ -261,6 +336,18 @@ func (s *Server) AllKeyStats() map[string]KeyStats {
 	return out
 }
 
+// KeyHistory returns every request with idempotency key that the fake
+// received, in arrival order.
+func (s *Server) KeyHistory(key string) []KeyRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]KeyRequest, len(s.history[key]))
+	for i, kr := range s.history[key] {
+		out[i] = *kr
+	}
+	return out
+}
+
 // InFlight returns how many requests the fake is working on now.
 func (s *Server) InFlight() int {
 	s.mu.Lock()
@@ -334,8 +421,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 
 	idemKey := idempotencyKey(body)
-	s.enter(idemKey, body)
-	defer s.leave(idemKey)
+	via, _ := r.Context().Value(listenerKey{}).(string)
+	kr := s.enter(idemKey, body, via)
+	defer s.leave(idemKey, kr)
 
 	var reply Reply
 	if script != nil {
@@ -349,7 +437,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if lateDedup {
 			remembered = s.completed(idemKey, req)
 		} else {
-			remembered = s.remember(idemKey, req)
+			remembered = s.remember(idemKey, req, kr)
 		}
 	}
 	// gone is closed when the client goes away, unless the fake is
@@ -381,16 +469,16 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		case remembered != nil:
 			reply = *remembered
 		case lateDedup:
-			reply = s.completeLate(idemKey, req)
+			reply = s.completeLate(idemKey, req, kr)
 		default:
-			reply = s.simulate(req)
+			reply = s.simulate(req, kr)
 		}
 	}
 	if r.Context().Err() != nil {
 		s.noteCanceled()
 		return
 	}
-	s.send(w, r, reply, idemKey)
+	s.send(w, r, reply, idemKey, kr)
 }
 
 // completed is the late-deduplicating provider's check at arrival: the
@@ -417,8 +505,8 @@ func (s *Server) completed(key string, r Request) *Reply {
 
 // completeLate makes the payment of a request that arrived when no
 // completed request had used its key, and remembers the first one made.
-func (s *Server) completeLate(key string, r Request) Reply {
-	reply := s.create(r)
+func (s *Server) completeLate(key string, r Request, kr *KeyRequest) Reply {
+	reply := s.create(r, kr)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.payments[key]; !ok && key != "" {
@@ -436,17 +524,24 @@ func idempotencyKey(body []byte) string {
 	return v.IdempotencyKey
 }
 
-func (s *Server) enter(key string, body []byte) {
+// enter counts a request with key as it arrives, and returns its entry in
+// the key's history.
+func (s *Server) enter(key string, body []byte, via string) *KeyRequest {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	ks := s.stats(key)
+	if s.inFlight[key] > 0 {
+		ks.Overlaps++
+	}
+	if ks.Delivered > 0 {
+		ks.AfterDelivered++
+	}
 	s.inFlight[key]++
 	s.maxInFlight[key] = max(s.maxInFlight[key], s.inFlight[key])
-	ks := s.stats(key)
 	ks.Requests++
-	if ks.Successes > 0 {
-		ks.AfterSuccess++
-	}
 	ks.MaxInFlight = s.maxInFlight[key]
+	kr := &KeyRequest{Listener: via, Arrived: time.Now()}
+	s.history[key] = append(s.history[key], kr)
 	if s.bodies[key] == nil {
 		s.bodies[key] = make(map[string]bool)
 	}
@@ -454,6 +549,7 @@ func (s *Server) enter(key string, body []byte) {
 		s.bodies[key][string(body)] = true
 		ks.Bodies++
 	}
+	return kr
 }
 
 // stats returns key's KeyStats, with s.mu held.
@@ -466,16 +562,24 @@ func (s *Server) stats(key string) *KeyStats {
 	return ks
 }
 
-func (s *Server) leave(key string) {
+// leave notes that the fake is done with a request, if send has not.
+func (s *Server) leave(key string, kr *KeyRequest) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.inFlight[key]--
+	s.leaveLocked(key, kr)
+}
+
+func (s *Server) leaveLocked(key string, kr *KeyRequest) {
+	if kr.Ended.IsZero() {
+		s.inFlight[key]--
+		kr.Ended = time.Now()
+	}
 }
 
 // remember is the idempotent provider: it creates the payment for a valid
 // request the first time its key is seen, and returns the reply every
 // request with that key gets; nil when not idempotent or not valid.
-func (s *Server) remember(key string, r Request) *Reply {
+func (s *Server) remember(key string, r Request, kr *KeyRequest) *Reply {
 	s.mu.Lock()
 	idempotent := s.idempotent
 	s.mu.Unlock()
@@ -489,7 +593,7 @@ func (s *Server) remember(key string, r Request) *Reply {
 	p, ok := s.payments[key]
 	s.mu.Unlock()
 	if !ok {
-		p = payment{body: r.Body, reply: s.create(r)}
+		p = payment{body: r.Body, reply: s.create(r, kr)}
 		s.mu.Lock()
 		if first, raced := s.payments[key]; raced {
 			p = first // a concurrent request created it first
@@ -505,13 +609,6 @@ func (s *Server) remember(key string, r Request) *Reply {
 	return &p.reply
 }
 
-// noteSuccess counts a 2xx sent for key.
-func (s *Server) noteSuccess(key string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stats(key).Successes++
-}
-
 func (s *Server) noteCanceled() {
 	select {
 	case s.canceled <- struct{}{}:
@@ -519,7 +616,11 @@ func (s *Server) noteCanceled() {
 	}
 }
 
-func (s *Server) send(w http.ResponseWriter, r *http.Request, reply Reply, key string) {
+// send writes reply, and notes in kr what was sent. Its last byte goes
+// only once the fake is done with the request (see finish), so a client
+// that has read the whole reply finds the request's history complete, and
+// its next request is never counted as an overlap.
+func (s *Server) send(w http.ResponseWriter, r *http.Request, reply Reply, key string, kr *KeyRequest) {
 	status := reply.Status
 	if status == 0 {
 		status = http.StatusOK
@@ -533,6 +634,7 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request, reply Reply, key s
 		defer conn.Close()
 		switch reply.Fault {
 		case Reset:
+			s.finish(key, kr, 0, false)
 			// Under TLS, reset the TCP connection beneath: closing the
 			// tls.Conn would first send close_notify, a clean end.
 			raw := conn
@@ -543,7 +645,10 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request, reply Reply, key s
 				tc.SetLinger(0)
 				tc.Close()
 			}
+		case Hangup:
+			s.finish(key, kr, 0, false)
 		case CutBody:
+			s.finish(key, kr, status, false)
 			fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
 				status, http.StatusText(status), len(reply.Body))
 			buf.Write(reply.Body[:len(reply.Body)/2])
@@ -561,37 +666,72 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request, reply Reply, key s
 		w.Header().Set("Content-Type", "application/json")
 	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(reply.Body)))
+	s.mu.Lock()
+	kr.Status = status
+	s.mu.Unlock()
 	w.WriteHeader(status)
-	if reply.Fault != Dribble {
-		if _, err := w.Write(reply.Body); err == nil && status >= 200 && status < 300 {
-			s.noteSuccess(key)
-		}
-		return
-	}
 	rc := http.NewResponseController(w)
-	for i := range reply.Body {
-		w.Write(reply.Body[i : i+1])
-		rc.Flush()
-		t := time.NewTimer(reply.DribbleInterval)
-		select {
-		case <-t.C:
-		case <-r.Context().Done():
-			t.Stop()
-			s.noteCanceled()
-			return
-		}
+	head, tail := reply.Body, []byte(nil)
+	if n := len(reply.Body); n > 0 {
+		head, tail = reply.Body[:n-1], reply.Body[n-1:]
 	}
+	written := true
+	if reply.Fault == Dribble {
+		for i := range head {
+			if _, err := w.Write(head[i : i+1]); err != nil || rc.Flush() != nil {
+				written = false
+			}
+			t := time.NewTimer(reply.DribbleInterval)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+				s.noteCanceled()
+				return
+			}
+		}
+	} else if len(head) > 0 {
+		_, err := w.Write(head)
+		written = err == nil && rc.Flush() == nil
+	}
+	success := status >= 200 && status <= 299
+	s.finish(key, kr, status, written && success)
+	if _, err := w.Write(tail); (err != nil || rc.Flush() != nil) && written && success {
+		s.undeliver(key, kr)
+	}
+}
+
+// finish notes that the fake is done with a request whose reply's status
+// line (0 for none) is going out, and whether it is a 2xx whose every byte
+// but the last has been written: it counts as delivered unless the last
+// fails too (undeliver).
+func (s *Server) finish(key string, kr *KeyRequest, status int, delivered bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leaveLocked(key, kr)
+	kr.Status = status
+	if delivered {
+		s.stats(key).Delivered++
+		kr.Delivered = true
+	}
+}
+
+func (s *Server) undeliver(key string, kr *KeyRequest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats(key).Delivered--
+	kr.Delivered = false
 }
 
 var currencyPattern = regexp.MustCompile(`^[A-Z]+$`)
 
 // simulate is the documented behaviour: authenticate, check the body, and
 // succeed with a reply that says it is simulated.
-func (s *Server) simulate(r Request) Reply {
+func (s *Server) simulate(r Request, kr *KeyRequest) Reply {
 	if refusal, refused := s.check(r); refused {
 		return refusal
 	}
-	return s.create(r)
+	return s.create(r, kr)
 }
 
 // check authenticates r and checks its body, returning the refusal if any.
@@ -615,14 +755,16 @@ func (s *Server) check(r Request) (Reply, bool) {
 	return Reply{}, false
 }
 
-// create makes a payment for r: a success reply with an id of its own.
-func (s *Server) create(r Request) Reply {
+// create makes a payment for r, whose entry in its key's history is kr: a
+// success reply with an id of its own.
+func (s *Server) create(r Request, kr *KeyRequest) Reply {
 	var echo bytes.Buffer
 	json.Compact(&echo, r.Body)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.created++
 	s.stats(idempotencyKey(r.Body)).Charges++
+	kr.Charged = true
 	body := fmt.Appendf(nil, `{"id":"pay_sim_%d","simulated":true,"note":"paymentsd simulator: no payment was made","request":%s}`, s.created, echo.Bytes())
 	return Reply{Status: http.StatusOK, Body: body}
 }

@@ -17,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
 	"example.com/paymentsd/upstream/upstreamtest"
 )
 
@@ -790,9 +793,185 @@ func TestMaxInFlight(t *testing.T) {
 	}
 }
 
-// TestKeyStatsSuccesses: KeyStats counts the 2xx replies sent for a key,
-// and the requests that came after the first of them.
-func TestKeyStatsSuccesses(t *testing.T) {
+// TestKeyHistory: each reply's fate, as a checker judging a client needs
+// it: what was sent, whether a 2xx reached the connection whole, whether
+// a payment was made, and requests that came after a delivered success.
+func TestKeyHistory(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		reply upstreamtest.Reply
+		want  upstreamtest.KeyRequest
+		// wantErr: the client gets no complete reply.
+		wantErr bool
+	}{
+		{"success", upstreamtest.Reply{}, upstreamtest.KeyRequest{Status: http.StatusOK, Charged: true, Delivered: true}, false},
+		{"dribbled success", upstreamtest.Reply{Status: http.StatusCreated, Body: []byte(`{}`), Fault: upstreamtest.Dribble, DribbleInterval: time.Millisecond},
+			upstreamtest.KeyRequest{Status: http.StatusCreated, Delivered: true}, false},
+		{"refusal", upstreamtest.Reply{Status: http.StatusBadRequest, Body: []byte(`{}`)}, upstreamtest.KeyRequest{Status: http.StatusBadRequest}, false},
+		{"reset", upstreamtest.Reply{Fault: upstreamtest.Reset}, upstreamtest.KeyRequest{}, true},
+		{"hangup", upstreamtest.Reply{Fault: upstreamtest.Hangup}, upstreamtest.KeyRequest{}, true},
+		{"cut body", upstreamtest.Reply{Status: http.StatusOK, Body: []byte(`{"id":"pay_cut"}`), Fault: upstreamtest.CutBody},
+			upstreamtest.KeyRequest{Status: http.StatusOK}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newServer(t)
+			srv.SetScript(upstreamtest.Sequence(tt.reply))
+			before := time.Now()
+			if _, err := do(t, srv.Client(), srv.URL, call{key: goodKey, body: goodBody}); (err != nil) != tt.wantErr {
+				t.Fatalf("request error = %v, want error %v", err, tt.wantErr)
+			}
+			// The second request gets the default reply, a delivered 200.
+			mustDo(t, srv, call{key: goodKey, body: goodBody})
+			after := time.Now()
+
+			got := srv.KeyHistory("idem-1")
+			if len(got) != 2 {
+				t.Fatalf("KeyHistory = %+v, want 2 requests", got)
+			}
+			for i, kr := range got {
+				if kr.Arrived.Before(before) || kr.Ended.Before(kr.Arrived) || kr.Ended.After(after) {
+					t.Errorf("request %d arrived %v and ended %v, want within the calls, in order", i+1, kr.Arrived, kr.Ended)
+				}
+			}
+			if got[1].Arrived.Before(got[0].Ended) {
+				t.Errorf("second request arrived %v, before the first ended %v", got[1].Arrived, got[0].Ended)
+			}
+			ignoreTimes := cmpopts.IgnoreFields(upstreamtest.KeyRequest{}, "Arrived", "Ended")
+			if diff := cmp.Diff(tt.want, got[0], ignoreTimes); diff != "" {
+				t.Errorf("first request's history (-want +got):\n%s", diff)
+			}
+			if got[1].Status != http.StatusOK || !got[1].Delivered {
+				t.Errorf("second request's history = %+v, want a delivered 200", got[1])
+			}
+
+			want := upstreamtest.KeyStats{Requests: 2, MaxInFlight: 1, Bodies: 1, Delivered: 1, Charges: 1}
+			if tt.want.Delivered {
+				want.Delivered, want.AfterDelivered = 2, 1
+			}
+			if tt.want.Charged {
+				want.Charges = 2
+			}
+			if got := srv.KeyStats("idem-1"); got != want {
+				t.Errorf("KeyStats = %+v, want %+v", got, want)
+			}
+		})
+	}
+}
+
+// TestKeyHistoryClientGone: a reply the client went away before is not
+// sent, let alone delivered.
+func TestKeyHistoryClientGone(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	arrived := make(chan struct{}, 1)
+	srv.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+		arrived <- struct{}{}
+		return upstreamtest.Reply{Wait: make(chan struct{})}
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+paymentsPath, strings.NewReader(goodBody))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Api-Key", goodKey)
+		resp, err := srv.Client().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-arrived
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("client error = %v, want context.Canceled", err)
+	}
+	<-srv.Canceled()
+
+	got := srv.KeyHistory("idem-1")
+	if len(got) != 1 || got[0].Status != 0 || got[0].Delivered || got[0].Charged {
+		t.Errorf("KeyHistory = %+v, want one request, nothing sent or charged", got)
+	}
+	if ks := srv.KeyStats("idem-1"); ks.Delivered != 0 || ks.Charges != 0 {
+		t.Errorf("KeyStats = %+v, want nothing charged or delivered", ks)
+	}
+}
+
+func TestOverlaps(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 3)
+	srv.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+		arrived <- struct{}{}
+		return upstreamtest.Reply{Wait: release}
+	})
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { do(t, srv.Client(), srv.URL, call{key: goodKey, body: goodBody}) })
+	}
+	for range 3 {
+		<-arrived
+	}
+	close(release)
+	wg.Wait()
+	srv.SetScript(nil)
+	mustDo(t, srv, call{key: goodKey, body: goodBody}) // alone: no overlap
+	if ks := srv.KeyStats("idem-1"); ks.Overlaps != 2 || ks.MaxInFlight != 3 || ks.Requests != 4 {
+		t.Errorf("KeyStats = %+v, want 2 overlaps of 4 requests, at most 3 at once", ks)
+	}
+}
+
+// TestAddListener: requests through another listener reach the same fake,
+// named in the key's history; Close closes it.
+func TestAddListener(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		srv  func() *upstreamtest.Server
+	}{
+		{"http", upstreamtest.NewServer},
+		{"https", upstreamtest.NewTLSServer},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := tt.srv()
+			srv.AllowKey(goodKey)
+			srv.Idempotent(true)
+			a := srv.AddListener("a")
+			if a == srv.URL || !strings.HasPrefix(a, tt.name+"://127.0.0.1:") || !strings.HasSuffix(a, "/v1") {
+				t.Errorf("AddListener() = %q, want another %s base URL ending in /v1", a, tt.name)
+			}
+			client := srv.Client()
+			first, err := do(t, client, a, call{key: goodKey, body: goodBody})
+			if err != nil {
+				t.Fatal(err)
+			}
+			again := mustDo(t, srv, call{key: goodKey, body: goodBody})
+			if !bytes.Equal(first.body, again.body) {
+				t.Errorf("replies through the two listeners: %s and %s, want one payment", first.body, again.body)
+			}
+			var via []string
+			for _, kr := range srv.KeyHistory("idem-1") {
+				via = append(via, kr.Listener)
+			}
+			if diff := cmp.Diff([]string{"a", ""}, via); diff != "" {
+				t.Errorf("listeners in KeyHistory (-want +got):\n%s", diff)
+			}
+			srv.Close()
+			client.CloseIdleConnections()
+			if _, err := do(t, client, a, call{key: goodKey, body: goodBody}); err == nil {
+				t.Errorf("request to the added listener after Close succeeded")
+			}
+		})
+	}
+}
+
+// TestKeyStatsDelivered: KeyStats counts the 2xx replies delivered for a
+// key, and the requests that came after the first of them.
+func TestKeyStatsDelivered(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t)
 	srv.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Status: http.StatusServiceUnavailable}))
@@ -800,7 +979,7 @@ func TestKeyStatsSuccesses(t *testing.T) {
 		mustDo(t, srv, call{key: goodKey, body: goodBody})
 	}
 	got := srv.KeyStats("idem-1")
-	if got.Requests != 3 || got.Successes != 2 || got.AfterSuccess != 1 {
-		t.Errorf("KeyStats after a 503 and two 200s = %+v, want 3 requests, 2 successes, 1 after a success", got)
+	if got.Requests != 3 || got.Delivered != 2 || got.AfterDelivered != 1 {
+		t.Errorf("KeyStats after a 503 and two 200s = %+v, want 3 requests, 2 delivered, 1 after a delivered 2xx", got)
 	}
 }

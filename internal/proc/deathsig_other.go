@@ -1,9 +1,9 @@
 //go:build !linux
 
-package main
+package proc
 
 import "os/exec"
 
 // setDeathSignal does nothing: only Linux can kill a child when its parent
-// dies. (The benchmark needs Linux's /proc anyway.)
+// dies.
 func setDeathSignal(*exec.Cmd) {}

@@ -1,0 +1,565 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/paymentsclient"
+	"example.com/paymentsd/upstream/upstreamtest"
+)
+
+// Kinds of violation: each is a contradiction between what paymentsd (or
+// its client) said or did about money and what the provider saw.
+const (
+	// An OK told to a caller whose key is not SUCCEEDED on record.
+	violOKNotOnRecord = "ok_not_on_record"
+	// An OK told to a caller with a reply other than the record's.
+	violOKReplyDiffers = "ok_reply_differs"
+	// The provider made more than one payment for the key.
+	violChargedTwice = "charged_twice"
+	// The key reached the provider again after a 2xx for it had been
+	// delivered to a paymentsd that lived on.
+	violSentAfter2xx = "sent_after_2xx"
+	// PAYMENT_NOT_CREATED (or paymentsclient's ErrNotCreated) for a key the
+	// provider created.
+	violFalseNotCreated = "false_not_created"
+	// Two requests with the key at the provider at once.
+	violOverlap = "overlap"
+	// The record says NOT_CREATED; the provider made the payment.
+	violRecordNotCreated = "record_not_created_but_charged"
+	// The record says SUCCEEDED; the provider made no payment.
+	violRecordNoCharge = "record_succeeded_without_charge"
+	// The provider saw the key; paymentsd has no record of it.
+	violNoRecord = "sent_without_record"
+	// A final refusal (key reused, expired, not owned, invalid) of a valid
+	// request with the caller's own key.
+	violRefused = "unexpected_refusal"
+	// Still IN_PROGRESS, or OUTCOME_UNKNOWN with settlement still due,
+	// when the wait for settlement ended.
+	violUnsettled = "unsettled"
+
+	// Not a violation unless -strict: the key reached the provider again
+	// after a 2xx was delivered to a paymentsd that was SIGKILLed before it
+	// could have committed it: within CommitGrace of the delivery, or of
+	// the store's coming back if it was down then. (The window between a
+	// 2xx and its commit, which issue 23 shrinks but no design without a
+	// local journal closes.)
+	excusedSentAfterKill = "sent_after_2xx_receiver_killed"
+)
+
+// violationKinds lists every kind, in the order the report prints them.
+var violationKinds = []string{
+	violOKNotOnRecord, violOKReplyDiffers, violChargedTwice, violSentAfter2xx,
+	violFalseNotCreated, violOverlap, violRecordNotCreated, violRecordNoCharge,
+	violNoRecord, violRefused, violUnsettled,
+}
+
+// violation is one key's contradiction of one kind.
+type violation struct {
+	Kind   string `json:"kind"`
+	Key    string `json:"key"`
+	Detail string `json:"detail"`
+}
+
+// keyFacts is what the fake provider saw of a key.
+type keyFacts struct {
+	Stats   upstreamtest.KeyStats
+	History []upstreamtest.KeyRequest
+}
+
+// record is paymentsd's record of a key, as read after settlement.
+type record struct {
+	Found  bool
+	State  paymentsv1.PaymentState
+	Reply  []byte // payment_json
+	GaveUp bool   // settlement gave up (past the window)
+	Err    string // the lookup failed: nothing is known
+}
+
+// fault is one fault the run injected.
+type fault struct {
+	Kind string `json:"kind"`
+	// Target is what it struck: a replica's listener name ("r0"), a
+	// Patroni node, or "" for the only one.
+	Target string `json:"target,omitempty"`
+	// Start is when it struck; Undone is when whatever it stopped runs
+	// again (zero if undoing it failed).
+	Start, Undone time.Time `json:"-"`
+	Err           string    `json:"error,omitempty"`
+}
+
+// faultPaymentsdKill is the fault whose target, a replica, may die
+// holding a 2xx it had not committed.
+const faultPaymentsdKill = "paymentsd-kill"
+
+// checkInput is everything a check judges.
+type checkInput struct {
+	Calls    []call
+	Provider map[string]keyFacts
+	Records  map[string]record
+	Faults   []fault
+	// Begin is when the run began, and End when the callers stopped.
+	Begin, End time.Time
+	// CommitGrace is how long a replica may take to commit a 2xx once the
+	// store is up: a kill of the receiver within it excuses a re-send.
+	CommitGrace time.Duration
+	// Strict counts every re-send after a 2xx as a violation, whatever
+	// happened to its receiver.
+	Strict bool
+}
+
+// checkResult is a check's verdict and figures.
+type checkResult struct {
+	Violations []violation `json:"violations"`
+	// Excused are re-sends after a 2xx whose receiver was killed first.
+	Excused []violation `json:"excused"`
+	Keys    keyCounts   `json:"keys"`
+	Calls   callCounts  `json:"calls"`
+	Faults  []faultStats
+	// Outside is the latency of calls that overlap no fault's window.
+	Outside latency `json:"outside_faults"`
+}
+
+// keyCounts classifies the keys by what their callers were finally told,
+// and what the record says of those left in doubt.
+type keyCounts struct {
+	Total      int `json:"total"`
+	OK         int `json:"ok"`
+	NotCreated int `json:"not_created"`
+	// InDoubt: the caller gave up without a verdict (or was stopped).
+	InDoubt int `json:"in_doubt"`
+	// Settled: of those, SUCCEEDED or NOT_CREATED on record afterwards,
+	// or never recorded (so never sent).
+	Settled int `json:"settled_afterwards"`
+	// Charged is how many keys the provider made a payment for.
+	Charged int `json:"charged"`
+	// BySettlement counts keys whose record settlement settled: the
+	// provider got a request for the key while none of its calls was open
+	// (so paymentsd's settlement sent it), and the record is SUCCEEDED or
+	// NOT_CREATED.
+	BySettlement int `json:"settled_by_settlement"`
+}
+
+type callCounts struct {
+	// Total counts gRPC calls to CreateMultiCardPayment, the raw callers'
+	// and paymentsclient's attempts.
+	Total  int `json:"total"`
+	Failed int `json:"failed"`
+	// Clients counts paymentsclient.Create calls.
+	Clients int `json:"client_creates"`
+}
+
+// latency is a latency distribution in milliseconds.
+type latency struct {
+	Calls int     `json:"calls"`
+	P50   float64 `json:"p50_ms"`
+	P99   float64 `json:"p99_ms"`
+}
+
+// faultStats is what a fault cost callers.
+type faultStats struct {
+	fault
+	// Recovered is the end of the first successful call that started after
+	// the fault was undone: the fault's window runs from Start to it (or to
+	// the next fault, or the end of the run).
+	Recovered time.Time `json:"-"`
+	// Calls counts the gRPC calls that overlap the window, and Failed
+	// those that failed.
+	Calls  int `json:"calls"`
+	Failed int `json:"failed"`
+	// FailedBy counts the failed calls by "CODE REASON".
+	FailedBy map[string]int `json:"failed_by"`
+	// LongestFailedRun is the longest run of consecutive failed calls (by
+	// start), and LongestFailedRunSeconds its span, from the first one's
+	// start to the last one's end.
+	LongestFailedRun        int     `json:"longest_failed_run_calls"`
+	LongestFailedRunSeconds float64 `json:"longest_failed_run_s"`
+	// Unavailable is the longest stretch of the window in which no call
+	// succeeded, in seconds.
+	Unavailable float64 `json:"unavailable_s"`
+	During      latency `json:"during"`
+	// InDoubt counts keys with a call in the window whose caller ended
+	// without a verdict; Settled, those SUCCEEDED or NOT_CREATED on record
+	// afterwards, or never recorded.
+	InDoubt int `json:"in_doubt"`
+	Settled int `json:"settled_afterwards"`
+	// BySettlement counts keys settled by settlement (keyCounts) whose
+	// settlement request came after this fault began and before the next.
+	BySettlement int `json:"settled_by_settlement"`
+}
+
+// check judges a run's history against the provider's facts and
+// paymentsd's records.
+func check(in checkInput) checkResult {
+	var res checkResult
+	seen := make(map[[2]string]bool) // kind, key: one violation of a kind per key
+	flag := func(kind, key, format string, args ...any) {
+		if seen[[2]string{kind, key}] {
+			return
+		}
+		seen[[2]string{kind, key}] = true
+		res.Violations = append(res.Violations, violation{kind, key, fmt.Sprintf(format, args...)})
+	}
+
+	byKey := make(map[string][]call)
+	var keys []string
+	for _, c := range in.Calls {
+		if _, ok := byKey[c.Key]; !ok {
+			keys = append(keys, c.Key)
+		}
+		byKey[c.Key] = append(byKey[c.Key], c)
+	}
+	for k := range in.Provider {
+		if _, ok := byKey[k]; !ok {
+			keys = append(keys, k) // the provider saw a key no caller used
+		}
+	}
+	sort.Strings(keys)
+
+	outcome := make(map[string]string) // key → verdictOK, verdictNotCreated or verdictUnknown
+	var settledAt []time.Time          // settlement's first request of each key it settled
+	for _, key := range keys {
+		calls, facts, rec := byKey[key], in.Provider[key], in.Records[key]
+		charged := slices.IndexFunc(facts.History, func(kr upstreamtest.KeyRequest) bool { return kr.Charged })
+
+		// What paymentsd told callers against its record.
+		for _, c := range calls {
+			switch {
+			case c.ok() && (!rec.Found || rec.State != paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED):
+				flag(violOKNotOnRecord, key, "%s told OK with %s at %s; the record is %s", c.Kind, c.Reply, offset(in, c.End), describe(rec))
+			case c.ok() && !bytes.Equal(c.Reply, rec.Reply):
+				flag(violOKReplyDiffers, key, "%s told OK with %s at %s; the record holds %s", c.Kind, c.Reply, offset(in, c.End), rec.Reply)
+			case c.Verdict == verdictRefused:
+				flag(violRefused, key, "%s answered %s %s at %s", c.Kind, c.Code, c.Reason, offset(in, c.End))
+			}
+		}
+
+		// NOT_CREATED said of a key the provider created.
+		if charged >= 0 {
+			first := facts.History[charged]
+			allAnswered := !slices.ContainsFunc(calls, func(c call) bool { return c.Kind == kindCreate && !c.Answered })
+			for _, c := range calls {
+				switch {
+				case c.Reason == paymentsclient.ReasonNotCreated && !first.Arrived.After(c.End):
+					// A request that made the payment had reached the
+					// provider before the answer.
+					flag(violFalseNotCreated, key, "%s answered %s PAYMENT_NOT_CREATED at %s; a request that made the payment had reached the provider at %s",
+						c.Kind, c.Code, offset(in, c.End), offset(in, first.Arrived))
+				case c.Kind == kindClient && c.Verdict == verdictNotCreated:
+					// The caller pays again under a new key: any payment
+					// for this one is a second.
+					flag(violFalseNotCreated, key, "paymentsclient.Create returned ErrNotCreated at %s; the provider made the payment (request arrived at %s)",
+						offset(in, c.End), offset(in, first.Arrived))
+				case c.Kind == kindCreate && c.Final && c.Verdict == verdictNotCreated && allAnswered:
+					flag(violFalseNotCreated, key, "the caller's last answer, with every call answered, was %s PAYMENT_NOT_CREATED at %s; the provider made the payment (request arrived at %s)",
+						c.Code, offset(in, c.End), offset(in, first.Arrived))
+				}
+			}
+		}
+
+		// The provider's own counts.
+		if facts.Stats.Charges > 1 {
+			flag(violChargedTwice, key, "the provider made %d payments from %d requests", facts.Stats.Charges, facts.Stats.Requests)
+		}
+		if facts.Stats.Overlaps > 0 {
+			flag(violOverlap, key, "%d of %d requests arrived while another with the key was at the provider (at most %d at once)",
+				facts.Stats.Overlaps, facts.Stats.Requests, facts.Stats.MaxInFlight)
+		}
+		if d := slices.IndexFunc(facts.History, func(kr upstreamtest.KeyRequest) bool { return kr.Delivered }); d >= 0 && facts.Stats.AfterDelivered > 0 {
+			got := facts.History[d]
+			// The first request to arrive after the delivery (one that
+			// arrived before it overlapped, and is counted as such).
+			again := facts.History[len(facts.History)-1]
+			for _, kr := range facts.History[d+1:] {
+				if !kr.Arrived.Before(got.Ended) {
+					again = kr
+					break
+				}
+			}
+			detail := fmt.Sprintf("%d request(s) after a 2xx was delivered to %s at %s; the first at %s, from %s",
+				facts.Stats.AfterDelivered, got.Listener, offset(in, got.Ended), offset(in, again.Arrived), again.Listener)
+			if k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, minTime(again.Arrived, commitBy(in, got.Ended))); killed && !in.Strict {
+				res.Excused = append(res.Excused, violation{excusedSentAfterKill, key,
+					fmt.Sprintf("%s; %s was SIGKILLed at %s", detail, got.Listener, offset(in, k))})
+			} else {
+				if killed {
+					detail += fmt.Sprintf("; %s was SIGKILLed at %s", got.Listener, offset(in, k))
+				} else if k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, again.Arrived); killed {
+					detail += fmt.Sprintf("; %s lived on to be SIGKILLed at %s, after it could have committed the 2xx (by %s)",
+						got.Listener, offset(in, k), offset(in, commitBy(in, got.Ended)))
+				}
+				flag(violSentAfter2xx, key, "%s", detail)
+			}
+		}
+
+		// The record against the provider.
+		switch {
+		case rec.Err != "":
+			if len(facts.History) > 0 {
+				flag(violUnsettled, key, "the record could not be read (%s)", rec.Err)
+			}
+		case !rec.Found:
+			if len(facts.History) > 0 {
+				flag(violNoRecord, key, "the provider saw %d request(s) (%d charged); paymentsd has no record", facts.Stats.Requests, facts.Stats.Charges)
+			}
+		case rec.State == paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED && charged >= 0:
+			flag(violRecordNotCreated, key, "the record is NOT_CREATED; the provider made the payment (request arrived at %s)", offset(in, facts.History[charged].Arrived))
+		case rec.State == paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED && charged < 0:
+			flag(violRecordNoCharge, key, "the record is SUCCEEDED with %s; the provider made no payment", rec.Reply)
+		case rec.State == paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS,
+			rec.State == paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN && !rec.GaveUp:
+			flag(violUnsettled, key, "the record is still %s", describe(rec))
+		}
+
+		// What the caller was finally told.
+		outcome[key] = verdictUnknown
+		for _, c := range calls {
+			switch {
+			case c.ok():
+				outcome[key] = verdictOK
+			case c.Final && c.Verdict == verdictNotCreated && outcome[key] != verdictOK:
+				outcome[key] = verdictNotCreated
+			}
+		}
+		if len(calls) == 0 {
+			continue
+		}
+		res.Keys.Total++
+		switch outcome[key] {
+		case verdictOK:
+			res.Keys.OK++
+		case verdictNotCreated:
+			res.Keys.NotCreated++
+		default:
+			res.Keys.InDoubt++
+			if settled(rec) {
+				res.Keys.Settled++
+			}
+		}
+		if charged >= 0 {
+			res.Keys.Charged++
+		}
+		if t, ok := sentBySettlement(calls, facts.History); ok && settled(rec) {
+			res.Keys.BySettlement++
+			settledAt = append(settledAt, t)
+		}
+	}
+
+	var attempts []call
+	for _, c := range in.Calls {
+		if c.Kind == kindClient {
+			res.Calls.Clients++
+			continue
+		}
+		attempts = append(attempts, c)
+		res.Calls.Total++
+		if !c.ok() {
+			res.Calls.Failed++
+		}
+	}
+	res.Faults, res.Outside = faultFigures(in, attempts, outcome)
+	for _, t := range settledAt {
+		for i := len(res.Faults) - 1; i >= 0; i-- {
+			if !t.Before(res.Faults[i].Start) {
+				res.Faults[i].BySettlement++
+				break
+			}
+		}
+	}
+	return res
+}
+
+// sentBySettlement returns the arrival of the first of a key's requests at
+// the provider that came while none of its calls was open: settlement's.
+func sentBySettlement(calls []call, history []upstreamtest.KeyRequest) (time.Time, bool) {
+	for _, kr := range history {
+		open := slices.ContainsFunc(calls, func(c call) bool {
+			return c.Kind != kindClient && !kr.Arrived.Before(c.Start) && !kr.Arrived.After(c.End)
+		})
+		if !open {
+			return kr.Arrived, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// killedBetween reports whether a paymentsd-kill struck target between
+// from and to, and when.
+func killedBetween(faults []fault, target string, from, to time.Time) (time.Time, bool) {
+	for _, f := range faults {
+		if f.Kind == faultPaymentsdKill && f.Target == target && !f.Start.Before(from) && !f.Start.After(to) {
+			return f.Start, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// storeFaults are the faults that take the record store away.
+var storeFaults = []string{faultPostgresKill, faultPostgresStop, faultSQLiteLock, faultPrimaryKill, faultSwitchover, faultPoolerRestart}
+
+// commitBy is the latest a replica that received a 2xx at t could have
+// committed it: t plus the grace, or, if the store was down at t, the
+// store's return plus the grace.
+func commitBy(in checkInput, t time.Time) time.Time {
+	by := t.Add(in.CommitGrace)
+	for _, f := range in.Faults {
+		if !slices.Contains(storeFaults, f.Kind) || t.Before(f.Start) {
+			continue
+		}
+		back := f.Undone
+		if back.IsZero() {
+			back = in.End
+		}
+		if !t.After(back) {
+			by = maxTime(by, back.Add(in.CommitGrace))
+		}
+	}
+	return by
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// faultFigures measures each fault's window over the attempts (gRPC
+// calls, by start) that overlap it, and the latency of those that overlap
+// no window.
+func faultFigures(in checkInput, attempts []call, outcome map[string]string) ([]faultStats, latency) {
+	faults := slices.Clone(in.Faults)
+	slices.SortStableFunc(faults, func(a, b fault) int { return a.Start.Compare(b.Start) })
+	slices.SortStableFunc(attempts, func(a, b call) int { return a.Start.Compare(b.Start) })
+	var stats []faultStats
+	inWindow := make([]bool, len(attempts))
+	for i, f := range faults {
+		fs := faultStats{fault: f, FailedBy: make(map[string]int)}
+		limit := in.End
+		if i+1 < len(faults) && faults[i+1].Start.Before(limit) {
+			limit = faults[i+1].Start
+		}
+		fs.Recovered = limit
+		if !f.Undone.IsZero() {
+			for _, c := range attempts {
+				if c.ok() && !c.Start.Before(f.Undone) && c.End.Before(fs.Recovered) {
+					fs.Recovered = c.End
+				}
+			}
+		}
+		var lat []time.Duration
+		var run int
+		var runStart time.Time
+		successes := []time.Time{f.Start}
+		doubt := make(map[string]bool)
+		for j, c := range attempts {
+			// A call that overlaps the window counts: one that waited
+			// through the fault (for a commit, say) felt it.
+			if !c.End.After(f.Start) || !c.Start.Before(fs.Recovered) {
+				continue
+			}
+			inWindow[j] = true
+			fs.Calls++
+			lat = append(lat, c.End.Sub(c.Start))
+			if outcome[c.Key] == verdictUnknown {
+				doubt[c.Key] = true
+			}
+			if c.ok() {
+				run = 0
+				successes = append(successes, c.End)
+				continue
+			}
+			fs.Failed++
+			fs.FailedBy[failure(c.Code, c.Reason)]++
+			if run == 0 {
+				runStart = c.Start
+			}
+			run++
+			if run > fs.LongestFailedRun {
+				fs.LongestFailedRun = run
+			}
+			if s := c.End.Sub(runStart).Seconds(); s > fs.LongestFailedRunSeconds {
+				fs.LongestFailedRunSeconds = s
+			}
+		}
+		successes = append(successes, fs.Recovered)
+		slices.SortFunc(successes, time.Time.Compare)
+		for k := 1; k < len(successes); k++ {
+			fs.Unavailable = max(fs.Unavailable, successes[k].Sub(successes[k-1]).Seconds())
+		}
+		fs.During = distribution(lat)
+		fs.InDoubt = len(doubt)
+		for k := range doubt {
+			if settled(in.Records[k]) {
+				fs.Settled++
+			}
+		}
+		stats = append(stats, fs)
+	}
+	var outside []time.Duration
+	for j, c := range attempts {
+		if !inWindow[j] {
+			outside = append(outside, c.End.Sub(c.Start))
+		}
+	}
+	return stats, distribution(outside)
+}
+
+// failure names a failed call's answer: its code, and reason if any.
+func failure(code codes.Code, reason string) string {
+	if reason == "" {
+		return code.String()
+	}
+	return code.String() + " " + reason
+}
+
+// distribution is the p50 and p99 of ds, nearest rank.
+func distribution(ds []time.Duration) latency {
+	if len(ds) == 0 {
+		return latency{}
+	}
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	rank := func(p float64) float64 {
+		i := int(float64(len(ds))*p+0.999999) - 1
+		return float64(ds[max(0, min(i, len(ds)-1))].Microseconds()) / 1000
+	}
+	return latency{Calls: len(ds), P50: rank(0.50), P99: rank(0.99)}
+}
+
+// settled reports whether a record's outcome is known: the payment
+// exists, or certainly does not (NOT_CREATED, or no record at all: nothing
+// is sent before it is recorded).
+func settled(r record) bool {
+	return r.Err == "" && (!r.Found || r.State == paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED || r.State == paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED)
+}
+
+func describe(r record) string {
+	switch {
+	case r.Err != "":
+		return "unreadable (" + r.Err + ")"
+	case !r.Found:
+		return "missing"
+	case r.GaveUp:
+		return r.State.String() + " (settlement gave up)"
+	}
+	return r.State.String()
+}
+
+// offset is t as seconds into the run, for details.
+func offset(in checkInput, t time.Time) string {
+	return fmt.Sprintf("%.3fs", t.Sub(in.Begin).Seconds())
+}

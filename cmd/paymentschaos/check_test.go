@@ -1,0 +1,432 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/upstream/upstreamtest"
+)
+
+// These tests check the checker, over hand-written histories: each
+// contradiction it must find, and the ones it must not invent.
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// at is t0 plus s seconds.
+func at(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+
+const reply = `{"id":"pay_sim_1"}`
+
+// okCall is a raw caller's call told OK.
+func okCall(key string, replica int, start, end float64) call {
+	return call{Kind: kindCreate, Key: key, Replica: replica, Start: at(start), End: at(end),
+		Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Answered: true, Final: true}
+}
+
+// failedCall is a raw caller's call that failed with code and reason.
+func failedCall(key string, replica int, start, end float64, code codes.Code, reason string) call {
+	return call{Kind: kindCreate, Key: key, Replica: replica, Start: at(start), End: at(end),
+		Code: code, Reason: reason, Verdict: verdictRetry, Answered: reason != ""}
+}
+
+// paid is the provider's facts for a key paid by one request on listener,
+// arriving at arrived and delivered at delivered.
+func paid(listener string, arrived, delivered float64) keyFacts {
+	return keyFacts{
+		Stats:   upstreamtest.KeyStats{Requests: 1, MaxInFlight: 1, Bodies: 1, Charges: 1, Delivered: 1},
+		History: []upstreamtest.KeyRequest{{Listener: listener, Arrived: at(arrived), Ended: at(delivered), Status: 200, Charged: true, Delivered: true}},
+	}
+}
+
+// sentAgain adds to facts a request on listener at s, after the delivered
+// 2xx, that the provider answered with the first payment again.
+func sentAgain(facts keyFacts, listener string, s float64) keyFacts {
+	facts.Stats.Requests++
+	facts.Stats.Delivered++
+	facts.Stats.AfterDelivered++
+	facts.History = append(facts.History, upstreamtest.KeyRequest{Listener: listener, Arrived: at(s), Ended: at(s + 0.1), Status: 200, Delivered: true})
+	return facts
+}
+
+func succeeded() record {
+	return record{Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED, Reply: []byte(reply)}
+}
+
+func stateRecord(s paymentsv1.PaymentState) record { return record{Found: true, State: s} }
+
+// kinds lists the kinds of vs, in order.
+func kinds(vs []violation) []string {
+	var out []string
+	for _, v := range vs {
+		out = append(out, v.Kind)
+	}
+	return out
+}
+
+func TestCheckViolations(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		in      checkInput
+		want    []string // kinds of violation
+		excused []string
+	}{
+		{
+			name: "clean",
+			in: checkInput{
+				Calls: []call{
+					failedCall("k", 0, 0, 0.1, codes.Unavailable, "REQUEST_NOT_SENT"),
+					okCall("k", 1, 0.2, 1.2),
+				},
+				Provider: map[string]keyFacts{"k": paid("r1", 0.3, 1.1)},
+				Records:  map[string]record{"k": succeeded()},
+			},
+		},
+		{
+			name: "OK not on record",
+			in: checkInput{
+				Calls:    []call{okCall("k", 0, 0, 1)},
+				Provider: map[string]keyFacts{"k": paid("r0", 0.1, 0.9)},
+				Records:  map[string]record{"k": stateRecord(paymentsv1.PaymentState_PAYMENT_STATE_IN_PROGRESS)},
+			},
+			want: []string{violOKNotOnRecord, violUnsettled},
+		},
+		{
+			name: "OK with another reply than the record's",
+			in: checkInput{
+				Calls:    []call{okCall("k", 0, 0, 1)},
+				Provider: map[string]keyFacts{"k": paid("r0", 0.1, 0.9)},
+				Records:  map[string]record{"k": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED, Reply: []byte(`{"id":"pay_sim_2"}`)}},
+			},
+			want: []string{violOKReplyDiffers},
+		},
+		{
+			name: "charged twice",
+			in: checkInput{
+				Calls: []call{okCall("k", 0, 0, 1)},
+				Provider: map[string]keyFacts{"k": {
+					Stats:   upstreamtest.KeyStats{Requests: 2, Charges: 2, Delivered: 1, MaxInFlight: 1, Bodies: 1},
+					History: []upstreamtest.KeyRequest{{Arrived: at(0.1), Ended: at(0.2), Charged: true}, {Arrived: at(0.3), Ended: at(0.9), Status: 200, Charged: true, Delivered: true}},
+				}},
+				Records: map[string]record{"k": succeeded()},
+			},
+			want: []string{violChargedTwice},
+		},
+		{
+			name: "overlap",
+			in: checkInput{
+				Calls: []call{okCall("k", 0, 0, 1)},
+				Provider: map[string]keyFacts{"k": {
+					Stats:   upstreamtest.KeyStats{Requests: 2, Charges: 1, Delivered: 1, Overlaps: 1, MaxInFlight: 2, Bodies: 1},
+					History: []upstreamtest.KeyRequest{{Arrived: at(0.1), Ended: at(0.9), Status: 200, Charged: true, Delivered: true}, {Arrived: at(0.3), Ended: at(0.95)}},
+				}},
+				Records: map[string]record{"k": succeeded()},
+			},
+			want: []string{violOverlap},
+		},
+		{
+			name: "sent again after a 2xx its receiver lived on with",
+			in: checkInput{
+				Calls:    []call{okCall("k", 0, 0, 1)},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": succeeded()},
+				// A kill of the other replica excuses nothing.
+				Faults: []fault{{Kind: faultPaymentsdKill, Target: "r1", Start: at(5), Undone: at(7)}},
+			},
+			want: []string{violSentAfter2xx},
+		},
+		{
+			name: "sent again after a 2xx its receiver was killed holding",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults:   []fault{{Kind: faultPaymentsdKill, Target: "r0", Start: at(0.95), Undone: at(3)}},
+			},
+			excused: []string{excusedSentAfterKill},
+		},
+		{
+			name: "sent again after a 2xx its receiver was killed holding while the store was down",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 30)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults: []fault{
+					{Kind: faultPostgresStop, Start: at(0.5), Undone: at(10)},
+					{Kind: faultPaymentsdKill, Target: "r0", Start: at(11), Undone: at(13)},
+				},
+			},
+			excused: []string{excusedSentAfterKill},
+		},
+		{
+			name: "sent again after a 2xx its receiver lived on with, killed later",
+			in: checkInput{
+				Calls:    []call{okCall("k", 0, 0, 1)},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 30)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults: []fault{
+					{Kind: faultPostgresStop, Start: at(0.5), Undone: at(10)},
+					{Kind: faultPaymentsdKill, Target: "r0", Start: at(20), Undone: at(22)},
+				},
+			},
+			want: []string{violSentAfter2xx},
+		},
+		{
+			name: "killed receiver, strict",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults:   []fault{{Kind: faultPaymentsdKill, Target: "r0", Start: at(0.95), Undone: at(3)}},
+				Strict:   true,
+			},
+			want: []string{violSentAfter2xx},
+		},
+		{
+			name: "NOT_CREATED while a request that paid was at the provider",
+			in: checkInput{
+				Calls: []call{
+					failedCall("k", 0, 0, 2, codes.Unavailable, "PAYMENT_NOT_CREATED"),
+					okCall("k", 1, 3, 4),
+				},
+				Provider: map[string]keyFacts{"k": paid("r0", 0.5, 3.5)},
+				Records:  map[string]record{"k": succeeded()},
+			},
+			want: []string{violFalseNotCreated},
+		},
+		{
+			name: "transient NOT_CREATED before the request that paid",
+			in: checkInput{
+				Calls: []call{
+					failedCall("k", 0, 0, 0.2, codes.Unavailable, "PAYMENT_NOT_CREATED"),
+					okCall("k", 1, 0.5, 1.5),
+				},
+				Provider: map[string]keyFacts{"k": paid("r1", 0.6, 1.4)},
+				Records:  map[string]record{"k": succeeded()},
+			},
+		},
+		{
+			name: "final NOT_CREATED, every call answered, then the key paid",
+			in: checkInput{
+				Calls: []call{{Kind: kindCreate, Key: "k", Start: at(0), End: at(0.2), Code: codes.FailedPrecondition,
+					Reason: "PAYMENT_NOT_CREATED", Verdict: verdictNotCreated, Answered: true, Final: true}},
+				Provider: map[string]keyFacts{"k": paid("r0", 10, 11)},
+				Records:  map[string]record{"k": succeeded()},
+			},
+			want: []string{violFalseNotCreated},
+		},
+		{
+			name: "final NOT_CREATED after an unanswered call, then the key paid",
+			in: checkInput{
+				Calls: []call{
+					failedCall("k", 0, 0, 0.1, codes.Unavailable, ""),
+					{Kind: kindCreate, Key: "k", Start: at(0.2), End: at(0.3), Code: codes.FailedPrecondition,
+						Reason: "PAYMENT_NOT_CREATED", Verdict: verdictNotCreated, Answered: true, Final: true},
+				},
+				Provider: map[string]keyFacts{"k": paid("r0", 10, 11)},
+				Records:  map[string]record{"k": succeeded()},
+			},
+			// paymentsd said what it knew; the caller, not it, was hasty.
+		},
+		{
+			name: "paymentsclient's ErrNotCreated, then the key paid",
+			in: checkInput{
+				Calls: []call{{Kind: kindClient, Key: "k", Replica: -1, Start: at(0), End: at(0.6), Code: codes.FailedPrecondition,
+					Reason: "PAYMENT_NOT_CREATED", Verdict: verdictNotCreated, Final: true}},
+				Provider: map[string]keyFacts{"k": paid("r0", 1.5, 2)},
+				Records:  map[string]record{"k": succeeded()},
+			},
+			want: []string{violFalseNotCreated},
+		},
+		{
+			name: "record NOT_CREATED, provider paid",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.DeadlineExceeded, "")},
+				Provider: map[string]keyFacts{"k": paid("r0", 0.1, 0.9)},
+				Records:  map[string]record{"k": stateRecord(paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED)},
+			},
+			want: []string{violRecordNotCreated},
+		},
+		{
+			name: "record SUCCEEDED, provider made nothing",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.DeadlineExceeded, "")},
+				Provider: map[string]keyFacts{},
+				Records:  map[string]record{"k": succeeded()},
+			},
+			want: []string{violRecordNoCharge},
+		},
+		{
+			name: "sent with no record",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": paid("r0", 0.1, 0.9)},
+				Records:  map[string]record{},
+			},
+			want: []string{violNoRecord},
+		},
+		{
+			name: "never sent, no record",
+			in: checkInput{
+				Calls:   []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Records: map[string]record{},
+			},
+		},
+		{
+			name: "unexpected refusal",
+			in: checkInput{
+				Calls: []call{{Kind: kindCreate, Key: "k", Start: at(0), End: at(0.1), Code: codes.FailedPrecondition,
+					Reason: "IDEMPOTENCY_KEY_REUSED", Verdict: verdictRefused, Answered: true, Final: true}},
+				Records: map[string]record{},
+			},
+			want: []string{violRefused},
+		},
+		{
+			name: "unsettled",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "PAYMENT_OUTCOME_UNKNOWN")},
+				Provider: map[string]keyFacts{"k": paid("r0", 0.1, 0.9)},
+				Records:  map[string]record{"k": stateRecord(paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN)},
+			},
+			want: []string{violUnsettled},
+		},
+		{
+			name: "settlement gave up: a person's, not a violation",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "PAYMENT_OUTCOME_UNKNOWN")},
+				Provider: map[string]keyFacts{"k": paid("r0", 0.1, 0.9)},
+				Records:  map[string]record{"k": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN, GaveUp: true}},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tt.in.Begin, tt.in.End, tt.in.CommitGrace = t0, at(60), 2*time.Second
+			got := check(tt.in)
+			if diff := cmp.Diff(tt.want, kinds(got.Violations)); diff != "" {
+				t.Errorf("check() violations (-want +got):\n%s\n%+v", diff, got.Violations)
+			}
+			if diff := cmp.Diff(tt.excused, kinds(got.Excused)); diff != "" {
+				t.Errorf("check() excused (-want +got):\n%s\n%+v", diff, got.Excused)
+			}
+		})
+	}
+}
+
+func TestCheckKeyCounts(t *testing.T) {
+	t.Parallel()
+	in := checkInput{
+		Begin: t0, End: at(60),
+		Calls: []call{
+			okCall("ok", 0, 0, 1),
+			{Kind: kindCreate, Key: "no", Start: at(0), End: at(0.1), Code: codes.FailedPrecondition,
+				Reason: "PAYMENT_NOT_CREATED", Verdict: verdictNotCreated, Answered: true, Final: true},
+			failedCall("doubt-settled", 1, 0, 1, codes.Unavailable, ""), // settled by settlement's request at 20s
+			failedCall("doubt-left", 1, 0, 1, codes.Unavailable, "PAYMENT_OUTCOME_UNKNOWN"),
+			failedCall("never-recorded", 1, 0, 1, codes.Unavailable, "REQUEST_NOT_SENT"),
+			{Kind: kindClient, Key: "client", Replica: -1, Start: at(0), End: at(1), Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Final: true},
+			{Kind: kindAttempt, Key: "client", Replica: 0, Start: at(0), End: at(1), Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Answered: true},
+		},
+		Provider: map[string]keyFacts{
+			"ok":            paid("r0", 0.1, 0.9),
+			"doubt-settled": paid("r1", 20, 20.5),
+			"client":        paid("r0", 0.1, 0.9),
+		},
+		Records: map[string]record{
+			"ok":             succeeded(),
+			"no":             stateRecord(paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED),
+			"doubt-settled":  succeeded(),
+			"doubt-left":     {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN, GaveUp: true},
+			"never-recorded": {},
+			"client":         succeeded(),
+		},
+	}
+	got := check(in)
+	if len(got.Violations) != 0 {
+		t.Errorf("check() violations = %+v, want none", got.Violations)
+	}
+	want := keyCounts{Total: 6, OK: 2, NotCreated: 1, InDoubt: 3, Settled: 2, Charged: 3, BySettlement: 1}
+	if diff := cmp.Diff(want, got.Keys); diff != "" {
+		t.Errorf("check() keys (-want +got):\n%s", diff)
+	}
+	if want := (callCounts{Total: 6, Failed: 4, Clients: 1}); got.Calls != want {
+		t.Errorf("check() calls = %+v, want %+v", got.Calls, want)
+	}
+}
+
+// TestCheckFaultFigures: a fault's window runs from its start to the end of
+// the first successful call that started after it was undone, and holds the
+// calls that overlap it.
+func TestCheckFaultFigures(t *testing.T) {
+	t.Parallel()
+	in := checkInput{
+		Begin: t0, End: at(60),
+		Calls: []call{
+			okCall("a", 0, 0, 0.1),     // before: outside
+			okCall("w", 1, 9.5, 12.9),  // waited through the fault: during
+			okCall("b", 0, 10.0, 10.4), // during, a success on the replica left
+			failedCall("c", 1, 10.1, 10.2, codes.Unavailable, ""),
+			failedCall("c", 0, 10.5, 10.6, codes.Unavailable, "REQUEST_NOT_SENT"),
+			failedCall("c", 1, 11.0, 11.1, codes.Unavailable, "REQUEST_NOT_SENT"),
+			failedCall("d", 1, 11.5, 12.5, codes.Unavailable, "PAYMENT_OUTCOME_UNKNOWN"),
+			okCall("c", 0, 12.8, 13.0), // started before the fault was undone
+			okCall("e", 0, 13.2, 13.5), // the first success after: recovered at 13.5
+			okCall("f", 0, 14, 14.2),   // after: outside
+		},
+		// d's outcome was left unknown; settlement sent it at 14.5s.
+		Provider: map[string]keyFacts{"d": paid("r0", 14.5, 15)},
+		Records:  map[string]record{"d": succeeded()},
+		Faults:   []fault{{Kind: "postgres-stop", Start: at(9.9), Undone: at(13.1)}},
+	}
+	got := check(in)
+	if len(got.Faults) != 1 {
+		t.Fatalf("check() faults = %+v, want 1", got.Faults)
+	}
+	fs := got.Faults[0]
+	if !fs.Recovered.Equal(at(13.5)) {
+		t.Errorf("recovered at %v, want %v", fs.Recovered.Sub(t0), 13.5)
+	}
+	want := faultStats{
+		fault:     in.Faults[0],
+		Recovered: fs.Recovered,
+		Calls:     8,
+		Failed:    4,
+		FailedBy: map[string]int{
+			"Unavailable":                         1,
+			"Unavailable REQUEST_NOT_SENT":        2,
+			"Unavailable PAYMENT_OUTCOME_UNKNOWN": 1,
+		},
+		LongestFailedRun:        4,
+		LongestFailedRunSeconds: 2.4, // 10.1 to 12.5
+		Unavailable:             2.5, // 10.4 to 12.9
+		During:                  fs.During,
+		InDoubt:                 1, // d
+		Settled:                 1,
+		BySettlement:            1,
+	}
+	if diff := cmp.Diff(want, fs, cmp.AllowUnexported(faultStats{}), cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })); diff != "" {
+		t.Errorf("fault figures (-want +got):\n%s", diff)
+	}
+	if fs.During.Calls != 8 || got.Outside.Calls != 2 {
+		t.Errorf("latency over %d calls during and %d outside, want 8 and 2", fs.During.Calls, got.Outside.Calls)
+	}
+}
+
+func TestDistribution(t *testing.T) {
+	t.Parallel()
+	var ds []time.Duration
+	for i := 100; i >= 1; i-- {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	if got, want := distribution(ds), (latency{Calls: 100, P50: 50, P99: 99}); got != want {
+		t.Errorf("distribution(1..100 ms) = %+v, want %+v", got, want)
+	}
+	if got := distribution(nil); got != (latency{}) {
+		t.Errorf("distribution(nil) = %+v, want zero", got)
+	}
+}

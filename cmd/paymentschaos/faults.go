@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Kinds of fault.
+const (
+	// faultPaymentsdKill (above): SIGKILL a replica, then start it again.
+	faultPostgresKill  = "postgres-kill"        // SIGKILL the postmaster, then start it again
+	faultPostgresStop  = "postgres-stop"        // pg_ctl stop -m immediate, then start
+	faultSQLiteLock    = "sqlite-lock"          // hold the database's write lock from another process
+	faultPrimaryKill   = "patroni-kill-primary" // SIGKILL the Patroni leader's node; the replica is promoted
+	faultSwitchover    = "patroni-switchover"   // a planned switchover to the other node
+	faultPoolerRestart = "pgbouncer-restart"    // restart PgBouncer: client connections drop
+)
+
+// faultsFor is which faults each store can be given.
+var faultsFor = map[string][]string{
+	storePostgres: {faultPaymentsdKill, faultPostgresKill, faultPostgresStop},
+	storeSQLite:   {faultPaymentsdKill, faultSQLiteLock},
+	storePatroni:  {faultPaymentsdKill, faultPrimaryKill, faultSwitchover, faultPoolerRestart},
+}
+
+// defaultMix is the mix of faults when -faults is not given.
+var defaultMix = map[string]string{
+	storePostgres: "paymentsd-kill=1,postgres-stop=1,postgres-kill=1",
+	storeSQLite:   "paymentsd-kill=1,sqlite-lock=1",
+	storePatroni:  "patroni-kill-primary=2,patroni-switchover=1,paymentsd-kill=1",
+}
+
+// parseMix parses "kind=weight,…" (a bare kind weighs 1) into a cycle: each
+// kind as many times as its weight. Faults are drawn from the cycle,
+// shuffled, a cycle at a time, so a run of N whole cycles has each kind
+// exactly in proportion.
+func parseMix(s, storeKind string) ([]string, error) {
+	var cycle []string
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		kind, w, hasWeight := strings.Cut(item, "=")
+		weight := 1
+		if hasWeight {
+			var err error
+			if weight, err = strconv.Atoi(w); err != nil || weight < 0 {
+				return nil, fmt.Errorf("-faults: %q: the weight must be a whole number", item)
+			}
+		}
+		if !slices.Contains(faultsFor[storeKind], kind) {
+			return nil, fmt.Errorf("-faults: %q is not a fault of -store=%s (its faults: %s)", kind, storeKind, strings.Join(faultsFor[storeKind], ", "))
+		}
+		for range weight {
+			cycle = append(cycle, kind)
+		}
+	}
+	return cycle, nil
+}
+
+// injector injects faults, one at a time, each undone before it returns.
+type injector struct {
+	replicas   []*replica
+	pg         *pgServer
+	patroni    *patroni
+	sqlitePath string
+	down       [2]time.Duration // how long a killed or stopped part stays down
+	lock       [2]time.Duration // how long the SQLite lock is held
+	rng        *rand.Rand
+	log        io.Writer
+}
+
+// between is a random duration in [r[0], r[1]].
+func (in *injector) between(r [2]time.Duration) time.Duration {
+	if r[1] <= r[0] {
+		return r[0]
+	}
+	return r[0] + time.Duration(in.rng.Int64N(int64(r[1]-r[0])))
+}
+
+// inject injects a fault of kind and undoes it.
+func (in *injector) inject(ctx context.Context, kind string) fault {
+	f := fault{Kind: kind}
+	var err error
+	switch kind {
+	case faultPaymentsdKill:
+		r := in.replicas[in.rng.IntN(len(in.replicas))]
+		f.Target = r.name
+		f.Start = time.Now()
+		r.kill()
+		sleepCtx(ctx, in.between(in.down))
+		err = in.restart(ctx, r)
+	case faultPostgresKill, faultPostgresStop:
+		f.Start = time.Now()
+		if kind == faultPostgresKill {
+			err = in.pg.kill()
+		} else {
+			err = in.pg.stopImmediate(ctx)
+		}
+		if err == nil {
+			sleepCtx(ctx, in.between(in.down))
+			err = in.pg.start(context.WithoutCancel(ctx))
+		}
+	case faultSQLiteLock:
+		release := make(chan struct{})
+		var done <-chan error
+		if done, err = holdSQLiteLock(ctx, in.sqlitePath, release); err == nil {
+			f.Start = time.Now()
+			sleepCtx(ctx, in.between(in.lock))
+			close(release)
+			err = <-done
+		}
+	case faultPrimaryKill:
+		f.Start = time.Now()
+		var out string
+		if out, err = in.patroni.run(ctx, "kill-primary", in.patroni.dir); err == nil {
+			f.Target = strings.TrimSpace(out)
+			err = in.awaitLeader(ctx, f.Target)
+			f.Undone = time.Now()
+			if err == nil {
+				_, err = in.patroni.run(ctx, "restart-node", in.patroni.dir, f.Target)
+			}
+			if err == nil {
+				_, err = in.patroni.run(ctx, "wait-healthy", in.patroni.dir)
+			}
+		}
+	case faultSwitchover:
+		f.Start = time.Now()
+		if _, err = in.patroni.run(ctx, "switchover", in.patroni.dir); err == nil {
+			f.Undone = time.Now()
+			_, err = in.patroni.run(ctx, "wait-healthy", in.patroni.dir)
+		}
+	case faultPoolerRestart:
+		f.Start = time.Now()
+		_, err = in.patroni.run(ctx, "restart-pooler", in.patroni.dir)
+	default:
+		err = fmt.Errorf("unknown fault %q", kind)
+	}
+	if f.Start.IsZero() {
+		f.Start = time.Now()
+	}
+	if err != nil {
+		f.Err = err.Error()
+		f.Undone = time.Time{}
+	} else if f.Undone.IsZero() {
+		f.Undone = time.Now()
+	}
+	fmt.Fprintf(in.log, "fault %s %s: %.1fs%s\n", kind, f.Target, time.Since(f.Start).Seconds(), errSuffix(f.Err))
+	return f
+}
+
+// restart starts a killed replica again, trying for a minute: it may not
+// reach its store at once.
+func (in *injector) restart(ctx context.Context, r *replica) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := r.start(ctx)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		fmt.Fprintf(in.log, "restart %s: %v; trying again\n", r.name, firstLine(err.Error()))
+		sleepCtx(ctx, time.Second)
+	}
+}
+
+// awaitLeader waits until a node other than old leads.
+func (in *injector) awaitLeader(ctx context.Context, old string) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		leader, err := in.patroni.leader(ctx)
+		if err == nil && leader != "" && leader != old {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("no other node became the leader within 2m")
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+// schedule injects faults from cycle, waiting about interval (half to one
+// and a half times it) before each, until stop is closed; it reports each
+// on record.
+func (in *injector) schedule(ctx context.Context, cycle []string, interval time.Duration, stop <-chan struct{}, record func(fault)) {
+	var queue []string
+	for {
+		wait := interval/2 + time.Duration(in.rng.Int64N(int64(interval)+1))
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-stop:
+			t.Stop()
+			return
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+		if len(queue) == 0 {
+			queue = slices.Clone(cycle)
+			in.rng.Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+		}
+		kind := queue[0]
+		queue = queue[1:]
+		record(in.inject(ctx, kind))
+	}
+}
+
+func errSuffix(e string) string {
+	if e == "" {
+		return ""
+	}
+	return " FAILED: " + firstLine(e)
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return s
+}
