@@ -76,7 +76,11 @@ func requestID(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler
 // one key (metadata.ValueFromIncomingContext) rather than copying all the
 // metadata (FromIncomingContext) for every call.
 func newCallInfo(ctx context.Context) *callInfo {
-	ci := &callInfo{requestID: newRequestID()}
+	id, ok := ctx.Value(ownRequestIDKey{}).(string)
+	if !ok {
+		id = newRequestID()
+	}
+	ci := &callInfo{requestID: id}
 	if v := metadata.ValueFromIncomingContext(ctx, RequestIDHeader); len(v) > 0 && validRequestID(v[0]) {
 		ci.callerRequestID = v[0]
 	}

@@ -280,9 +280,12 @@ func setRetryAfter(w http.ResponseWriter, st *status.Status) {
 }
 
 // withRequestID gives every answer on the HTTP port an X-Request-Id: the
-// caller's, if it is a valid request ID, or a new one. The request goes
-// on with that ID in its header, so the gateway's call logs the same one;
-// answers written before the gateway (a body too large, a key header and
+// caller's, if it is a valid request ID, or else paymentsd's own, made
+// here. paymentsd's own goes on in the request's context, so that the
+// gateway's call is logged and recorded under the same ID (as its
+// request_id, never as the caller's); a caller's goes on in the header, and
+// the call keeps it beside its own (caller_request_id), as over gRPC.
+// Answers written before the gateway (a body too large, a key header and
 // body that differ, too many calls in progress, no such route) carry it
 // too.
 func withRequestID(next http.Handler) http.Handler {
@@ -290,12 +293,17 @@ func withRequestID(next http.Handler) http.Handler {
 		id := r.Header.Get("X-Request-Id")
 		if len(r.Header.Values("X-Request-Id")) != 1 || !validRequestID(id) {
 			id = newRequestID()
-			r.Header.Set("X-Request-Id", id)
+			r.Header.Del("X-Request-Id")
+			r = r.WithContext(context.WithValue(r.Context(), ownRequestIDKey{}, id))
 		}
 		w.Header().Set("X-Request-Id", id)
 		next.ServeHTTP(w, r)
 	})
 }
+
+// ownRequestIDKey holds the request ID withRequestID made for a REST call
+// that came without one of its own.
+type ownRequestIDKey struct{}
 
 // gatewayCall is put in a REST request's context before the gateway reads
 // it; callChain marks it when the gateway hands the call to the service.

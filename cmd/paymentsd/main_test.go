@@ -554,6 +554,28 @@ func TestRequestID(t *testing.T) {
 	if !callers["caller-req-1"] || !callers["caller-req-2"] {
 		t.Errorf("call log lines have caller request IDs %v, want the callers'", callers)
 	}
+	if len(callers) != 2 {
+		t.Errorf("call log lines have caller request IDs %v, want only the two the callers sent", callers)
+	}
+
+	// A REST call that sends none is answered with paymentsd's own ID,
+	// the one its call line and record carry; nothing is the caller's.
+	r = in.rest(t, validBody("k-rid-own"), nil)
+	own := r.header.Get("X-Request-Id")
+	rec, err := in.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k-rid-own"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.status != http.StatusOK || own == "" || rec.GetRequestId() != own {
+		t.Errorf("REST without X-Request-Id: %d, header %q, record's request_id %q; want 200 and the same ID", r.status, own, rec.GetRequestId())
+	}
+	for _, line := range in.logs.lines("call") {
+		if line["request_id"] == own {
+			if id, ok := line["caller_request_id"]; ok {
+				t.Errorf("call line of a REST call without X-Request-Id has caller_request_id %v", id)
+			}
+		}
+	}
 }
 
 func TestReflection(t *testing.T) {
