@@ -132,6 +132,7 @@ func (p *pgServer) run(ctx context.Context, name string, args ...string) error {
 	argv := append(append(append([]string(nil), p.asPG...), filepath.Join(p.bin, name)), args...)
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = p.dir // the postgres user may not enter the working directory
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	p.log.Write(out.Bytes())

@@ -161,6 +161,8 @@ func (c *Cluster) pgctl(args ...string) {
 	if len(c.asPG) > 0 {
 		cmd = exec.Command(c.asPG[0], append(append(c.asPG[1:], filepath.Join(c.bin, "pg_ctl"), "-D", c.data()), args...)...)
 	}
+	// The postgres user may not enter the test's working directory.
+	cmd.Dir = c.dir
 	cmd.Run()
 }
 
@@ -172,6 +174,7 @@ func (c *Cluster) run(name string, args ...string) {
 	}
 	var out bytes.Buffer
 	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = c.dir // the postgres user may not enter the test's working directory
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
 		log, _ := os.ReadFile(filepath.Join(c.dir, "postgres.log"))
