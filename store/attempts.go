@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -191,4 +192,72 @@ func inFlight(r Record) Attempt {
 		Number: r.AttemptSeq, Kind: r.AttemptKind, Owner: r.LeaseOwner, Replica: ownerProcess(r.LeaseOwner),
 		RequestID: r.AttemptRequestID, StartedAt: r.AttemptStartedAt, State: StateInProgress, InFlight: true,
 	}
+}
+
+// Written names an outcome a claim wrote: its key, and the claim's owner.
+type Written struct{ Key, Owner string }
+
+// lostBatch bounds the keys Lost asks about in one query.
+const lostBatch = 200
+
+// Lost returns the indexes in ws of the outcomes the store no longer
+// holds: no row of the owner's attempt of the key is left, so the record
+// is gone or has gone back to before the outcome was written (the
+// database went back in time: a failover to an asynchronous standby that
+// lacked the last commits). Their writers may write them again
+// (FinishWrite with Finish.Claimed).
+func (s *Store) Lost(ctx context.Context, ws []Written) ([]int, error) {
+	d := s.d
+	id := func(key string) string {
+		switch k := d.k(key).(type) {
+		case []byte:
+			return string(k)
+		default:
+			return k.(string)
+		}
+	}
+	var lost []int
+	for from := 0; from < len(ws); from += lostBatch {
+		part := ws[from:min(from+lostBatch, len(ws))]
+		held := make(map[Written]bool, len(part))
+		var in strings.Builder
+		args := make([]any, 0, len(part))
+		for _, w := range part {
+			if !d.storable(w.Key) {
+				continue
+			}
+			if len(args) > 0 {
+				in.WriteString(", ")
+			}
+			args = append(args, d.k(w.Key))
+			fmt.Fprintf(&in, "$%d", len(args))
+		}
+		if len(args) > 0 {
+			err := func() error {
+				rows, err := s.r.QueryContext(ctx, d.q(`SELECT `+d.keyCol+`, owner FROM attempts WHERE `+d.keyCol+` IN (`+in.String()+`)`), args...)
+				if err != nil {
+					return err
+				}
+				defer rows.Close()
+				for rows.Next() {
+					var key []byte
+					var owner string
+					if err := rows.Scan(&key, &owner); err != nil {
+						return err
+					}
+					held[Written{Key: string(key), Owner: owner}] = true
+				}
+				return rows.Err()
+			}()
+			if err != nil {
+				return nil, s.wrap(fmt.Errorf("look for lost outcomes: %w", err))
+			}
+		}
+		for i, w := range part {
+			if d.storable(w.Key) && !held[Written{Key: id(w.Key), Owner: w.Owner}] {
+				lost = append(lost, from+i)
+			}
+		}
+	}
+	return lost, nil
 }
