@@ -401,7 +401,7 @@ func killedBetween(faults []fault, target string, from, to time.Time) (time.Time
 }
 
 // storeFaults are the faults that take the record store away.
-var storeFaults = []string{faultPostgresKill, faultPostgresStop, faultSQLiteLock, faultPrimaryKill, faultSwitchover, faultPoolerRestart}
+var storeFaults = []string{faultPostgresKill, faultPostgresStop, faultSQLiteLock, faultPrimaryKill, faultSwitchover, faultPoolerRestart, faultLoseCommits}
 
 // commitBy is the latest a replica that received a 2xx at t could have
 // committed it: t plus the grace, or, if the store was down at t, the
