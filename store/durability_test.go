@@ -904,3 +904,33 @@ func TestAbandonOwnWaitsForHealthyWrites(t *testing.T) {
 		t.Errorf("AbandonOwn() within the grace = %v, %v; want nothing", keys(got), err)
 	}
 }
+
+// TestLostIgnoresExpiredRecords: a record retention deleted (it left a
+// tombstone) was not lost: its outcome is not written again.
+func TestLostIgnoresExpiredRecords(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range faultBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			clk := newClock(t0)
+			s, _ := openFaulty(t, b.url(t), clk, store.Options{TakeoverGrace: -1})
+			rec := begin(t, s, claim("k", "body", "p/1"), store.Acquired).Record
+			fin := store.Finish{Key: "k", Owner: "p/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{}`), Claimed: &rec}
+			finish(t, s, fin)
+			clk.Add(48 * time.Hour)
+			deleteAll(t, s, store.Retention{Records: time.Hour}, 10)
+			clk.Add(time.Hour)
+			deleteAll(t, s, store.Retention{Records: time.Hour}, 10)
+			if _, err := s.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("Get() after retention error = %v, want ErrNotFound", err)
+			}
+			if lost, err := s.Lost(ctx, []store.Written{{Key: "k", Owner: "p/1"}}); err != nil || len(lost) != 0 {
+				t.Errorf("Lost() = %v, %v; want nothing: retention deleted it", lost, err)
+			}
+			if _, err := s.FinishWrite(ctx, fin); !errors.Is(err, store.ErrLeaseLost) {
+				t.Errorf("FinishWrite() of the deleted record's outcome error = %v, want ErrLeaseLost", err)
+			}
+		})
+	}
+}
