@@ -121,9 +121,13 @@ func (b *outbox) remember(o *outcome) {
 	for drop < len(b.written) && o.landedAt.Sub(b.written[drop].landedAt) > landedKeep {
 		drop++
 	}
-	if drop > 0 {
-		b.written = slices.Delete(b.written, 0, drop)
+	if drop == 0 {
+		return
 	}
+	// Not copied down: append moves what is left to a new array when
+	// this one's end is reached.
+	clear(b.written[:drop])
+	b.written = b.written[drop:]
 }
 
 // writtenFor is the latest outcome of owner's claim of key written lately,
