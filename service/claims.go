@@ -65,9 +65,9 @@ func (s *Service) sweepOwn(ctx context.Context) {
 			return true
 		}
 		if o := s.outbox.writtenFor(r.Key, r.LeaseOwner); o != nil {
-			s.logger.Error(msgLostOutcome,
-				keyAttrs(o.fin.Key, slog.String("state", o.fin.State.String()), slog.Int("provider_status", o.fin.ProviderStatus))...)
-			s.writeOutcome(o.fin, o.received)
+			// Written again without waiting for this transaction: the
+			// record is left to it.
+			s.writeAgain([]*outcome{o})
 			return true
 		}
 		return false

@@ -67,6 +67,8 @@ type outcome struct {
 	// prev is an earlier outcome for the same key still pending: it is
 	// written first.
 	prev *outcome
+	// again: it was written before, and the store lost it.
+	again bool
 	// landed is closed once the outcome is written, or never will be;
 	// err then says which (nil: written), and landedAt when.
 	landed   chan struct{}
@@ -178,7 +180,26 @@ func (b *outbox) pendingFor(key string) *outcome {
 // writeOutcome hands fin, learnt at received, to the outbox and returns its
 // outcome, which the caller may wait on.
 func (s *Service) writeOutcome(fin store.Finish, received time.Time) *outcome {
-	o := &outcome{fin: fin, received: received, landed: make(chan struct{})}
+	return s.enqueue(&outcome{fin: fin, received: received, landed: make(chan struct{})})
+}
+
+// writeAgain hands the outbox, again, outcomes written lately that the
+// store has lost. Each holds its claim until it lands, and is remembered
+// again once it has.
+func (s *Service) writeAgain(os []*outcome) {
+	s.outbox.forget(os)
+	for _, o := range os {
+		s.logger.Error(msgLostOutcome,
+			keyAttrs(o.fin.Key, slog.String("state", o.fin.State.String()), slog.Int("provider_status", o.fin.ProviderStatus),
+				slog.Duration("written_ago", time.Since(o.landedAt)))...)
+		s.claims.hold(o.fin.Owner)
+		s.enqueue(&outcome{fin: o.fin, received: o.received, again: true, landed: make(chan struct{})})
+	}
+}
+
+// enqueue hands o to the outbox, and returns it.
+func (s *Service) enqueue(o *outcome) *outcome {
+	fin := o.fin
 	b := s.outbox
 	b.mu.Lock()
 	stopped := b.stopped
@@ -269,7 +290,11 @@ func (s *Service) land(o *outcome) {
 		if o.fin.Claimed != nil {
 			b.remember(o)
 		}
-		s.metrics.outcomeCommit.Observe(took.Seconds())
+		if !o.again {
+			// The window from the answer to its commit; not a commit
+			// made again long after.
+			s.metrics.outcomeCommit.Observe(took.Seconds())
+		}
 		if landing == store.Restored {
 			s.logger.Error("the record store had lost a payment's record, or the claim that made its request (did the database fail over to a standby without the last commits?); paymentsd wrote the outcome again",
 				keyAttrs(o.fin.Key, slog.String("state", o.fin.State.String()), slog.Int("provider_status", o.fin.ProviderStatus))...)
@@ -333,13 +358,7 @@ func (s *Service) rewriteLost(ctx context.Context) {
 			for j, i := range lost {
 				again[j] = written[i]
 			}
-			s.outbox.forget(again)
-			for _, o := range again {
-				s.logger.Error(msgLostOutcome,
-					keyAttrs(o.fin.Key, slog.String("state", o.fin.State.String()), slog.Int("provider_status", o.fin.ProviderStatus),
-						slog.Duration("written_ago", time.Since(o.landedAt)))...)
-				s.writeOutcome(o.fin, o.received)
-			}
+			s.writeAgain(again)
 			return
 		}
 		if ctx.Err() != nil {
