@@ -125,6 +125,10 @@ type Server struct {
 	storeOK bool // the record store answers
 	ready   atomic.Bool
 
+	// unary is the gRPC server's unary interceptor chain, which the REST
+	// gateway's calls go through too.
+	unary grpc.UnaryServerInterceptor
+
 	// stopCtx ends when HardStop is called; in-flight handlers' contexts
 	// end with it.
 	stopCtx context.Context
@@ -205,6 +209,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		s.hardStopStream,
 	)
 
+	s.unary = chain
 	grpcOpts := []grpc.ServerOption{
 		grpc.UnaryInterceptor(chain),
 		streamChain,
