@@ -85,7 +85,7 @@ func (s *Store) insertAttemptQuery() string {
 // insertAttempt writes a row for attempt a of key.
 func (s *Store) insertAttempt(ctx context.Context, tx *sql.Tx, key string, a Attempt) error {
 	d := s.d
-	st, err := s.txStmt(ctx, tx, s.insertAttemptQuery())
+	st, err := s.txStmt(ctx, tx, s.hot.insertAttempt)
 	if err != nil {
 		return fmt.Errorf("write attempt: %w", err)
 	}
