@@ -39,19 +39,19 @@ const (
 	// at info level, allowlist, recovery, validation, drain), the handler
 	// (its record's Begin, the provider call through upstream.Client and
 	// an in-memory transport, the outcome's write through the outbox) and
-	// the reply encoded with the server's codec. Measured 450.
-	budgetCreateGRPC = 464
+	// the reply encoded with the server's codec. Measured 415.
+	budgetCreateGRPC = 428
 	// budgetCreateREST is a CreateMultiCardPayment over REST, through the
 	// whole HTTP handler as BenchmarkREST makes it (the test's
-	// httptest request and recorder included). Measured 392.
-	budgetCreateREST = 404
+	// httptest request and recorder included). Measured 358.
+	budgetCreateREST = 369
 	// budgetReplay is a CreateMultiCardPayment over gRPC, as
 	// budgetCreateGRPC, with a key whose payment succeeded: answered from
-	// its record. Measured 397.
-	budgetReplay = 409
+	// its record. Measured 396.
+	budgetReplay = 408
 	// budgetGet is GetMultiCardPayment over gRPC, as budgetCreateGRPC, of
-	// a succeeded payment. Measured 400.
-	budgetGet = 412
+	// a succeeded payment. Measured 399.
+	budgetGet = 411
 )
 
 // allocRuns is how many calls each count averages over.

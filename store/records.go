@@ -237,9 +237,9 @@ type hotQueries struct {
 	// insert claims a new key; lockedSelect reads (and locks) a key's
 	// record.
 	insert, lockedSelect string
-	// finish records an outcome and reads back what its attempt's row
-	// needs; finishReturning reads back the whole record.
-	finish, finishReturning string
+	// finish records an outcome, finishReturning too and reads the record
+	// back; finishAttempt then writes the attempt's row from the record.
+	finish, finishReturning, finishAttempt string
 	// insertAttempt writes an attempt's row from its values.
 	insertAttempt string
 	// get reads a record and the store's clock.
@@ -252,6 +252,7 @@ func (s *Store) buildHotQueries() hotQueries {
 		lockedSelect:    s.d.q(`SELECT ` + recordColumns + ` FROM records WHERE ` + s.d.keyCol + ` = $1 ` + s.d.lockRows),
 		finish:          s.finishQuery(false),
 		finishReturning: s.finishQuery(true),
+		finishAttempt:   s.finishAttemptQuery(),
 		insertAttempt:   s.insertAttemptQuery(),
 		get:             s.d.q(`SELECT ` + recordColumns + `, ` + s.readClock() + ` FROM records WHERE ` + s.d.keyCol + ` = $1 AND tombstoned_at IS NULL`),
 	}
@@ -260,7 +261,7 @@ func (s *Store) buildHotQueries() hotQueries {
 // writerQueries are the queries every payment runs on the writer.
 func (s *Store) writerQueries() []string {
 	h := s.hot
-	qs := []string{h.insert, h.lockedSelect, h.finish, h.finishReturning, h.insertAttempt}
+	qs := []string{h.insert, h.lockedSelect, h.finish, h.finishReturning, h.finishAttempt, h.insertAttempt}
 	if s.clock == nil {
 		qs = append(qs, nowQuery)
 	}
@@ -325,8 +326,9 @@ func storedTime(t time.Time) time.Time { return t.Truncate(time.Microsecond).UTC
 // attemptCall is AttemptCall in SQL.
 const attemptCall = "1"
 
-// finishQuery records an outcome on the record its owner still holds.
-// Without returning it reads back only what the attempt's row needs.
+// finishQuery records an outcome on the record its owner still holds: it
+// changes one row, or none when the owner no longer holds it. With
+// returning it reads back the record it wrote.
 func (s *Store) finishQuery(returning bool) string {
 	d := s.d
 	q := `
@@ -336,11 +338,10 @@ func (s *Store) finishQuery(returning bool) string {
 			quiet_until = $14
 		WHERE ` + d.keyCol + ` = $1 AND lease_owner = $2 AND state = $13`
 	if returning {
-		return d.q(q + `
-		RETURNING ` + recordColumns)
+		q += `
+		RETURNING ` + recordColumns
 	}
-	return d.q(q + `
-		RETURNING attempt_seq, attempt_kind, attempt_request_id, attempt_started_at`)
+	return d.q(q)
 }
 
 // recordColumns are the records columns in the order scanRecord reads.
@@ -664,51 +665,43 @@ func (s *Store) finishOp(f Finish, returning bool) (func(context.Context, *sql.T
 		args := []any{d.k(f.Key), f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
 			f.Reply, f.LastError, f.Code, d.t(now), d.t(next),
 			settle, d.t(time.Time{}), int(StateInProgress), d.t(quiet)}
-		rows, err := st.QueryContext(ctx, args...)
-		if err != nil {
-			return Record{}, err
-		}
 		var r Record
-		var n int
+		var held bool
 		if returning {
+			rows, err := st.QueryContext(ctx, args...)
+			if err != nil {
+				return Record{}, err
+			}
 			rs, err := scanRecords(rows, now)
 			if err != nil {
 				return Record{}, err
 			}
-			if n = len(rs); n > 0 {
+			if held = len(rs) > 0; held {
 				r = rs[0]
 			}
 		} else {
-			err := func() error {
-				defer rows.Close()
-				for rows.Next() {
-					var kind int
-					if err := rows.Scan(&r.AttemptSeq, &kind, &r.AttemptRequestID, timeCol{&r.AttemptStartedAt}); err != nil {
-						return err
-					}
-					r.AttemptKind = AttemptKind(kind)
-					n++
-				}
-				return rows.Err()
-			}()
+			res, err := st.ExecContext(ctx, args...)
 			if err != nil {
 				return Record{}, err
 			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return Record{}, err
+			}
+			held = n > 0
 		}
-		if n == 0 {
+		if !held {
 			return s.finishWithoutLease(ctx, tx, f, now, returning)
 		}
-		err = s.insertAttempt(ctx, tx, f.Key, Attempt{
-			Number: r.AttemptSeq, Kind: r.AttemptKind, Owner: f.Owner, Replica: ownerProcess(f.Owner),
-			RequestID: r.AttemptRequestID, StartedAt: r.AttemptStartedAt, EndedAt: now,
-			ProviderStatus: f.ProviderStatus, HTTPRequests: f.AddAttempts, Reply: f.Reply,
-			State: f.State, Code: f.Code, Error: f.LastError,
-		})
+		// The attempt's number, kind, request ID and start are the
+		// record's, which the UPDATE left as they were.
+		at, err := s.txStmt(ctx, tx, s.hot.finishAttempt)
 		if err != nil {
-			return Record{}, err
+			return Record{}, fmt.Errorf("write attempt: %w", err)
 		}
-		if !returning {
-			return Record{}, nil
+		if _, err := at.ExecContext(ctx, d.k(f.Key), f.Owner, ownerProcess(f.Owner), d.t(now),
+			f.ProviderStatus, f.AddAttempts, f.Reply, int(f.State), f.Code, f.LastError, false); err != nil {
+			return Record{}, fmt.Errorf("write attempt: %w", err)
 		}
 		return r, nil
 	}, nil
