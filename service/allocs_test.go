@@ -39,16 +39,16 @@ const (
 	// at info level, allowlist, recovery, validation, drain), the handler
 	// (its record's Begin, the provider call through upstream.Client and
 	// an in-memory transport, the outcome's write through the outbox) and
-	// the reply encoded with the server's codec. Measured 415.
-	budgetCreateGRPC = 428
+	// the reply encoded with the server's codec. Measured 406.
+	budgetCreateGRPC = 419
 	// budgetCreateREST is a CreateMultiCardPayment over REST, through the
 	// whole HTTP handler as BenchmarkREST makes it (the test's
-	// httptest request and recorder included). Measured 358.
-	budgetCreateREST = 369
+	// httptest request and recorder included). Measured 349.
+	budgetCreateREST = 360
 	// budgetReplay is a CreateMultiCardPayment over gRPC, as
 	// budgetCreateGRPC, with a key whose payment succeeded: answered from
-	// its record. Measured 396.
-	budgetReplay = 408
+	// its record. Measured 391.
+	budgetReplay = 403
 	// budgetGet is GetMultiCardPayment over gRPC, as budgetCreateGRPC, of
 	// a succeeded payment. Measured 399.
 	budgetGet = 411

@@ -21,6 +21,12 @@ import (
 // disk. There is no added wait: a batch is whatever arrived while the
 // previous commit was in flight.
 //
+// An operation that finds the writer idle (no batch running, none queued)
+// runs at once, alone, on its caller's goroutine: at low concurrency no
+// operation waits for the batcher's goroutine to wake, nor the caller for
+// its answer. Those that arrive while it runs queue for the batcher's
+// goroutine, which it wakes when it is done.
+//
 // In PostgreSQL a batch holds the row locks of its records until it
 // commits, which is soon, since no batch waits on the provider. Two
 // replicas whose batches lock the same keys in opposite orders deadlock;
@@ -39,12 +45,27 @@ type batchOp struct {
 	// clock as the transaction began. It must write nothing when it
 	// returns an error that clean accepts.
 	fn func(context.Context, *sql.Tx, time.Time) error
-	// done gets the operation's result, after the batch has committed or
-	// failed.
+	// done, if set, gets the operation's result, after the batch has
+	// committed or failed; otherwise errc does, or, for an operation run
+	// on its caller's goroutine, err.
 	done func(error)
+	errc chan error
+	err  error
 	// state is opQueued until the batcher takes the operation (opTaken)
 	// or its caller gives up waiting for it first (opAbandoned).
 	state atomic.Int32
+}
+
+// finish hands op its result.
+func (op *batchOp) finish(err error) {
+	switch {
+	case op.done != nil:
+		op.done(err)
+	case op.errc != nil:
+		op.errc <- err
+	default:
+		op.err = err
+	}
 }
 
 const (
@@ -84,8 +105,11 @@ type batcher struct {
 	mu     sync.Mutex
 	queue  []*batchOp
 	closed bool
-	wake   chan struct{} // has a token when the queue may be non-empty
-	exited chan struct{}
+	// running: a batch is running, on the batcher's goroutine or on a
+	// caller's.
+	running bool
+	wake    chan struct{} // has a token when the queue may be non-empty
+	exited  chan struct{}
 }
 
 func newBatcher(s *Store) *batcher {
@@ -99,7 +123,7 @@ func (b *batcher) submit(op *batchOp) {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		op.done(ErrClosed)
+		op.finish(ErrClosed)
 		return
 	}
 	b.queue = append(b.queue, op)
@@ -116,17 +140,51 @@ func (b *batcher) submit(op *batchOp) {
 // into a batch, it waits even if ctx ends: an operation that has run must
 // learn whether it committed.
 func (b *batcher) run(ctx context.Context, fn func(context.Context, *sql.Tx, time.Time) error) error {
-	errc := make(chan error, 1)
-	op := &batchOp{ctx: ctx, fn: fn, done: func(err error) { errc <- err }}
+	op := &batchOp{ctx: ctx, fn: fn}
+	if b.runAlone(op) {
+		return op.err
+	}
+	op.errc = make(chan error, 1)
 	b.submit(op)
 	select {
-	case err := <-errc:
+	case err := <-op.errc:
 		return err
 	case <-ctx.Done():
 		if op.state.CompareAndSwap(opQueued, opAbandoned) {
 			return ctx.Err()
 		}
-		return <-errc
+		return <-op.errc
+	}
+}
+
+// runAlone runs op at once, in a transaction of its own, on the calling
+// goroutine, if the writer is idle: no batch running and none queued. It
+// reports whether it did; op.err then holds its result.
+func (b *batcher) runAlone(op *batchOp) bool {
+	b.mu.Lock()
+	if b.closed || b.running || len(b.queue) > 0 {
+		b.mu.Unlock()
+		return false
+	}
+	b.running = true
+	b.mu.Unlock()
+	defer b.done()
+	b.s.runBatch([]*batchOp{op})
+	return true
+}
+
+// done ends a batch run on a caller's goroutine, and wakes the batcher for
+// whatever queued meanwhile.
+func (b *batcher) done() {
+	b.mu.Lock()
+	b.running = false
+	queued := len(b.queue) > 0 || b.closed
+	b.mu.Unlock()
+	if queued {
+		select {
+		case b.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -147,6 +205,11 @@ func (b *batcher) loop() {
 	for range b.wake {
 		for {
 			b.mu.Lock()
+			if b.running {
+				// A caller runs a batch: it wakes the batcher when done.
+				b.mu.Unlock()
+				break
+			}
 			n := min(len(b.queue), maxBatch)
 			ops := b.queue[:n:n]
 			b.queue = b.queue[n:]
@@ -154,6 +217,7 @@ func (b *batcher) loop() {
 				b.queue = nil
 			}
 			closed := b.closed && n == 0
+			b.running = n > 0
 			b.mu.Unlock()
 			if closed {
 				return
@@ -162,6 +226,9 @@ func (b *batcher) loop() {
 				break
 			}
 			b.s.runBatch(ops)
+			b.mu.Lock()
+			b.running = false
+			b.mu.Unlock()
 		}
 	}
 }
@@ -195,10 +262,10 @@ func (s *Store) runBatch(ops []*batchOp) {
 	if errors.Is(err, errBatchFailed) {
 		for _, op := range ops {
 			if op.state.Load() != opTaken && !op.take() {
-				op.done(op.abandoned())
+				op.finish(op.abandoned())
 				continue
 			}
-			op.done(s.transact(ctx, func(tx *sql.Tx) error {
+			op.finish(s.transact(ctx, func(tx *sql.Tx) error {
 				now, err := s.txNow(ctx, tx)
 				if err != nil {
 					return err
@@ -214,7 +281,7 @@ func (s *Store) runBatch(ops []*batchOp) {
 			// written.
 			errs[i] = err
 		}
-		op.done(errs[i])
+		op.finish(errs[i])
 	}
 }
 
