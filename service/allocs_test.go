@@ -39,12 +39,12 @@ const (
 	// at info level, allowlist, recovery, validation, drain), the handler
 	// (its record's Begin, the provider call through upstream.Client and
 	// an in-memory transport, the outcome's write through the outbox) and
-	// the reply encoded with the server's codec. Measured 406.
-	budgetCreateGRPC = 419
+	// the reply encoded with the server's codec. Measured 409.
+	budgetCreateGRPC = 422
 	// budgetCreateREST is a CreateMultiCardPayment over REST, through the
 	// whole HTTP handler as BenchmarkREST makes it (the test's
-	// httptest request and recorder included). Measured 349.
-	budgetCreateREST = 360
+	// httptest request and recorder included). Measured 351.
+	budgetCreateREST = 362
 	// budgetReplay is a CreateMultiCardPayment over gRPC, as
 	// budgetCreateGRPC, with a key whose payment succeeded: answered from
 	// its record. Measured 391.

@@ -107,7 +107,18 @@ func (b *outbox) pendingFor(key string) *outcome {
 // writeOutcome hands fin, learnt at received, to the outbox and returns its
 // outcome, which the caller may wait on.
 func (s *Service) writeOutcome(fin store.Finish, received time.Time) *outcome {
-	o := &outcome{fin: fin, received: received, landed: make(chan struct{})}
+	o, pending := s.pendOutcome(fin, received)
+	if pending {
+		go s.land(o)
+	}
+	return o
+}
+
+// pendOutcome is writeOutcome, less the writing: the outcome is pending,
+// its key held, and the caller must call land(o) if pending. When the
+// outbox has stopped it is written (or not) at once, and is not pending.
+func (s *Service) pendOutcome(fin store.Finish, received time.Time) (o *outcome, pending bool) {
+	o = &outcome{fin: fin, received: received, landed: make(chan struct{})}
 	b := s.outbox
 	b.mu.Lock()
 	stopped := b.stopped
@@ -128,11 +139,10 @@ func (s *Service) writeOutcome(fin store.Finish, received time.Time) *outcome {
 		}
 		close(o.landed)
 		s.waiters.notify(fin.Key)
-		return o
+		return o, false
 	}
 	s.metrics.outcomesPending.Inc()
-	go s.land(o)
-	return o
+	return o, true
 }
 
 // land writes o, retrying until the store takes it or says it never

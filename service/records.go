@@ -174,12 +174,21 @@ func (s *Service) send(ctx context.Context, owner string, claimed time.Time, beg
 		return nil, s.sendNothing(ctx, rec.Key, owner, maybeBefore, codes.Unavailable,
 			"paymentsd's record store was too slow to let this call reach the provider in time")
 	}
-	done := make(chan sent, 1)
 	s.sending.Add(1)
+	if _, ok := ctx.Deadline(); !ok {
+		return s.sendHere(ctx, owner, rec, maybeBefore, sendCtx, cancelDetached, release)
+	}
+	done := make(chan sent, 1)
 	go func() {
-		defer s.sending.Done()
-		defer release()
-		done <- s.sendAndRecord(sendCtx, owner, rec, maybeBefore)
+		r := s.sendAndRecord(sendCtx, owner, rec, maybeBefore)
+		release()
+		s.sending.Done()
+		done <- r
+		// The outcome is written on this goroutine, which the caller
+		// does not wait for.
+		if r.pending {
+			s.land(r.out)
+		}
 	}()
 	// The caller's answer waits for the send (and, for a success or a
 	// refusal, for its record: see answer); the send and its record do
@@ -199,6 +208,33 @@ func (s *Service) send(ctx context.Context, owner string, claimed time.Time, beg
 	}
 }
 
+// sendHere is send for a caller that set no deadline, on the caller's
+// goroutine rather than one of its own: its context ends only when the
+// caller goes away (and nobody hears the answer) or at the drain's hard
+// stop, so the answer never has to go out while the request is still at
+// the provider. The request runs with sendCtx, detached from the caller
+// as in send; at the hard stop it is cut off (cancelDetached), and the
+// caller hears what that means for the money. A caller that went away is
+// answered as send would have answered it when it went.
+func (s *Service) sendHere(ctx context.Context, owner string, rec store.Record, maybeBefore bool, sendCtx context.Context, cancelDetached, release func()) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+	stopOnHardStop := context.AfterFunc(ctx, func() {
+		if errors.Is(context.Cause(ctx), errHardStop) {
+			cancelDetached()
+		}
+	})
+	r := s.sendAndRecord(sendCtx, owner, rec, maybeBefore)
+	stopOnHardStop()
+	release()
+	s.sending.Done()
+	if r.pending {
+		go s.land(r.out)
+	}
+	if ctx.Err() != nil && !errors.Is(context.Cause(ctx), errHardStop) {
+		return nil, s.stillAtProviderError(ctx, rec.Key)
+	}
+	return s.answer(ctx, r)
+}
+
 // sent is what a send learnt, and its outcome on its way to the record.
 type sent struct {
 	reply   *upstream.Reply
@@ -206,11 +242,14 @@ type sent struct {
 	// st is the answer to callErr, nil after a success.
 	st  *status.Status
 	out *outcome
+	// pending: out must still be written (land).
+	pending bool
 }
 
 // sendAndRecord sends rec's body and hands the outcome to the outbox,
-// which writes it to the record however long that takes. It runs detached
-// from the caller, and touches nothing of the caller's call.
+// which writes it to the record however long that takes: the caller must
+// land it if pending. It runs detached from the caller, and touches
+// nothing of the caller's call.
 func (s *Service) sendAndRecord(ctx context.Context, owner string, rec store.Record, maybeBefore bool) sent {
 	reply, callErr := s.client.Send(ctx, rec.Body)
 	received := time.Now()
@@ -221,7 +260,7 @@ func (s *Service) sendAndRecord(ctx context.Context, owner string, rec store.Rec
 		r.st = s.failureStatus(callErr, maybeBefore)
 		fin.Code, fin.LastError = int32(r.st.Code()), r.st.Message()
 	}
-	r.out = s.writeOutcome(fin, received)
+	r.out, r.pending = s.pendOutcome(fin, received)
 	return r
 }
 
