@@ -165,3 +165,34 @@ func BenchmarkMarshalResponse(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGRPC is a CreateMultiCardPayment as grpc-go's server runs it,
+// less its transport, as TestAllocationBudgets counts it: the request
+// decoded from its wire bytes, the interceptor chain with its info-level
+// access log (to io.Discard), the handler and the reply encoded.
+func BenchmarkGRPC(b *testing.B) {
+	for _, bs := range benchStores {
+		b.Run(bs.name, func(b *testing.B) {
+			registry := prometheus.NewRegistry()
+			svc := newBenchService(b, bs.url)
+			srv, err := NewServer(svc, Options{
+				Logger:          slog.New(slog.NewJSONHandler(io.Discard, nil)),
+				Registerer:      registry,
+				Gatherer:        registry,
+				MaxRequestBytes: 64 << 10,
+			})
+			if err != nil {
+				b.Fatalf("NewServer: %v", err)
+			}
+			b.Cleanup(srv.GRPC.Stop)
+			g := newGRPCCaller(b, svc, srv)
+			b.ReportAllocs()
+			for b.Loop() {
+				key := "grpc-" + strconv.FormatInt(benchKeys.Add(1), 10)
+				if _, err := g.create(key); err != nil {
+					b.Fatalf("CreateMultiCardPayment(%q): %v", key, err)
+				}
+			}
+		})
+	}
+}

@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -280,15 +279,12 @@ func (s *Service) answer(ctx context.Context, r sent) (*paymentsv1.CreateMultiCa
 	if r.callErr == nil {
 		r.out.wait(ctx, 0)
 		noteProvider(ctx, r.reply.Status, r.reply.Attempts)
-		resp := &paymentsv1.CreateMultiCardPaymentResponse{
+		return &paymentsv1.CreateMultiCardPaymentResponse{
+			Payment:            paymentFor(ctx),
 			PaymentJson:        r.reply.Body,
 			ProviderHttpStatus: int32(r.reply.Status),
 			Environment:        s.env,
-		}
-		if !overREST(ctx) {
-			resp.Payment = r.reply.Payment()
-		}
-		return resp, nil
+		}, nil
 	}
 	if r.out.fin.State == store.StateNotCreated && !r.out.wait(ctx, notCreatedWait) {
 		r.st = s.failureStatus(r.callErr, true)
@@ -480,15 +476,10 @@ func (s *Service) outcome(reply *upstream.Reply, err error, maybeBefore bool) st
 func (s *Service) replay(ctx context.Context, rec store.Record) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	resolved := rec.ProviderStatus == 0
 	reply := rec.Reply
-	var payment *structpb.Struct
-	var err error
 	if resolved {
-		payment, reply, err = resolvedPayment(rec.Reply)
-	} else if err = upstream.CheckReply(rec.Reply); err == nil && !overREST(ctx) {
-		// A REST caller gets the exact bytes and never needs the Struct.
-		payment, err = upstream.DecodeReply(rec.Reply)
+		reply = resolvedReply(rec.Reply)
 	}
-	if err != nil {
+	if err := upstream.CheckReply(reply); err != nil {
 		// The payment exists; of the reasons, only "unknown" never leads a
 		// caller to pay again under a new key.
 		return nil, withDetails(status.New(codes.Internal, "paymentsd's record of this payment could not be read; the payment exists: look it up with GetMultiCardPayment"), s.errorInfo(ReasonOutcomeUnknown, nil))
@@ -497,7 +488,7 @@ func (s *Service) replay(ctx context.Context, rec store.Record) (*paymentsv1.Cre
 	noteProvider(ctx, rec.ProviderStatus, 0)
 	noteReplayed(ctx)
 	return &paymentsv1.CreateMultiCardPaymentResponse{
-		Payment:            payment,
+		Payment:            paymentFor(ctx),
 		PaymentJson:        reply,
 		ProviderHttpStatus: int32(rec.ProviderStatus),
 		Environment:        s.env,
@@ -644,7 +635,8 @@ func (s *Service) noRecordError(key string) error {
 	return status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment (never used here, or its record and tombstone are both past retention)", quoteKey(key), envName(s.env))
 }
 
-// record is the API's view of rec (without its audit entries).
+// record is the API's view of rec (without its audit entries). A
+// succeeded record's payment is paymentFromReply: see withPayment.
 func (s *Service) record(rec store.Record) *paymentsv1.GetMultiCardPaymentResponse {
 	resp := &paymentsv1.GetMultiCardPaymentResponse{
 		IdempotencyKey: rec.Key,
@@ -677,9 +669,10 @@ func (s *Service) record(rec store.Record) *paymentsv1.GetMultiCardPaymentRespon
 	}
 	if rec.State == store.StateSucceeded {
 		if rec.ProviderStatus == 0 {
-			resp.Payment, resp.PaymentJson, _ = resolvedPayment(rec.Reply)
-		} else if p, err := upstream.DecodeReply(rec.Reply); err == nil {
-			resp.Payment = p
+			resp.PaymentJson = resolvedReply(rec.Reply)
+		}
+		if upstream.CheckReply(resp.PaymentJson) == nil {
+			resp.Payment = paymentFromReply
 		}
 	}
 	return resp

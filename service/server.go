@@ -214,7 +214,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		grpc.UnaryInterceptor(chain),
 		streamChain,
 		grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
-		grpc.ForceServerCodecV2(newEventCodec()),
+		grpc.ForceServerCodecV2(newServerCodec()),
 		// Reuse handler goroutines, whose stacks have already grown to what
 		// a call needs, instead of starting (and growing) one per call.
 		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))),
