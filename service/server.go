@@ -186,16 +186,14 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	// before the handler, so an invalid request never reaches the provider.
 	// The in-flight cap is not here: it admits gRPC streams as their
 	// headers arrive (InTapHandle) and REST requests before their bodies.
-	chain := chainUnary(
-		metrics.UnaryServerInterceptor(),
-		requestID,
-		identify,
-		accessLog(opts.Logger),
-		allowed.unary,
-		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger))),
-		validateUnary(validator),
-		s.hardStopUnary,
-	)
+	chain := (&unaryChain{
+		metrics:   metrics.UnaryServerInterceptor(),
+		logger:    opts.Logger,
+		gate:      allowed,
+		validator: validator,
+		recovered: recoverPanic(opts.Logger),
+		stop:      s.stopCtx,
+	}).intercept
 
 	// The same, for streams (WatchProviderEvents, health Watch,
 	// reflection).
