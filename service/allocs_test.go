@@ -39,19 +39,19 @@ const (
 	// at info level, allowlist, recovery, validation, drain), the handler
 	// (its record's Begin, the provider call through upstream.Client and
 	// an in-memory transport, the outcome's write through the outbox) and
-	// the reply encoded with the server's codec. Measured 231.
-	budgetCreateGRPC = 238
+	// the reply encoded with the server's codec. Measured 238.
+	budgetCreateGRPC = 246
 	// budgetCreateREST is a CreateMultiCardPayment over REST, through the
 	// whole HTTP handler as BenchmarkREST makes it (the test's
-	// httptest request and recorder included). Measured 341.
-	budgetCreateREST = 352
+	// httptest request and recorder included). Measured 348.
+	budgetCreateREST = 359
 	// budgetReplay is a CreateMultiCardPayment over gRPC, as
 	// budgetCreateGRPC, with a key whose payment succeeded: answered from
-	// its record. Measured 213.
-	budgetReplay = 220
+	// its record. Measured 217.
+	budgetReplay = 224
 	// budgetGet is GetMultiCardPayment over gRPC, as budgetCreateGRPC, of
-	// a succeeded payment. Measured 225.
-	budgetGet = 232
+	// a succeeded payment. Measured 226.
+	budgetGet = 233
 )
 
 // allocRuns is how many calls each count averages over.
