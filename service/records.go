@@ -83,6 +83,12 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		claim.TraceID = sc.TraceID().String()
 	}
 
+	// An outcome this process holds for the key is written first: its
+	// record may be gone (the database went back in time), and a claim
+	// now would find none and send the key again.
+	if !s.waitPending(ctx, key) {
+		return nil, s.inProgressError(key)
+	}
 	for {
 		claim.Owner = s.owner + "/" + newRequestID()[:12]
 		// The lease is counted from before the claim could commit, on
@@ -91,13 +97,20 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		// no earlier than claimed plus its length, whatever this
 		// process's wall clock says.
 		claimed := time.Now()
+		s.claims.hold(claim.Owner)
 		began, err := s.store.Begin(ctx, claim)
 		s.metrics.storeOp(opBegin, claimed, err)
 		if err != nil {
-			return nil, s.beginError(ctx, claim, err)
+			err = s.beginError(ctx, claim, err)
+			s.claimEnded(claim.Owner, key)
+			return nil, err
+		}
+		if began.Outcome != store.Acquired {
+			s.claims.done(claim.Owner)
 		}
 		switch began.Outcome {
 		case store.Acquired:
+			// The claim ends when the outbox has written its outcome.
 			return s.send(ctx, claim.Owner, claimed, began)
 		case store.Quiet:
 			s.metrics.quietWaits.Inc()
@@ -253,7 +266,7 @@ func (s *Service) sendAndRecord(ctx context.Context, owner string, rec store.Rec
 	reply, callErr := s.client.Send(ctx, rec.Body)
 	received := time.Now()
 	fin := s.outcome(reply, callErr, maybeBefore)
-	fin.Key, fin.Owner = rec.Key, owner
+	fin.Key, fin.Owner, fin.Claimed = rec.Key, owner, &rec
 	r := sent{reply: reply, callErr: callErr}
 	if callErr != nil {
 		r.st = s.failureStatus(callErr, maybeBefore)
@@ -419,14 +432,16 @@ func (s *Service) sendNothing(ctx context.Context, key, owner string, maybeBefor
 
 // waitPending waits until an outcome this process has for key, if any, is
 // written (or never will be), so that a lookup after the caller's answer
-// finds it.
-func (s *Service) waitPending(ctx context.Context, key string) {
+// finds it. It reports false if ctx ended first.
+func (s *Service) waitPending(ctx context.Context, key string) bool {
 	if o := s.outbox.pendingFor(key); o != nil {
 		select {
 		case <-o.landed:
 		case <-ctx.Done():
+			return false
 		}
 	}
+	return true
 }
 
 // outcome turns a provider call's result into the record's new state. A

@@ -84,8 +84,9 @@ type Service struct {
 	metrics *recordMetrics
 	waiters keyWaiters
 	// outbox writes the outcomes this process learns, however long the
-	// store takes.
+	// store takes; claims are the claims that may still write.
 	outbox *outbox
+	claims claims
 	// sends bounds the provider requests waited on at once; sending
 	// counts them, for Shutdown; cutOff ends when Shutdown cuts them off.
 	sends       sendSlots

@@ -31,11 +31,18 @@ const (
 // and keeps the records gauges current. Replicas sharing a database may all
 // run it: a record is claimed by one at a time.
 func (s *Service) Run(ctx context.Context) {
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		s.watchLost(ctx)
+	}()
+	defer func() { <-watched }()
 	tick := time.NewTicker(s.settleEvery)
 	defer tick.Stop()
 	var lastRetention, lastStats time.Time
 	for {
 		s.settleDue(ctx)
+		s.sweepOwn(ctx)
 		s.giveUp(ctx)
 		if now := time.Now(); now.Sub(lastStats) >= statsEvery {
 			s.updateStats(ctx)
@@ -67,6 +74,7 @@ func (s *Service) settleDue(ctx context.Context) {
 		}
 		claimed := time.Now()
 		owner := s.owner + "/" + newRequestID()[:12]
+		s.claims.hold(owner)
 		recs, err := s.store.ClaimDue(ctx, owner, s.leaseTTL, s.quiet, 1)
 		s.metrics.storeOp(opClaimDue, claimed, err)
 		if err != nil {
@@ -77,10 +85,13 @@ func (s *Service) settleDue(ctx context.Context) {
 				// The claim may hold a record that no replica of this
 				// process would ever take over: release it.
 				s.releaseClaim(owner, settleBackoff(s.settleBase, 0))
+			} else {
+				s.claims.done(owner)
 			}
 			return
 		}
 		if len(recs) == 0 {
+			s.claims.done(owner)
 			return
 		}
 		s.settle(ctx, claimed, recs[0])
@@ -108,7 +119,7 @@ func (s *Service) settle(ctx context.Context, claimed time.Time, rec store.Recor
 	reply, callErr := s.client.Send(sendCtx, rec.Body)
 	received := time.Now()
 	fin := s.outcome(reply, callErr, true)
-	fin.Key, fin.Owner, fin.Settlement = rec.Key, rec.LeaseOwner, true
+	fin.Key, fin.Owner, fin.Settlement, fin.Claimed = rec.Key, rec.LeaseOwner, true, &rec
 	if fin.State == store.StateOutcomeUnknown {
 		fin.SettleAfter = settleBackoff(s.settleBase, rec.SettleAttempts+1)
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -203,4 +204,107 @@ func inFlight(r Record) Attempt {
 		Number: r.AttemptSeq, Kind: r.AttemptKind, Owner: r.LeaseOwner, Replica: ownerProcess(r.LeaseOwner),
 		RequestID: r.AttemptRequestID, StartedAt: r.AttemptStartedAt, State: StateInProgress, InFlight: true,
 	}
+}
+
+// Written names an outcome a claim wrote: its key, and the claim's owner.
+type Written struct{ Key, Owner string }
+
+// lostBatch bounds the keys Lost asks about in one query.
+const lostBatch = 200
+
+// Lost returns the indexes in ws of the outcomes the store no longer
+// holds: no row of the owner's attempt of the key is left, so the record
+// is gone or has gone back to before the outcome was written (the
+// database went back in time: a failover to an asynchronous standby that
+// lacked the last commits). A key whose record retention deleted (it has
+// a tombstone) is not lost. The outcomes' writers may write them again
+// (FinishWrite with Finish.Claimed).
+func (s *Store) Lost(ctx context.Context, ws []Written) ([]int, error) {
+	d := s.d
+	id := func(key string) string {
+		switch k := d.k(key).(type) {
+		case []byte:
+			return string(k)
+		default:
+			return k.(string)
+		}
+	}
+	var lost []int
+	for from := 0; from < len(ws); from += lostBatch {
+		part := ws[from:min(from+lostBatch, len(ws))]
+		held := make(map[Written]bool, len(part))
+		var keys []any
+		for _, w := range part {
+			if d.storable(w.Key) {
+				keys = append(keys, d.k(w.Key))
+			}
+		}
+		err := s.scanIn(ctx, `SELECT `+d.keyCol+`, owner FROM attempts WHERE `+d.keyCol+` IN `, keys, func(rows *sql.Rows) error {
+			var key []byte
+			var owner string
+			if err := rows.Scan(&key, &owner); err != nil {
+				return err
+			}
+			held[Written{Key: string(key), Owner: owner}] = true
+			return nil
+		})
+		if err != nil {
+			return nil, s.wrap(fmt.Errorf("look for lost outcomes: %w", err))
+		}
+		var missing []int
+		var sums []any
+		for i, w := range part {
+			if d.storable(w.Key) && !held[Written{Key: id(w.Key), Owner: w.Owner}] {
+				missing = append(missing, i)
+				sum := keySHA256(w.Key)
+				sums = append(sums, sum[:])
+			}
+		}
+		expired := map[string]bool{}
+		err = s.scanIn(ctx, `SELECT key_sha256 FROM tombstones WHERE key_sha256 IN `, sums, func(rows *sql.Rows) error {
+			var sum []byte
+			if err := rows.Scan(&sum); err != nil {
+				return err
+			}
+			expired[string(sum)] = true
+			return nil
+		})
+		if err != nil {
+			return nil, s.wrap(fmt.Errorf("look for lost outcomes: %w", err))
+		}
+		for _, i := range missing {
+			if sum := keySHA256(part[i].Key); !expired[string(sum[:])] {
+				lost = append(lost, from+i)
+			}
+		}
+	}
+	return lost, nil
+}
+
+// scanIn runs query, which ends in "IN ", with the list of args, on the
+// readers, calling scan for each row; with no args it runs nothing.
+func (s *Store) scanIn(ctx context.Context, query string, args []any, scan func(*sql.Rows) error) error {
+	if len(args) == 0 {
+		return nil
+	}
+	var in strings.Builder
+	in.WriteString("(")
+	for i := range args {
+		if i > 0 {
+			in.WriteString(", ")
+		}
+		fmt.Fprintf(&in, "$%d", i+1)
+	}
+	in.WriteString(")")
+	rows, err := s.r.QueryContext(ctx, s.d.q(query+in.String()), args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -108,7 +109,7 @@ func TestCommitFaults(t *testing.T) {
 					fin := store.Finish{Key: "k", Owner: "p/1", State: store.StateSucceeded, AddAttempts: 1,
 						ProviderStatus: 201, Reply: []byte(`{"id":"p1"}`)}
 					inject(f, finishStatement)
-					if err := s.FinishWrite(ctx, fin); !errors.Is(err, store.ErrCommitUnknown) {
+					if _, err := s.FinishWrite(ctx, fin); !errors.Is(err, store.ErrCommitUnknown) {
 						t.Fatalf("FinishWrite() with a %s commit error = %v, want ErrCommitUnknown", name, err)
 					}
 					wantState := map[bool]store.State{false: store.StateInProgress, true: store.StateSucceeded}[lose]
@@ -116,7 +117,7 @@ func TestCommitFaults(t *testing.T) {
 						t.Errorf("record after a %s commit = %v, want %v", name, r.State, wantState)
 					}
 					// The outbox's retry: it lands once, whichever it was.
-					if err := s.FinishWrite(ctx, fin); err != nil {
+					if _, err := s.FinishWrite(ctx, fin); err != nil {
 						t.Fatalf("FinishWrite() again error = %v", err)
 					}
 					r := get(t, s, "k")
@@ -137,10 +138,10 @@ func TestCommitFaults(t *testing.T) {
 					fin := store.Finish{Key: "k", Owner: "p/1", State: store.StateNotCreated, AddAttempts: 1,
 						ProviderStatus: 400, Reply: []byte(`{"error":"no"}`), LastError: "refused", Code: 3}
 					inject(f, finishStatement)
-					if err := s.FinishWrite(ctx, fin); !errors.Is(err, store.ErrCommitUnknown) {
+					if _, err := s.FinishWrite(ctx, fin); !errors.Is(err, store.ErrCommitUnknown) {
 						t.Fatalf("FinishWrite() with a %s commit error = %v, want ErrCommitUnknown", name, err)
 					}
-					if err := s.FinishWrite(ctx, fin); err != nil {
+					if _, err := s.FinishWrite(ctx, fin); err != nil {
 						t.Fatalf("FinishWrite() again error = %v", err)
 					}
 					if r := get(t, s, "k"); r.State != store.StateNotCreated || r.LeaseOwner != "" {
@@ -258,7 +259,7 @@ func TestBatchRollbackAndRerun(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range n {
 				wg.Go(func() {
-					errs[i] = s.FinishWrite(ctx, store.Finish{Key: fmt.Sprintf("k%d", i), Owner: "p/1", State: store.StateSucceeded,
+					_, errs[i] = s.FinishWrite(ctx, store.Finish{Key: fmt.Sprintf("k%d", i), Owner: "p/1", State: store.StateSucceeded,
 						AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{}`)})
 				})
 			}
@@ -480,7 +481,7 @@ func TestLateSuccessIsNeverLost(t *testing.T) {
 			begin(t, s, claim("k", "body", "q/1"), store.Acquired)
 
 			late := store.Finish{Key: "k", Owner: "p/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{"id":"first"}`)}
-			if err := s.FinishWrite(ctx, late); err != nil {
+			if _, err := s.FinishWrite(ctx, late); err != nil {
 				t.Fatalf("FinishWrite(late 2xx) error = %v", err)
 			}
 			r := get(t, s, "k")
@@ -493,12 +494,12 @@ func TestLateSuccessIsNeverLost(t *testing.T) {
 			}
 			// Or a 2xx of its own: recorded as its attempt, the record
 			// keeps the first.
-			if err := s.FinishWrite(ctx, store.Finish{Key: "k", Owner: "q/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{"id":"second"}`)}); err != nil {
+			if _, err := s.FinishWrite(ctx, store.Finish{Key: "k", Owner: "q/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{"id":"second"}`)}); err != nil {
 				t.Errorf("FinishWrite(taker's 2xx) error = %v", err)
 			}
 			// A repeat of the first (its commit's outcome was unknown)
 			// writes nothing more.
-			if err := s.FinishWrite(ctx, late); err != nil {
+			if _, err := s.FinishWrite(ctx, late); err != nil {
 				t.Errorf("FinishWrite(late 2xx again) error = %v", err)
 			}
 			r = get(t, s, "k")
@@ -537,7 +538,7 @@ func TestLateSuccessOverridesAResolution(t *testing.T) {
 	if _, err := s.Resolve(ctx, store.Resolution{Key: "k", To: store.StateNotCreated, Evidence: "e", Actor: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.FinishWrite(ctx, store.Finish{Key: "k", Owner: "p/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{}`)}); err != nil {
+	if _, err := s.FinishWrite(ctx, store.Finish{Key: "k", Owner: "p/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{}`)}); err != nil {
 		t.Fatalf("FinishWrite(late 2xx) error = %v", err)
 	}
 	if r := get(t, s, "k"); r.State != store.StateSucceeded || r.StateResolved() || r.ProviderStatus != 201 {
@@ -622,6 +623,313 @@ func TestResolveNotCreatedRefusedAfterA2xx(t *testing.T) {
 			}
 			if _, err := s.Resolve(ctx, store.Resolution{Key: "k", To: store.StateSucceeded, Evidence: "e", Actor: "a"}); err != nil {
 				t.Errorf("Resolve(Succeeded) error = %v", err)
+			}
+		})
+	}
+}
+
+// lostCommits is a database's own view of a store's records, to make it
+// go back in time as a failover to an asynchronous standby that lacked
+// the last commits does: rows the store committed vanish, or return to
+// what they were before.
+type lostCommits struct {
+	db      *sql.DB
+	backend string
+}
+
+func openLostCommits(t *testing.T, backend, url string) *lostCommits {
+	t.Helper()
+	driver, dsn := "pgx", url
+	if backend == "sqlite" {
+		driver, dsn = store.SQLiteDriver, store.SQLiteDSN(strings.TrimPrefix(url, "sqlite:"), false, "busy_timeout(10000)")
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return &lostCommits{db: db, backend: backend}
+}
+
+// exec runs query, with $1 bound to key, on the records or attempts of
+// key (the column {k} names it).
+func (l *lostCommits) exec(t *testing.T, query, key string) {
+	t.Helper()
+	col, arg := "key", any(key)
+	if l.backend == "postgres" {
+		sum := sha256.Sum256([]byte(key))
+		col, arg = "key_hash", sum[:]
+	} else {
+		query = strings.ReplaceAll(query, "$1", "?1")
+	}
+	if _, err := l.db.Exec(strings.ReplaceAll(query, "{k}", col), arg); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+}
+
+// snapshot copies key's record and attempts as they are now into tables
+// of their own (one key per database).
+func (l *lostCommits) snapshot(t *testing.T, key string) {
+	t.Helper()
+	l.exec(t, `CREATE TABLE snapshot AS SELECT * FROM records WHERE {k} = $1`, key)
+	l.exec(t, `CREATE TABLE snapshot_attempts AS SELECT * FROM attempts WHERE {k} = $1`, key)
+}
+
+// goBack forgets everything written to key's record and attempts since
+// its snapshot, or, without one, the whole record.
+func (l *lostCommits) goBack(t *testing.T, key string, toSnapshot bool) {
+	t.Helper()
+	l.exec(t, `DELETE FROM attempts WHERE {k} = $1`, key)
+	l.exec(t, `DELETE FROM records WHERE {k} = $1`, key)
+	if toSnapshot {
+		l.exec(t, `INSERT INTO records SELECT * FROM snapshot WHERE {k} = $1`, key)
+		overriding := ""
+		if l.backend == "postgres" {
+			overriding = "OVERRIDING SYSTEM VALUE "
+		}
+		l.exec(t, `INSERT INTO attempts `+overriding+`SELECT * FROM snapshot_attempts WHERE {k} = $1`, key)
+	}
+}
+
+// TestLostCommitsWrittenAgain: the database loses what a claim's outcome
+// wrote (its record goes back to the claim, or to before it), and the
+// outcome's writer, which still holds it, writes it again. Lost finds
+// those outcomes; FinishWrite with Claimed writes each as it was: a
+// vanished record is written again whatever the outcome, and a 2xx is
+// recorded whatever the record has gone back to.
+func TestLostCommitsWrittenAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range faultBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			url := b.url(t)
+			clk := newClock(t0)
+			s, _ := openFaulty(t, url, clk, store.Options{TakeoverGrace: -1})
+			db := openLostCommits(t, b.name, url)
+
+			// Four keys, each with its outcome written.
+			kept := begin(t, s, claim("kept", "body", "p/1"), store.Acquired).Record
+			outcome := begin(t, s, claim("lost-outcome", "body", "p/2"), store.Acquired).Record
+			db.snapshot(t, "lost-outcome")
+			record := begin(t, s, claim("lost-record", "body", "p/3"), store.Acquired).Record
+			unknown := begin(t, s, claim("lost-unknown", "body", "p/4"), store.Acquired).Record
+			clk.Add(time.Second)
+			fins := []store.Finish{
+				{Key: "kept", Owner: "p/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{"id":"kept"}`), Claimed: &kept},
+				{Key: "lost-outcome", Owner: "p/2", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{"id":"outcome"}`), Claimed: &outcome},
+				{Key: "lost-record", Owner: "p/3", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{"id":"record"}`), Claimed: &record},
+				{Key: "lost-unknown", Owner: "p/4", State: store.StateOutcomeUnknown, AddAttempts: 1, LastError: "timeout",
+					QuietFor: time.Minute, SettleAfter: time.Second, Claimed: &unknown},
+			}
+			written := make([]store.Written, len(fins))
+			for i, f := range fins {
+				if l, err := s.FinishWrite(ctx, f); err != nil || l != store.Landed {
+					t.Fatalf("FinishWrite(%s) = %v, %v; want Landed", f.Key, l, err)
+				}
+				written[i] = store.Written{Key: f.Key, Owner: f.Owner}
+			}
+			if lost, err := s.Lost(ctx, written); err != nil || len(lost) != 0 {
+				t.Fatalf("Lost() before any loss = %v, %v; want none", lost, err)
+			}
+
+			db.goBack(t, "lost-outcome", true)
+			db.goBack(t, "lost-record", false)
+			db.goBack(t, "lost-unknown", false)
+			if r := get(t, s, "lost-outcome"); r.State != store.StateInProgress || r.LeaseOwner != "p/2" {
+				t.Fatalf("lost-outcome after the loss = %v held by %q, want back in progress under p/2", r.State, r.LeaseOwner)
+			}
+			lost, err := s.Lost(ctx, written)
+			if err != nil {
+				t.Fatalf("Lost() error = %v", err)
+			}
+			if diff := cmp.Diff([]int{1, 2, 3}, lost); diff != "" {
+				t.Errorf("Lost() (-want +got):\n%s", diff)
+			}
+			clk.Add(time.Second)
+			for _, i := range lost {
+				if _, err := s.FinishWrite(ctx, fins[i]); err != nil {
+					t.Errorf("FinishWrite(%s) again error = %v", fins[i].Key, err)
+				}
+			}
+			if lost, err := s.Lost(ctx, written); err != nil || len(lost) != 0 {
+				t.Errorf("Lost() after writing again = %v, %v; want none", lost, err)
+			}
+			for _, f := range fins[:3] {
+				r := get(t, s, f.Key)
+				if r.State != store.StateSucceeded || string(r.Reply) != string(f.Reply) || r.ProviderStatus != f.ProviderStatus || r.LeaseOwner != "" || r.Attempts != 1 {
+					t.Errorf("record %s = %v %s (%d), held by %q, %d attempts; want Succeeded with its reply, released, 1 attempt",
+						f.Key, r.State, r.Reply, r.ProviderStatus, r.LeaseOwner, r.Attempts)
+				}
+				if !r.CreatedAt.Equal(us(t0)) || r.RequestID != "req-"+f.Owner || r.Caller != "caller-"+f.Owner || r.Amount != 1234 || r.Currency != "EUR" {
+					t.Errorf("record %s = created %v by %q for %q, %d %s; want the claim's", f.Key, r.CreatedAt, r.RequestID, r.Caller, r.Amount, r.Currency)
+				}
+				want := []store.Attempt{{Number: 1, Kind: store.AttemptCall, Owner: f.Owner, Replica: "p", RequestID: "req-" + f.Owner,
+					ProviderStatus: f.ProviderStatus, HTTPRequests: 1, Reply: f.Reply, State: store.StateSucceeded}}
+				if diff := cmp.Diff(want, attemptsOf(t, s, f.Key), ignoreAttemptTimes); diff != "" {
+					t.Errorf("attempts of %s (-want +got):\n%s", f.Key, diff)
+				}
+			}
+			// An unknown outcome's record comes back unknown, quiet, due for
+			// settlement: as it was written.
+			r := get(t, s, "lost-unknown")
+			if r.State != store.StateOutcomeUnknown || !r.QuietUntil.Equal(us(clk.Now().Add(time.Minute))) || !r.SettleBy.Equal(unknown.SettleBy) {
+				t.Errorf("lost-unknown = %v, quiet until %v, settle by %v; want OutcomeUnknown, quiet for a minute, its window", r.State, r.QuietUntil, r.SettleBy)
+			}
+			begin(t, s, claim("lost-unknown", "body", "q/1"), store.Quiet)
+			// A caller's retry replays the payments written again.
+			begin(t, s, claim("lost-record", "body", "q/2"), store.Replay)
+		})
+	}
+}
+
+// TestLost2xxOverATakeover: the database went back to before a claim whose
+// 2xx was written, and another claim has since taken the record (it went
+// back to unknown, and settlement claimed it). The 2xx is written again
+// all the same: the record is Succeeded with it, and the taker's attempt
+// is abandoned. Anything but a 2xx is refused so.
+func TestLost2xxOverATakeover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range faultBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			url := b.url(t)
+			clk := newClock(t0)
+			s, _ := openFaulty(t, url, clk, store.Options{TakeoverGrace: -1})
+			db := openLostCommits(t, b.name, url)
+			makeUnknown(t, s, claim("k", "body", "p/1"), 0)
+			db.snapshot(t, "k")
+			settling := claimDue(t, s, "p/2", 0, 1)
+			if len(settling) != 1 {
+				t.Fatalf("ClaimDue() = %v, want k", keys(settling))
+			}
+			ok := store.Finish{Key: "k", Owner: "p/2", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{"id":"ok"}`),
+				Settlement: true, Claimed: &settling[0]}
+			finish(t, s, ok)
+			db.goBack(t, "k", true)
+			// The record is unknown again: another replica's settlement
+			// claims it.
+			if again := claimDue(t, s, "q/1", 0, 1); len(again) != 1 {
+				t.Fatalf("ClaimDue(q) = %v, want k", keys(again))
+			}
+			refusal := store.Finish{Key: "k", Owner: "p/9", State: store.StateNotCreated, ProviderStatus: 400, Claimed: &settling[0]}
+			if _, err := s.FinishWrite(ctx, refusal); !errors.Is(err, store.ErrLeaseLost) {
+				t.Errorf("FinishWrite(a refusal without its claim) error = %v, want ErrLeaseLost", err)
+			}
+			if l, err := s.FinishWrite(ctx, ok); err != nil || l != store.Restored {
+				t.Fatalf("FinishWrite(the lost 2xx) = %v, %v; want Restored", l, err)
+			}
+			r := get(t, s, "k")
+			if r.State != store.StateSucceeded || string(r.Reply) != `{"id":"ok"}` || r.LeaseOwner != "" {
+				t.Errorf("record = %v %s held by %q, want Succeeded with the 2xx, released", r.State, r.Reply, r.LeaseOwner)
+			}
+			var got []string
+			for _, a := range attemptsOf(t, s, "k") {
+				got = append(got, fmt.Sprintf("%d %s %v abandoned=%v", a.Number, a.Owner, a.State, a.Abandoned))
+			}
+			// Both took attempt number 2: the database forgot the first.
+			want := []string{
+				"1 p/1 outcome_unknown abandoned=false",
+				"2 p/2 succeeded abandoned=false",
+				"2 q/1 outcome_unknown abandoned=true",
+			}
+			if diff := cmp.Diff(want, got, cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
+				t.Errorf("attempts (-want +got):\n%s", diff)
+			}
+			// q's own outcome now finds the record Succeeded.
+			if _, err := s.Finish(ctx, store.Finish{Key: "k", Owner: "q/1", State: store.StateOutcomeUnknown, AddAttempts: 1}); !errors.Is(err, store.ErrLeaseLost) {
+				t.Errorf("Finish(q's unknown) error = %v, want ErrLeaseLost", err)
+			}
+		})
+	}
+}
+
+// TestAbandonOwn: a process ends its own claims whose leases expired and
+// that it no longer keeps: the record becomes unknown, due for settlement,
+// with its quiet period and its attempt's row (abandoned). Claims it keeps,
+// leases that have not expired and other processes' claims are left.
+func TestAbandonOwn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range faultBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			clk := newClock(t0)
+			s, _ := openFaulty(t, b.url(t), clk, store.Options{TakeoverGrace: -1})
+			begin(t, s, quiet(claim("orphan", "body", "p/1"), time.Hour), store.Acquired)
+			begin(t, s, claim("kept", "body", "p/2"), store.Acquired)
+			begin(t, s, claim("other", "body", "pp/1"), store.Acquired)
+			keep := func(r store.Record) bool { return r.LeaseOwner == "p/2" }
+			if got, err := s.AbandonOwn(ctx, "p", keep, 10); err != nil || len(got) != 0 {
+				t.Fatalf("AbandonOwn() within the leases = %v, %v; want nothing", keys(got), err)
+			}
+			begin(t, s, claim("fresh", "body", "p/3"), store.Acquired)
+			clk.Add(lease)
+			got, err := s.AbandonOwn(ctx, "p", func(r store.Record) bool { return keep(r) || r.Key == "fresh" }, 10)
+			if err != nil {
+				t.Fatalf("AbandonOwn() error = %v", err)
+			}
+			if diff := cmp.Diff(map[string]int{"orphan": 1}, keys(got)); diff != "" {
+				t.Errorf("AbandonOwn() (-want +got):\n%s", diff)
+			}
+			r := get(t, s, "orphan")
+			if r.State != store.StateOutcomeUnknown || r.LeaseOwner != "" || !r.NextSettleAt.Equal(us(clk.Now())) || !r.QuietUntil.Equal(us(t0.Add(lease+time.Hour))) {
+				t.Errorf("orphan = %v held by %q, next settle %v, quiet until %v; want unknown, released, due now, its quiet period kept",
+					r.State, r.LeaseOwner, r.NextSettleAt, r.QuietUntil)
+			}
+			as := attemptsOf(t, s, "orphan")
+			if len(as) != 1 || !as[0].Abandoned || as[0].Owner != "p/1" {
+				t.Errorf("orphan's attempts = %+v, want p/1's, abandoned", as)
+			}
+			for _, k := range []string{"kept", "other", "fresh"} {
+				if r := get(t, s, k); r.State != store.StateInProgress {
+					t.Errorf("%s = %v, want in progress", k, r.State)
+				}
+			}
+		})
+	}
+}
+
+// TestAbandonOwnWaitsForHealthyWrites: a process abandons nothing of its
+// own until its writes have been healthy for the takeover grace, as a
+// takeover waits: after an outage, its outbox lands first.
+func TestAbandonOwnWaitsForHealthyWrites(t *testing.T) {
+	t.Parallel()
+	clk := newClock(t0)
+	s, _ := openFaulty(t, storetest.SQLiteURL(t), clk, store.Options{TakeoverGrace: time.Hour})
+	begin(t, s, claim("orphan", "body", "p/1"), store.Acquired)
+	clk.Add(lease)
+	if got, err := s.AbandonOwn(context.Background(), "p", func(store.Record) bool { return false }, 10); err != nil || len(got) != 0 {
+		t.Errorf("AbandonOwn() within the grace = %v, %v; want nothing", keys(got), err)
+	}
+}
+
+// TestLostIgnoresExpiredRecords: a record retention deleted (it left a
+// tombstone) was not lost: its outcome is not written again.
+func TestLostIgnoresExpiredRecords(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range faultBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			clk := newClock(t0)
+			s, _ := openFaulty(t, b.url(t), clk, store.Options{TakeoverGrace: -1})
+			rec := begin(t, s, claim("k", "body", "p/1"), store.Acquired).Record
+			fin := store.Finish{Key: "k", Owner: "p/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{}`), Claimed: &rec}
+			finish(t, s, fin)
+			clk.Add(48 * time.Hour)
+			deleteAll(t, s, store.Retention{Records: time.Hour}, 10)
+			clk.Add(time.Hour)
+			deleteAll(t, s, store.Retention{Records: time.Hour}, 10)
+			if _, err := s.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("Get() after retention error = %v, want ErrNotFound", err)
+			}
+			if lost, err := s.Lost(ctx, []store.Written{{Key: "k", Owner: "p/1"}}); err != nil || len(lost) != 0 {
+				t.Errorf("Lost() = %v, %v; want nothing: retention deleted it", lost, err)
+			}
+			if _, err := s.FinishWrite(ctx, fin); !errors.Is(err, store.ErrLeaseLost) {
+				t.Errorf("FinishWrite() of the deleted record's outcome error = %v, want ErrLeaseLost", err)
 			}
 		})
 	}

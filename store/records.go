@@ -229,6 +229,13 @@ type Finish struct {
 	// Settlement marks a finish by the settlement worker: SettleAttempts
 	// is incremented.
 	Settlement bool
+	// Claimed, if set, is the record as the claim that made the request
+	// acquired it (Begin's or ClaimDue's). With it, an outcome whose
+	// record the store has lost since is written again rather than
+	// refused: a failover to a standby that lacked the last commits can
+	// take the record away, or take it back to before the claim. See
+	// Finish.
+	Claimed *Record
 }
 
 // hotQueries are the queries a payment runs, in the store's dialect,
@@ -257,6 +264,22 @@ func (s *Store) buildHotQueries() hotQueries {
 		get:             s.d.q(`SELECT ` + recordColumns + `, ` + s.readClock() + ` FROM records WHERE ` + s.d.keyCol + ` = $1 AND tombstoned_at IS NULL`),
 	}
 }
+
+// Landing says how FinishWrite wrote an outcome.
+type Landing int
+
+const (
+	// Landed: the outcome is written now.
+	Landed Landing = iota + 1
+	// LandedBefore: it had been written already (a Finish repeated after
+	// a commit whose outcome was unknown); nothing more was written.
+	LandedBefore
+	// Restored: the store had lost the record, or the claim's attempt
+	// (the database went back in time), and the outcome was written
+	// again from Finish.Claimed: the record re-created, or a 2xx recorded
+	// on the record as it now is.
+	Restored
+)
 
 // writerQueries are the queries every payment runs on the writer.
 func (s *Store) writerQueries() []string {
@@ -594,6 +617,13 @@ func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, now time.Time, set
 // other outcome without the lease writes nothing and is ErrLeaseLost. A
 // Finish that is repeated after it committed (its commit's outcome was
 // unknown) finds its attempt's row and writes nothing more.
+//
+// The database may also have gone back in time since the claim (a
+// failover to an asynchronous standby that lacked the last commits). A
+// 2xx is written whatever the record now says, as above, even if the
+// claim's attempt left no trace. And if the record is gone and
+// f.Claimed is set, the record is written again, from f.Claimed, with
+// f's outcome, whatever it is (unless the key has a tombstone).
 func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 	fin, err := s.finishOp(f, true)
 	if err != nil {
@@ -602,7 +632,7 @@ func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 	var r Record
 	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx, now time.Time) error {
 		var err error
-		r, err = fin(ctx, tx, now)
+		r, _, err = fin(ctx, tx, now)
 		return err
 	})
 	if err != nil {
@@ -612,27 +642,30 @@ func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
 }
 
 // FinishWrite is Finish without reading the record back: for a caller
-// that only needs to know that the outcome is durable (nil) or can never
-// be (ErrLeaseLost). Its error is otherwise Finish's.
-func (s *Store) FinishWrite(ctx context.Context, f Finish) error {
+// that only needs to know that the outcome is durable (nil, and how it
+// landed) or can never be (ErrLeaseLost). Its error is otherwise
+// Finish's.
+func (s *Store) FinishWrite(ctx context.Context, f Finish) (Landing, error) {
 	fin, err := s.finishOp(f, false)
 	if err != nil {
-		return err
+		return 0, err
 	}
+	var l Landing
 	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx, now time.Time) error {
-		_, err := fin(ctx, tx, now)
+		var err error
+		_, l, err = fin(ctx, tx, now)
 		return err
 	})
 	if err != nil {
-		return s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err))
+		return 0, s.wrap(fmt.Errorf("finish %.64q: %w", f.Key, err))
 	}
-	return nil
+	return l, nil
 }
 
 // finishOp checks f and returns the statement that records it. Only with
 // returning does the statement read back the record it wrote; without, the
 // Record it returns is empty.
-func (s *Store) finishOp(f Finish, returning bool) (func(context.Context, *sql.Tx, time.Time) (Record, error), error) {
+func (s *Store) finishOp(f Finish, returning bool) (func(context.Context, *sql.Tx, time.Time) (Record, Landing, error), error) {
 	if !s.d.storable(f.Key) {
 		return nil, fmt.Errorf("finish %.64q: %w", f.Key, ErrLeaseLost)
 	}
@@ -646,14 +679,14 @@ func (s *Store) finishOp(f Finish, returning bool) (func(context.Context, *sql.T
 	if f.Settlement {
 		settle = 1
 	}
-	return func(ctx context.Context, tx *sql.Tx, now time.Time) (Record, error) {
+	return func(ctx context.Context, tx *sql.Tx, now time.Time) (Record, Landing, error) {
 		query := s.hot.finish
 		if returning {
 			query = s.hot.finishReturning
 		}
 		st, err := s.txStmt(ctx, tx, query)
 		if err != nil {
-			return Record{}, err
+			return Record{}, 0, err
 		}
 		var next, quiet time.Time
 		if f.State == StateOutcomeUnknown {
@@ -670,11 +703,11 @@ func (s *Store) finishOp(f Finish, returning bool) (func(context.Context, *sql.T
 		if returning {
 			rows, err := st.QueryContext(ctx, args...)
 			if err != nil {
-				return Record{}, err
+				return Record{}, 0, err
 			}
 			rs, err := scanRecords(rows, now)
 			if err != nil {
-				return Record{}, err
+				return Record{}, 0, err
 			}
 			if held = len(rs) > 0; held {
 				r = rs[0]
@@ -682,11 +715,11 @@ func (s *Store) finishOp(f Finish, returning bool) (func(context.Context, *sql.T
 		} else {
 			res, err := st.ExecContext(ctx, args...)
 			if err != nil {
-				return Record{}, err
+				return Record{}, 0, err
 			}
 			n, err := res.RowsAffected()
 			if err != nil {
-				return Record{}, err
+				return Record{}, 0, err
 			}
 			held = n > 0
 		}
@@ -697,76 +730,168 @@ func (s *Store) finishOp(f Finish, returning bool) (func(context.Context, *sql.T
 		// record's, which the UPDATE left as they were.
 		at, err := s.txStmt(ctx, tx, s.hot.finishAttempt)
 		if err != nil {
-			return Record{}, fmt.Errorf("write attempt: %w", err)
+			return Record{}, 0, fmt.Errorf("write attempt: %w", err)
 		}
 		if _, err := at.ExecContext(ctx, d.k(f.Key), f.Owner, ownerProcess(f.Owner), d.t(now),
 			f.ProviderStatus, f.AddAttempts, f.Reply, int(f.State), f.Code, f.LastError, false); err != nil {
-			return Record{}, fmt.Errorf("write attempt: %w", err)
+			return Record{}, 0, fmt.Errorf("write attempt: %w", err)
 		}
-		return r, nil
+		return r, Landed, nil
 	}, nil
 }
 
 // finishWithoutLease is Finish for an owner that no longer holds the
-// record's lease (or whose Finish committed already).
-func (s *Store) finishWithoutLease(ctx context.Context, tx *sql.Tx, f Finish, now time.Time, returning bool) (Record, error) {
+// record's lease (or whose Finish committed already, or whose claim the
+// database lost).
+func (s *Store) finishWithoutLease(ctx context.Context, tx *sql.Tx, f Finish, now time.Time, returning bool) (Record, Landing, error) {
 	d := s.d
 	r, err := s.getRecordTx(ctx, tx, f.Key)
 	if errors.Is(err, ErrNotFound) {
-		return Record{}, ErrLeaseLost
+		return s.restoreRecord(ctx, tx, f, now, returning)
 	}
 	if err != nil {
-		return Record{}, err
+		return Record{}, 0, err
 	}
 	r.ReadAt = now
 	a, found, err := s.ownAttempt(ctx, tx, f.Key, f.Owner)
 	switch {
 	case err != nil:
-		return Record{}, err
-	case !found || !r.TombstonedAt.IsZero():
-		// f.Owner never held the record (or was taken over by a binary
-		// from before attempts were kept, which wrote no row for it), or
-		// retention is about to delete it.
-		return Record{}, ErrLeaseLost
-	case !a.abandoned && a.state == f.State && a.providerStatus == f.ProviderStatus:
+		return Record{}, 0, err
+	case !r.TombstonedAt.IsZero():
+		// Retention is about to delete it.
+		return Record{}, 0, ErrLeaseLost
+	case found && !a.abandoned && a.state == f.State && a.providerStatus == f.ProviderStatus:
 		// Written already: this is a Finish repeated after a commit whose
 		// outcome was unknown.
-		return r, nil
-	case a.abandoned && f.State == StateSucceeded:
-		// A 2xx is never forgotten, even past its lease.
-	default:
-		return Record{}, ErrLeaseLost
+		return r, LandedBefore, nil
+	case f.State != StateSucceeded || (found && !a.abandoned):
+		return Record{}, 0, ErrLeaseLost
 	}
-	_, err = tx.ExecContext(ctx, d.q(`
-		UPDATE attempts SET ended_at = $2, provider_status = $3, http_requests = $4, reply = $5,
-			state = $6, code = $7, error = $8, abandoned = $9
-		WHERE id = $1`),
-		a.id, d.t(now), f.ProviderStatus, f.AddAttempts, f.Reply, int(f.State), f.Code, f.LastError, false)
+	// The record, gone and written anew by a call with another request
+	// for the key (another amount), keeps that request's state: the 2xx
+	// is kept as its attempt only.
+	sameRequest := f.Claimed == nil || f.Claimed.BodySHA256 == r.BodySHA256
+	// A 2xx is never forgotten: one that came after its lease ended (its
+	// attempt's row says abandoned), or one whose claim left no trace (the
+	// database went back to before it, or, from a binary that kept no
+	// attempts, it was taken over).
+	landing := Landed
+	if found {
+		_, err = tx.ExecContext(ctx, d.q(`
+			UPDATE attempts SET ended_at = $2, provider_status = $3, http_requests = $4, reply = $5,
+				state = $6, code = $7, error = $8, abandoned = $9
+			WHERE id = $1`),
+			a.id, d.t(now), f.ProviderStatus, f.AddAttempts, f.Reply, int(f.State), f.Code, f.LastError, false)
+	} else {
+		landing = Restored
+		err = s.insertAttempt(ctx, tx, f.Key, claimedAttempt(f, r, now))
+	}
 	if err != nil {
-		return Record{}, fmt.Errorf("record a 2xx after the lease: %w", err)
+		return Record{}, 0, fmt.Errorf("record a 2xx after the lease: %w", err)
 	}
 	set := `attempts = attempts + $2, updated_at = $3`
 	args := []any{f.AddAttempts, d.t(now)}
-	if r.State != StateSucceeded {
-		if r.State == StateInProgress {
+	if f.Claimed != nil && f.Claimed.AttemptSeq > r.AttemptSeq {
+		// Later attempts are numbered after this one.
+		set += `, attempt_seq = $4`
+		args = append(args, f.Claimed.AttemptSeq)
+	}
+	if r.State != StateSucceeded && sameRequest {
+		if r.State == StateInProgress && r.LeaseOwner != f.Owner {
 			// Another holder is sending the key now: its attempt ends
 			// here, and its own Finish will find the record Succeeded.
 			if err := s.abandon(ctx, tx, r, now); err != nil {
-				return Record{}, err
+				return Record{}, 0, err
 			}
 		}
-		set += `, state = $4, provider_status = $5, reply = $6, last_error = '', code = $7,
-			lease_owner = '', lease_expires_at = $8, next_settle_at = $8, resolved_at = NULL`
+		n := len(args)
+		set += fmt.Sprintf(`, state = $%d, provider_status = $%d, reply = $%d, last_error = '', code = $%d,
+			lease_owner = '', lease_expires_at = $%d, next_settle_at = $%d, resolved_at = NULL`, n+2, n+3, n+4, n+5, n+6, n+6)
 		args = append(args, int(StateSucceeded), f.ProviderStatus, f.Reply, f.Code, d.t(time.Time{}))
 	}
 	nr, err := updateRecord(ctx, tx, d, now, set, f.Key, args...)
 	if err != nil {
-		return Record{}, fmt.Errorf("record a 2xx after the lease: %w", err)
+		return Record{}, 0, fmt.Errorf("record a 2xx after the lease: %w", err)
 	}
 	if !returning {
-		return Record{}, nil
+		return Record{}, landing, nil
 	}
-	return nr, nil
+	return nr, landing, nil
+}
+
+// claimedAttempt is the row of f's attempt when the record holds no trace
+// of its claim: from f.Claimed, or as well as r allows without it.
+func claimedAttempt(f Finish, r Record, now time.Time) Attempt {
+	a := Attempt{
+		Number: r.AttemptSeq, Kind: r.AttemptKind, Owner: f.Owner, Replica: ownerProcess(f.Owner),
+		EndedAt: now, ProviderStatus: f.ProviderStatus, HTTPRequests: f.AddAttempts, Reply: f.Reply,
+		State: f.State, Code: f.Code, Error: f.LastError,
+	}
+	if c := f.Claimed; c != nil {
+		a.Number, a.Kind, a.RequestID, a.StartedAt = c.AttemptSeq, c.AttemptKind, c.AttemptRequestID, c.AttemptStartedAt
+	}
+	return a
+}
+
+// restoreRecord writes f's record again, from f.Claimed, with f's
+// outcome and its attempt's row: the record is gone, though f's claim
+// acquired it (the database went back to before the claim committed). A
+// key with a tombstone, or a Finish without Claimed, is ErrLeaseLost.
+func (s *Store) restoreRecord(ctx context.Context, tx *sql.Tx, f Finish, now time.Time, returning bool) (Record, Landing, error) {
+	c := f.Claimed
+	if c == nil {
+		return Record{}, 0, ErrLeaseLost
+	}
+	keySum := keySHA256(f.Key)
+	if _, err := s.tombstoneTx(ctx, tx, keySum); err == nil {
+		return Record{}, 0, ErrLeaseLost
+	} else if !errors.Is(err, ErrNotFound) {
+		return Record{}, 0, err
+	}
+	d := s.d
+	var next, quiet time.Time
+	if f.State == StateOutcomeUnknown {
+		next = now.Add(max(f.SettleAfter, 0))
+	}
+	if f.QuietFor > 0 {
+		quiet = now.Add(f.QuietFor)
+	}
+	settle := c.SettleAttempts
+	if f.Settlement {
+		settle++
+	}
+	args := []any{f.Key, c.Body, c.BodySHA256[:], c.Currency, c.Amount, int(f.State), c.Attempts + f.AddAttempts,
+		f.ProviderStatus, f.Reply, f.LastError, f.Code, c.RequestID, c.TraceID, c.Caller,
+		d.t(c.CreatedAt), d.t(now), d.t(c.SettleBy), d.t(next), settle,
+		d.t(time.Time{}), false, d.t(quiet), d.t(c.AttemptStartedAt),
+		int(c.PriorState), c.AttemptSeq, int(c.AttemptKind), c.AttemptRequestID}
+	cols, vals := "", ""
+	if d.keyCol != "key" {
+		cols, vals = ", "+d.keyCol, ", $28"
+		args = append(args, keySum[:])
+	}
+	// A claim that raced this (the record is not locked: there was none)
+	// makes the INSERT fail, and the outcome is tried again.
+	_, err := tx.ExecContext(ctx, d.q(`
+		INSERT INTO records (key, body, body_sha256, currency, amount, state, attempts,
+			provider_status, reply, last_error, code, request_id, trace_id, caller,
+			created_at, updated_at, settle_by, next_settle_at, settle_attempts,
+			lease_owner, lease_expires_at, gave_up, quiet_until, attempt_started_at,
+			prior_state, attempt_seq, attempt_kind, attempt_request_id, resolved_at`+cols+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
+			'', $20, $21, $22, $23, $24, $25, $26, $27, NULL`+vals+`)`), args...)
+	if err != nil {
+		return Record{}, 0, fmt.Errorf("write a lost record again: %w", err)
+	}
+	if err := s.insertAttempt(ctx, tx, f.Key, claimedAttempt(f, *c, now)); err != nil {
+		return Record{}, 0, err
+	}
+	if !returning {
+		return Record{}, Restored, nil
+	}
+	r, err := s.getRecordTx(ctx, tx, f.Key)
+	r.ReadAt = now
+	return r, Restored, err
 }
 
 // Get returns the record for key, or ErrNotFound (see Tombstone for a key
@@ -973,6 +1098,63 @@ func (s *Store) GiveUp(ctx context.Context, process string, limit int) ([]Record
 	})
 	if err != nil {
 		return nil, s.wrap(fmt.Errorf("give up on records: %w", err))
+	}
+	return out, nil
+}
+
+// AbandonOwn ends, by the store's clock, up to limit claims of process
+// (the part of its lease owners before the "/") whose leases expired and
+// that keep reports are no longer kept in memory: each record becomes
+// OutcomeUnknown, due for settlement now, its quiet period kept (its
+// request may have reached the provider), and its attempt gets its row
+// (abandoned). It returns the records it ended, and does nothing until
+// the store's writes have been healthy for the takeover grace.
+//
+// A process never takes over its own records (their outcomes are in its
+// outbox), so a record whose holder's process lives on but holds nothing
+// for it any more would be held for ever, unless another replica took it
+// over: the database went back in time to before the claim's outcome
+// was written, say, and the process no longer remembers it.
+func (s *Store) AbandonOwn(ctx context.Context, process string, keep func(Record) bool, limit int) ([]Record, error) {
+	if limit <= 0 || process == "" || !s.writesSettled() {
+		return nil, nil
+	}
+	d := s.d
+	var out []Record
+	err := s.transact(ctx, func(tx *sql.Tx) error {
+		out = nil
+		now, err := s.txNow(ctx, tx)
+		if err != nil {
+			return err
+		}
+		rows, err := tx.QueryContext(ctx, d.q(`SELECT `+recordColumns+` FROM records
+			WHERE state = $1 AND lease_expires_at <= $2 AND substr(lease_owner, 1, $3) = $4 AND tombstoned_at IS NULL
+			ORDER BY lease_expires_at LIMIT $5 `+d.skipLocked), int(StateInProgress), d.t(now), len(process)+1, process+"/", limit)
+		if err != nil {
+			return err
+		}
+		held, err := scanRecords(rows, now)
+		if err != nil {
+			return err
+		}
+		for _, r := range held {
+			if keep(r) {
+				continue
+			}
+			if err := s.abandon(ctx, tx, r, now); err != nil {
+				return err
+			}
+			nr, err := updateRecord(ctx, tx, d, now, `state = $2, lease_owner = '', lease_expires_at = $3, next_settle_at = $4, updated_at = $4`,
+				r.Key, int(StateOutcomeUnknown), d.t(time.Time{}), d.t(now))
+			if err != nil {
+				return err
+			}
+			out = append(out, nr)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.wrap(fmt.Errorf("abandon own claims: %w", err))
 	}
 	return out, nil
 }

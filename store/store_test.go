@@ -713,7 +713,7 @@ func testStore(t *testing.T, b backend) {
 		errs := make([]error, n)
 		for i := range n {
 			wg.Go(func() {
-				errs[i] = s.FinishWrite(ctx, store.Finish{Key: fmt.Sprintf("k%d", i), Owner: "a", State: store.StateSucceeded,
+				_, errs[i] = s.FinishWrite(ctx, store.Finish{Key: fmt.Sprintf("k%d", i), Owner: "a", State: store.StateSucceeded,
 					AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{}`)})
 			})
 		}

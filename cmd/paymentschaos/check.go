@@ -51,6 +51,12 @@ const (
 	// 2xx and its commit, which issue 23 shrinks but no design without a
 	// local journal closes.)
 	excusedSentAfterKill = "sent_after_2xx_receiver_killed"
+	// excusedSentAfterUnread: the replica the 2xx was delivered to
+	// answered the call that carried its request, after the delivery,
+	// that the provider's answer was unknown: the request's deadline cut
+	// it off before the replica read the reply (a 2xx written to the
+	// connection is not a 2xx read from it).
+	excusedSentAfterUnread = "sent_after_2xx_unread"
 )
 
 // violationKinds lists every kind, in the order the report prints them.
@@ -284,10 +290,16 @@ func check(in checkInput) checkResult {
 			}
 			detail := fmt.Sprintf("%d request(s) after a 2xx was delivered to %s at %s; the first at %s, from %s",
 				facts.Stats.AfterDelivered, got.Listener, offset(in, got.Ended), offset(in, again.Arrived), again.Listener)
-			if k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, minTime(again.Arrived, commitBy(in, got.Ended))); killed && !in.Strict {
+			k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, minTime(again.Arrived, commitBy(in, got.Ended)))
+			unread, isUnread := unreadBy(calls, got)
+			switch {
+			case killed && !in.Strict:
 				res.Excused = append(res.Excused, violation{excusedSentAfterKill, key,
 					fmt.Sprintf("%s; %s was SIGKILLed at %s", detail, got.Listener, offset(in, k))})
-			} else {
+			case isUnread && !in.Strict:
+				res.Excused = append(res.Excused, violation{excusedSentAfterUnread, key,
+					fmt.Sprintf("%s; %s answered the call that carried it %s %s at %s: it had not read the 2xx", detail, got.Listener, unread.Code, unread.Reason, offset(in, unread.End))})
+			default:
 				if killed {
 					detail += fmt.Sprintf("; %s was SIGKILLed at %s", got.Listener, offset(in, k))
 				} else if k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, again.Arrived); killed {
@@ -389,6 +401,20 @@ func sentBySettlement(calls []call, history []upstreamtest.KeyRequest) (time.Tim
 	return time.Time{}, false
 }
 
+// unreadBy finds the call whose request got the 2xx kr, if its replica
+// answered it, after the delivery, that the provider's answer was unknown
+// (PAYMENT_OUTCOME_UNKNOWN): a replica that had read a 2xx answers OK.
+func unreadBy(calls []call, kr upstreamtest.KeyRequest) (call, bool) {
+	for _, c := range calls {
+		if c.Kind != kindClient && fmt.Sprintf("r%d", c.Replica) == kr.Listener &&
+			!kr.Arrived.Before(c.Start) && !kr.Arrived.After(c.End) && c.End.After(kr.Ended) &&
+			c.Answered && c.Reason == "PAYMENT_OUTCOME_UNKNOWN" {
+			return c, true
+		}
+	}
+	return call{}, false
+}
+
 // killedBetween reports whether a paymentsd-kill struck target between
 // from and to, and when.
 func killedBetween(faults []fault, target string, from, to time.Time) (time.Time, bool) {
@@ -401,7 +427,7 @@ func killedBetween(faults []fault, target string, from, to time.Time) (time.Time
 }
 
 // storeFaults are the faults that take the record store away.
-var storeFaults = []string{faultPostgresKill, faultPostgresStop, faultSQLiteLock, faultPrimaryKill, faultSwitchover, faultPoolerRestart}
+var storeFaults = []string{faultPostgresKill, faultPostgresStop, faultSQLiteLock, faultPrimaryKill, faultSwitchover, faultPoolerRestart, faultLoseCommits}
 
 // commitBy is the latest a replica that received a 2xx at t could have
 // committed it: t plus the grace, or, if the store was down at t, the

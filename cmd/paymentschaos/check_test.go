@@ -140,6 +140,28 @@ func TestCheckViolations(t *testing.T) {
 			want: []string{violSentAfter2xx},
 		},
 		{
+			name: "sent again after a 2xx its receiver never read",
+			in: checkInput{
+				// The call that carried the request was answered, after
+				// the delivery, that the provider's answer was unknown.
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.DeadlineExceeded, "PAYMENT_OUTCOME_UNKNOWN")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": succeeded()},
+			},
+			excused: []string{excusedSentAfterUnread},
+		},
+		{
+			name: "sent again after a 2xx delivered once its call had been answered",
+			in: checkInput{
+				// An unknown outcome told before the delivery proves
+				// nothing of what the replica read after it.
+				Calls:    []call{failedCall("k", 0, 0, 0.5, codes.DeadlineExceeded, "PAYMENT_OUTCOME_UNKNOWN")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": succeeded()},
+			},
+			want: []string{violSentAfter2xx},
+		},
+		{
 			name: "sent again after a 2xx its receiver was killed holding",
 			in: checkInput{
 				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},

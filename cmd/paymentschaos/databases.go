@@ -200,6 +200,34 @@ func (p *patroni) leader(ctx context.Context) (string, error) {
 	return "", nil
 }
 
+// walSender is the process ID of the leader's WAL sender (the cluster has
+// one standby): the chaos run stops it to stall replication.
+func (p *patroni) walSender(ctx context.Context) (int, error) {
+	out, err := p.run(ctx, "status", p.dir)
+	if err != nil {
+		return 0, err
+	}
+	addr := ""
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 4 && f[1] == "leader" && f[2] == "running" {
+			addr = f[3]
+		}
+	}
+	if addr == "" {
+		return 0, errors.New("no leader runs")
+	}
+	db, err := sql.Open("pgx", "postgres://postgres@"+addr+"/postgres?sslmode=disable")
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	var pid int
+	if err := db.QueryRowContext(ctx, `SELECT pid FROM pg_stat_replication`).Scan(&pid); err != nil {
+		return 0, fmt.Errorf("find the leader's WAL sender: %w", err)
+	}
+	return pid, nil
+}
+
 func (p *patroni) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

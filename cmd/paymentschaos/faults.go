@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -21,13 +22,19 @@ const (
 	faultPrimaryKill   = "patroni-kill-primary" // SIGKILL the Patroni leader's node; the replica is promoted
 	faultSwitchover    = "patroni-switchover"   // a planned switchover to the other node
 	faultPoolerRestart = "pgbouncer-restart"    // restart PgBouncer: client connections drop
+	// faultLoseCommits stalls the replication stream (SIGSTOP of the
+	// leader's WAL sender) for -down-min to -down-max while callers pay,
+	// then kills the leader's node: the standby is promoted without what
+	// was committed meanwhile (with -async; in synchronous mode those
+	// commits wait, and are lost unacknowledged).
+	faultLoseCommits = "patroni-lose-commits"
 )
 
 // faultsFor is which faults each store can be given.
 var faultsFor = map[string][]string{
 	storePostgres: {faultPaymentsdKill, faultPostgresKill, faultPostgresStop},
 	storeSQLite:   {faultPaymentsdKill, faultSQLiteLock},
-	storePatroni:  {faultPaymentsdKill, faultPrimaryKill, faultSwitchover, faultPoolerRestart},
+	storePatroni:  {faultPaymentsdKill, faultPrimaryKill, faultSwitchover, faultPoolerRestart, faultLoseCommits},
 }
 
 // defaultMix is the mix of faults when -faults is not given.
@@ -120,16 +127,15 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 		}
 	case faultPrimaryKill:
 		f.Start = time.Now()
-		var out string
-		if out, err = in.patroni.run(ctx, "kill-primary", in.patroni.dir); err == nil {
-			f.Target = strings.TrimSpace(out)
-			err = in.awaitLeader(ctx, f.Target)
-			f.Undone = time.Now()
-			if err == nil {
-				_, err = in.patroni.run(ctx, "restart-node", in.patroni.dir, f.Target)
-			}
-			if err == nil {
-				_, err = in.patroni.run(ctx, "wait-healthy", in.patroni.dir)
+		err = in.killPrimary(ctx, &f)
+	case faultLoseCommits:
+		var pid int
+		if pid, err = in.patroni.walSender(ctx); err == nil {
+			f.Start = time.Now()
+			if err = syscall.Kill(pid, syscall.SIGSTOP); err == nil {
+				sleepCtx(ctx, in.between(in.down))
+				err = in.killPrimary(ctx, &f)
+				syscall.Kill(pid, syscall.SIGCONT) // dead with its node, unless the kill failed
 			}
 		}
 	case faultSwitchover:
@@ -155,6 +161,26 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 	}
 	fmt.Fprintf(in.log, "fault %s %s: %.1fs%s\n", kind, f.Target, time.Since(f.Start).Seconds(), errSuffix(f.Err))
 	return f
+}
+
+// killPrimary SIGKILLs the leader's node, waits until the other node
+// leads (f is then undone), and restarts the dead node until the cluster
+// is healthy again.
+func (in *injector) killPrimary(ctx context.Context, f *fault) error {
+	out, err := in.patroni.run(ctx, "kill-primary", in.patroni.dir)
+	if err != nil {
+		return err
+	}
+	f.Target = strings.TrimSpace(out)
+	err = in.awaitLeader(ctx, f.Target)
+	f.Undone = time.Now()
+	if err == nil {
+		_, err = in.patroni.run(ctx, "restart-node", in.patroni.dir, f.Target)
+	}
+	if err == nil {
+		_, err = in.patroni.run(ctx, "wait-healthy", in.patroni.dir)
+	}
+	return err
 }
 
 // restart starts a killed replica again, trying for a minute: it may not

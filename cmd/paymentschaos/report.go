@@ -179,8 +179,15 @@ func printReport(w io.Writer, r *report) {
 		}
 		fmt.Fprintf(w, "  %-32s %s\n", k, verdict)
 	}
-	if len(r.Excused) > 0 {
-		fmt.Fprintf(w, "  %-32s %d (not counted without -strict: the receiving replica was SIGKILLed before it could have committed the 2xx)\n", excusedSentAfterKill, len(r.Excused))
+	excused := map[string]int{}
+	for _, v := range r.Excused {
+		excused[v.Kind]++
+	}
+	if n := excused[excusedSentAfterKill]; n > 0 {
+		fmt.Fprintf(w, "  %-32s %d (not counted without -strict: the receiving replica was SIGKILLed before it could have committed the 2xx)\n", excusedSentAfterKill, n)
+	}
+	if n := excused[excusedSentAfterUnread]; n > 0 {
+		fmt.Fprintf(w, "  %-32s %d (not counted without -strict: the receiving replica's request was cut off by its deadline before it read the 2xx)\n", excusedSentAfterUnread, n)
 	}
 	const show = 20
 	if len(r.Violations) > 0 {

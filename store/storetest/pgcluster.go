@@ -157,15 +157,7 @@ func (c *PatroniCluster) WaitHealthy() { c.t.Helper(); c.must("wait-healthy", c.
 // cluster must be healthy.
 func (c *PatroniCluster) PauseReplication() (resume func()) {
 	c.t.Helper()
-	leader := ""
-	for _, line := range strings.Split(c.Status(), "\n") {
-		if f := strings.Fields(line); len(f) >= 4 && f[1] == "leader" {
-			leader = f[3]
-		}
-	}
-	if leader == "" {
-		c.t.Fatalf("no leader:\n%s", c.Status())
-	}
+	leader := c.leader()
 	db, err := sql.Open("pgx", "postgres://postgres@"+leader+"/postgres?sslmode=disable")
 	if err != nil {
 		c.t.Fatal(err)
@@ -230,4 +222,41 @@ func repoFile(path string) (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// WaitReplicated waits until the standby has replayed everything the
+// leader had written when it was called, so that a test can choose which
+// commits an asynchronous failover loses: those made after
+// PauseReplication, not those before it.
+func (c *PatroniCluster) WaitReplicated() {
+	c.t.Helper()
+	db, err := sql.Open("pgx", "postgres://postgres@"+c.leader()+"/postgres?sslmode=disable")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer db.Close()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var caughtUp bool
+		err := db.QueryRow(`SELECT COALESCE(bool_and(replay_lsn >= pg_current_wal_lsn()), false) FROM pg_stat_replication`).Scan(&caughtUp)
+		if err == nil && caughtUp {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("the standby did not catch up with the leader within a minute (%v)", err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the server: replication has no signal here
+	}
+}
+
+// leader is the leader's HOST:PORT.
+func (c *PatroniCluster) leader() string {
+	c.t.Helper()
+	for _, line := range strings.Split(c.Status(), "\n") {
+		if f := strings.Fields(line); len(f) >= 4 && f[1] == "leader" {
+			return f[3]
+		}
+	}
+	c.t.Fatalf("no leader:\n%s", c.Status())
+	return ""
 }
