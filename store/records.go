@@ -620,8 +620,8 @@ func updateRecord(ctx context.Context, tx *sql.Tx, d dialect, now time.Time, set
 //
 // The database may also have gone back in time since the claim (a
 // failover to an asynchronous standby that lacked the last commits). A
-// 2xx is written whatever the record now says, as above, even if the
-// claim's attempt left no trace. And if the record is gone and
+// 2xx with f.Claimed set is written whatever the record now says, as
+// above, even if the claim's attempt left no trace. And if the record is gone and
 // f.Claimed is set, the record is written again, from f.Claimed, with
 // f's outcome, whatever it is (unless the key has a tombstone).
 func (s *Store) Finish(ctx context.Context, f Finish) (Record, error) {
@@ -766,15 +766,18 @@ func (s *Store) finishWithoutLease(ctx context.Context, tx *sql.Tx, f Finish, no
 		return r, LandedBefore, nil
 	case f.State != StateSucceeded || (found && !a.abandoned):
 		return Record{}, 0, ErrLeaseLost
+	case !found && f.Claimed == nil:
+		// f.Owner left no trace and f says nothing of its claim: an owner
+		// that never held the record.
+		return Record{}, 0, ErrLeaseLost
 	}
 	// The record, gone and written anew by a call with another request
 	// for the key (another amount), keeps that request's state: the 2xx
 	// is kept as its attempt only.
 	sameRequest := f.Claimed == nil || f.Claimed.BodySHA256 == r.BodySHA256
 	// A 2xx is never forgotten: one that came after its lease ended (its
-	// attempt's row says abandoned), or one whose claim left no trace (the
-	// database went back to before it, or, from a binary that kept no
-	// attempts, it was taken over).
+	// attempt's row says abandoned), or one whose claim, as f.Claimed
+	// describes it, left no trace (the database went back to before it).
 	landing := Landed
 	if found {
 		_, err = tx.ExecContext(ctx, d.q(`
