@@ -97,4 +97,3 @@ func badRequestField(st *status.Status) string {
 	}
 	return ""
 }
-
