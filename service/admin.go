@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -363,7 +362,7 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 	s.updateStats(sctx)
 	cancel()
 
-	resp := s.record(got.Record)
+	resp := withPayment(s.record(got.Record))
 	// The entries, this one among them, as the store holds them.
 	entries, err := s.store.AuditEntries(ctx, got.Record)
 	if err != nil {
@@ -403,14 +402,14 @@ func auditEntry(e store.AuditEntry) *paymentsv1.AuditEntry {
 	}
 }
 
-// resolvedPayment is a replay's payment when a person resolved the record
-// SUCCEEDED without the provider's reply: an empty object.
-func resolvedPayment(reply []byte) (*structpb.Struct, []byte, error) {
+// resolvedReply is a replay's payment_json when a person resolved the
+// record SUCCEEDED with reply: the reply they recorded, or an empty object
+// when they recorded none.
+func resolvedReply(reply []byte) []byte {
 	if reply == nil {
-		return &structpb.Struct{}, []byte("{}"), nil
+		return []byte("{}")
 	}
-	p, err := upstream.DecodeReply(reply)
-	return p, reply, err
+	return reply
 }
 
 // resolutionsCounter is paymentsd_resolutions_total.

@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"strings"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -92,19 +90,6 @@ func identityOf(ctx context.Context) *caller {
 	return callerFromTLS(&tlsInfo.State)
 }
 
-// identify puts the caller's identity in the context, for the access log,
-// CallerFromContext and the server span.
-func identify(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	c := identityOf(ctx)
-	if c == nil {
-		return handler(ctx, req)
-	}
-	if !c.id.IsZero() {
-		trace.SpanFromContext(ctx).SetAttributes(attribute.String(CallerAttribute, c.id.String()))
-	}
-	return handler(context.WithValue(ctx, identityKey{}, c), req)
-}
-
 // gate admits callers to everything but health checks and reflection.
 // With requireIdentity (mTLS), a caller must have an identity, from a
 // certificate that is still trusted; with an allowlist, it must be in it,
@@ -174,13 +159,6 @@ func (g gate) admits(id Identity, fullMethod string) bool {
 		return strings.HasPrefix(fullMethod, "/"+paymentsv1.ProviderEventsService_ServiceDesc.ServiceName+"/")
 	}
 	return false
-}
-
-func (g gate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if err := g.check(ctx, info.FullMethod); err != nil {
-		return nil, err
-	}
-	return handler(ctx, req)
 }
 
 func (g gate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {

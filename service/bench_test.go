@@ -1,14 +1,13 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -59,7 +58,7 @@ var benchStores = []struct{ name, url string }{
 
 // newBenchService opens the store at url, or a SQLite file in a temporary
 // directory if url is empty.
-func newBenchService(b *testing.B, url string) *Service {
+func newBenchService(b testing.TB, url string) *Service {
 	b.Helper()
 	client, err := upstream.New(upstream.Config{
 		BaseURL:    "http://provider.invalid/v1",
@@ -131,13 +130,8 @@ func BenchmarkREST(b *testing.B) {
 			b.Cleanup(srv.GRPC.Stop)
 			b.ReportAllocs()
 			for b.Loop() {
-				body := fmt.Appendf(nil, `{"amountMoney":{"currency":"USD","amount":1250},"idempotencyKey":"rest-%d"}`, benchKeys.Add(1))
-				req := httptest.NewRequest(http.MethodPost, "/v1/multi-card-payments", bytes.NewReader(body))
-				req.Header.Set("Content-Type", "application/json")
-				rec := httptest.NewRecorder()
-				srv.HTTP.ServeHTTP(rec, req)
-				if rec.Code != http.StatusOK {
-					b.Fatalf("POST /v1/multi-card-payments: %d %s", rec.Code, rec.Body)
+				if err := restCreate(srv.HTTP, "rest-"+strconv.FormatInt(benchKeys.Add(1), 10)); err != nil {
+					b.Fatal(err)
 				}
 			}
 		})
@@ -166,6 +160,37 @@ func BenchmarkMarshalResponse(b *testing.B) {
 			for b.Loop() {
 				if _, err := m.m.Marshal(resp); err != nil {
 					b.Fatalf("Marshal: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkGRPC is a CreateMultiCardPayment as grpc-go's server runs it,
+// less its transport, as TestAllocationBudgets counts it: the request
+// decoded from its wire bytes, the interceptor chain with its info-level
+// access log (to io.Discard), the handler and the reply encoded.
+func BenchmarkGRPC(b *testing.B) {
+	for _, bs := range benchStores {
+		b.Run(bs.name, func(b *testing.B) {
+			registry := prometheus.NewRegistry()
+			svc := newBenchService(b, bs.url)
+			srv, err := NewServer(svc, Options{
+				Logger:          slog.New(slog.NewJSONHandler(io.Discard, nil)),
+				Registerer:      registry,
+				Gatherer:        registry,
+				MaxRequestBytes: 64 << 10,
+			})
+			if err != nil {
+				b.Fatalf("NewServer: %v", err)
+			}
+			b.Cleanup(srv.GRPC.Stop)
+			g := newGRPCCaller(b, svc, srv)
+			b.ReportAllocs()
+			for b.Loop() {
+				key := "grpc-" + strconv.FormatInt(benchKeys.Add(1), 10)
+				if _, err := g.create(key); err != nil {
+					b.Fatalf("CreateMultiCardPayment(%q): %v", key, err)
 				}
 			}
 		})

@@ -13,24 +13,8 @@ import (
 // it off.
 var errHardStop = errors.New("paymentsd is shutting down")
 
-// hardStop cancels handlers' contexts when the server's stop context ends,
-// so a call cut off by the drain deadline returns paymentsd's own status,
-// with the ErrorInfo that says what happened to the money, instead of the
-// bare error a closed connection gives. The service maps the cancellation
-// (Canceled, since the provider call was cancelled); the caller did not
-// cancel, so the code becomes UNAVAILABLE, keeping the details.
-func (s *Server) hardStopUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stop := context.AfterFunc(s.stopCtx, func() { cancel(errHardStop) })
-	defer stop()
-	resp, err := handler(ctx, req)
-	if err != nil && errors.Is(context.Cause(ctx), errHardStop) {
-		err = stoppedStatus(err)
-	}
-	return resp, err
-}
-
+// hardStopStream cancels a stream's context when the server's stop
+// context ends, as unaryChain does a call's.
 func (s *Server) hardStopStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx, cancel := context.WithCancelCause(ss.Context())
 	defer cancel(nil)

@@ -14,9 +14,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/encoding"
-	_ "google.golang.org/grpc/encoding/proto" // registers protoCodecName
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -360,31 +357,4 @@ func afterWrite(ctx context.Context, release func()) bool {
 		c.afterWrite = append(c.afterWrite, release)
 	}
 	return ok
-}
-
-// eventCodec is grpc-go's proto codec, except for the inbox's responses,
-// which it marshals into buffers of their own size. grpc-go takes a large
-// message's buffer from a pool whose sizes step up to 1 MiB: an event of
-// 513 KiB took 1 MiB, and the pool kept the buffers a watch let go until
-// the next collections, twice over for each watch whose caller doesn't
-// read. Everything else, payments included, goes through grpc-go's codec
-// unchanged.
-type eventCodec struct{ encoding.CodecV2 }
-
-func newEventCodec() eventCodec { return eventCodec{encoding.GetCodecV2(protoCodecName)} }
-
-// protoCodecName is grpc-go's proto codec's name.
-const protoCodecName = "proto"
-
-func (c eventCodec) Marshal(v any) (mem.BufferSlice, error) {
-	switch m := v.(type) {
-	case *paymentsv1.WatchProviderEventsResponse, *paymentsv1.ListProviderEventsResponse:
-		msg := m.(proto.Message)
-		b, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, 0, proto.Size(msg)), msg)
-		if err != nil {
-			return nil, err
-		}
-		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
-	}
-	return c.CodecV2.Marshal(v)
 }

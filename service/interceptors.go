@@ -11,9 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"buf.build/go/protovalidate"
 	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
-	validatemw "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/protovalidate"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -21,8 +19,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
-
-	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
 
 // RequestIDHeader is the gRPC metadata key and HTTP header that carries a
@@ -60,18 +56,6 @@ func noteReplayed(ctx context.Context) {
 	}
 }
 
-// requestID gives the call paymentsd's own request ID, keeps the caller's
-// valid x-request-id beside it, and answers in the response header with
-// the caller's (echoed, so that it can match the answer to its request)
-// or, if it sent none, paymentsd's.
-func requestID(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	ci := newCallInfo(ctx)
-	// The header goes out with the reply or the error; failing to set it
-	// (no transport stream) must not fail the call.
-	_ = grpc.SetHeader(ctx, metadata.MD{RequestIDHeader: {cmp.Or(ci.callerRequestID, ci.requestID)}})
-	return handler(context.WithValue(ctx, callInfoKey{}, ci), req)
-}
-
 // newCallInfo is a call's callInfo, with its request IDs. It reads the
 // one key (metadata.ValueFromIncomingContext) rather than copying all the
 // metadata (FromIncomingContext) for every call.
@@ -103,59 +87,6 @@ func newRequestID() string {
 	var b [16]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// accessLog writes one line per call. It runs inside requestID and outside
-// recovery, so it sees the request ID and the final code of every call.
-func accessLog(logger *slog.Logger) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		start := time.Now()
-		resp, err := handler(ctx, req)
-		code := status.Code(err)
-		level := slog.LevelInfo
-		switch code {
-		case codes.OK, codes.InvalidArgument, codes.Canceled, codes.NotFound, codes.Aborted:
-		default:
-			level = slog.LevelWarn
-		}
-		if code == codes.Internal || code == codes.Unknown || code == codes.Unauthenticated || code == codes.PermissionDenied {
-			level = slog.LevelError
-		}
-		if !logger.Enabled(ctx, level) {
-			return resp, err
-		}
-		attrs := make([]slog.Attr, 0, 10)
-		attrs = append(attrs,
-			slog.String("method", info.FullMethod),
-			slog.String("code", code.String()),
-			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
-		)
-		if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
-			attrs = append(attrs,
-				slog.String("request_id", ci.requestID),
-				slog.Int("provider_status", ci.providerStatus),
-				slog.Int("attempts", ci.attempts),
-				slog.Bool("replayed", ci.replayed),
-			)
-			if ci.callerRequestID != "" {
-				attrs = append(attrs, slog.String("caller_request_id", ci.callerRequestID))
-			}
-		}
-		if k, ok := req.(interface{ GetIdempotencyKey() string }); ok {
-			attrs = appendKey(attrs, k.GetIdempotencyKey())
-		}
-		if c := CallerFromContext(ctx); c != "" {
-			attrs = append(attrs, slog.String("caller", c))
-		}
-		if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
-			attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()))
-		}
-		if err != nil {
-			attrs = append(attrs, slog.String("error", status.Convert(err).Message()))
-		}
-		logger.LogAttrs(ctx, level, "call", attrs...)
-		return resp, err
-	}
 }
 
 // maxLoggedKey is how much of an idempotency key a log line carries: keys
@@ -194,49 +125,7 @@ func recoverPanic(logger *slog.Logger) func(ctx context.Context, p any) error {
 	}
 }
 
-// validateUnary is go-grpc-middleware's protovalidate interceptor, with one
-// addition: a CreateMultiCardPayment request it refuses carries ErrorInfo
-// REQUEST_NOT_SENT, as every refusal made before the key's record is read
-// does: this call sent nothing, and an earlier valid call with the key may
-// have paid.
-func validateUnary(v protovalidate.Validator) grpc.UnaryServerInterceptor {
-	validate := validatemw.UnaryServerInterceptor(v)
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if info.FullMethod != paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName {
-			return validate(ctx, req, info, handler)
-		}
-		valid := false
-		resp, err := validate(ctx, req, info, func(ctx context.Context, req any) (any, error) {
-			valid = true
-			return handler(ctx, req)
-		})
-		if st, ok := status.FromError(err); err != nil && !valid && ok {
-			if withInfo, err2 := st.WithDetails(notSentInfo()); err2 == nil {
-				err = withInfo.Err()
-			}
-		}
-		return resp, err
-	}
-}
-
-// chainUnary combines interceptors into one, the first outermost, as
-// grpc.ChainUnaryInterceptor does. The REST gateway, which calls the service
-// in-process, goes through the same chain.
-func chainUnary(interceptors ...grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		next := handler
-		for i := len(interceptors) - 1; i >= 0; i-- {
-			next = bind(interceptors[i], info, next)
-		}
-		return next(ctx, req)
-	}
-}
-
-func bind(i grpc.UnaryServerInterceptor, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) grpc.UnaryHandler {
-	return func(ctx context.Context, req any) (any, error) { return i(ctx, req, info, next) }
-}
-
-// streamRequestID is requestID for streams.
+// streamRequestID gives a stream a request ID, as unaryChain does a call.
 func streamRequestID(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ci := newCallInfo(ss.Context())
 	_ = ss.SetHeader(metadata.MD{RequestIDHeader: {cmp.Or(ci.callerRequestID, ci.requestID)}})

@@ -180,6 +180,17 @@ func (b *outbox) pendingFor(key string) *outcome {
 // writeOutcome hands fin, learnt at received, to the outbox and returns its
 // outcome, which the caller may wait on.
 func (s *Service) writeOutcome(fin store.Finish, received time.Time) *outcome {
+	o, pending := s.pendOutcome(fin, received)
+	if pending {
+		go s.land(o)
+	}
+	return o
+}
+
+// pendOutcome is writeOutcome, less the writing: the outcome is pending,
+// its key held, and the caller must call land(o) if pending. When the
+// outbox has stopped it is written (or not) at once, and is not pending.
+func (s *Service) pendOutcome(fin store.Finish, received time.Time) (o *outcome, pending bool) {
 	return s.enqueue(&outcome{fin: fin, received: received, landed: make(chan struct{})})
 }
 
@@ -193,12 +204,15 @@ func (s *Service) writeAgain(os []*outcome) {
 			keyAttrs(o.fin.Key, slog.String("state", o.fin.State.String()), slog.Int("provider_status", o.fin.ProviderStatus),
 				slog.Duration("written_ago", time.Since(o.landedAt)))...)
 		s.claims.hold(o.fin.Owner)
-		s.enqueue(&outcome{fin: o.fin, received: o.received, again: true, landed: make(chan struct{})})
+		if again, pending := s.enqueue(&outcome{fin: o.fin, received: o.received, again: true, landed: make(chan struct{})}); pending {
+			go s.land(again)
+		}
 	}
 }
 
-// enqueue hands o to the outbox, and returns it.
-func (s *Service) enqueue(o *outcome) *outcome {
+// enqueue hands o to the outbox, and returns it, and whether it is
+// pending: then the caller must call land(o).
+func (s *Service) enqueue(o *outcome) (*outcome, bool) {
 	fin := o.fin
 	b := s.outbox
 	b.mu.Lock()
@@ -221,11 +235,10 @@ func (s *Service) enqueue(o *outcome) *outcome {
 		close(o.landed)
 		s.waiters.notify(fin.Key)
 		s.claims.done(fin.Owner)
-		return o
+		return o, false
 	}
 	s.metrics.outcomesPending.Inc()
-	go s.land(o)
-	return o
+	return o, true
 }
 
 // land writes o, retrying until the store takes it or says it never

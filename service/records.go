@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -187,12 +186,21 @@ func (s *Service) send(ctx context.Context, owner string, claimed time.Time, beg
 		return nil, s.sendNothing(ctx, rec.Key, owner, maybeBefore, codes.Unavailable,
 			"paymentsd's record store was too slow to let this call reach the provider in time")
 	}
-	done := make(chan sent, 1)
 	s.sending.Add(1)
+	if _, ok := ctx.Deadline(); !ok {
+		return s.sendHere(ctx, owner, rec, maybeBefore, sendCtx, cancelDetached, release)
+	}
+	done := make(chan sent, 1)
 	go func() {
-		defer s.sending.Done()
-		defer release()
-		done <- s.sendAndRecord(sendCtx, owner, rec, maybeBefore)
+		r := s.sendAndRecord(sendCtx, owner, rec, maybeBefore)
+		release()
+		s.sending.Done()
+		done <- r
+		// The outcome is written on this goroutine, which the caller
+		// does not wait for.
+		if r.pending {
+			s.land(r.out)
+		}
 	}()
 	// The caller's answer waits for the send (and, for a success or a
 	// refusal, for its record: see answer); the send and its record do
@@ -212,6 +220,33 @@ func (s *Service) send(ctx context.Context, owner string, claimed time.Time, beg
 	}
 }
 
+// sendHere is send for a caller that set no deadline, on the caller's
+// goroutine rather than one of its own: its context ends only when the
+// caller goes away (and nobody hears the answer) or at the drain's hard
+// stop, so the answer never has to go out while the request is still at
+// the provider. The request runs with sendCtx, detached from the caller
+// as in send; at the hard stop it is cut off (cancelDetached), and the
+// caller hears what that means for the money. A caller that went away is
+// answered as send would have answered it when it went.
+func (s *Service) sendHere(ctx context.Context, owner string, rec store.Record, maybeBefore bool, sendCtx context.Context, cancelDetached, release func()) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
+	stopOnHardStop := context.AfterFunc(ctx, func() {
+		if errors.Is(context.Cause(ctx), errHardStop) {
+			cancelDetached()
+		}
+	})
+	r := s.sendAndRecord(sendCtx, owner, rec, maybeBefore)
+	stopOnHardStop()
+	release()
+	s.sending.Done()
+	if r.pending {
+		go s.land(r.out)
+	}
+	if ctx.Err() != nil && !errors.Is(context.Cause(ctx), errHardStop) {
+		return nil, s.stillAtProviderError(ctx, rec.Key)
+	}
+	return s.answer(ctx, r)
+}
+
 // sent is what a send learnt, and its outcome on its way to the record.
 type sent struct {
 	reply   *upstream.Reply
@@ -219,11 +254,14 @@ type sent struct {
 	// st is the answer to callErr, nil after a success.
 	st  *status.Status
 	out *outcome
+	// pending: out must still be written (land).
+	pending bool
 }
 
 // sendAndRecord sends rec's body and hands the outcome to the outbox,
-// which writes it to the record however long that takes. It runs detached
-// from the caller, and touches nothing of the caller's call.
+// which writes it to the record however long that takes: the caller must
+// land it if pending. It runs detached from the caller, and touches
+// nothing of the caller's call.
 func (s *Service) sendAndRecord(ctx context.Context, owner string, rec store.Record, maybeBefore bool) sent {
 	reply, callErr := s.client.Send(ctx, rec.Body)
 	received := time.Now()
@@ -234,7 +272,7 @@ func (s *Service) sendAndRecord(ctx context.Context, owner string, rec store.Rec
 		r.st = s.failureStatus(callErr, maybeBefore)
 		fin.Code, fin.LastError = int32(r.st.Code()), r.st.Message()
 	}
-	r.out = s.writeOutcome(fin, received)
+	r.out, r.pending = s.pendOutcome(fin, received)
 	return r
 }
 
@@ -254,15 +292,12 @@ func (s *Service) answer(ctx context.Context, r sent) (*paymentsv1.CreateMultiCa
 	if r.callErr == nil {
 		r.out.wait(ctx, 0)
 		noteProvider(ctx, r.reply.Status, r.reply.Attempts)
-		resp := &paymentsv1.CreateMultiCardPaymentResponse{
+		return &paymentsv1.CreateMultiCardPaymentResponse{
+			Payment:            paymentFor(ctx),
 			PaymentJson:        r.reply.Body,
 			ProviderHttpStatus: int32(r.reply.Status),
 			Environment:        s.env,
-		}
-		if !overREST(ctx) {
-			resp.Payment = r.reply.Payment()
-		}
-		return resp, nil
+		}, nil
 	}
 	if r.out.fin.State == store.StateNotCreated && !r.out.wait(ctx, notCreatedWait) {
 		r.st = s.failureStatus(r.callErr, true)
@@ -456,15 +491,10 @@ func (s *Service) outcome(reply *upstream.Reply, err error, maybeBefore bool) st
 func (s *Service) replay(ctx context.Context, rec store.Record) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	resolved := rec.ProviderStatus == 0
 	reply := rec.Reply
-	var payment *structpb.Struct
-	var err error
 	if resolved {
-		payment, reply, err = resolvedPayment(rec.Reply)
-	} else if err = upstream.CheckReply(rec.Reply); err == nil && !overREST(ctx) {
-		// A REST caller gets the exact bytes and never needs the Struct.
-		payment, err = upstream.DecodeReply(rec.Reply)
+		reply = resolvedReply(rec.Reply)
 	}
-	if err != nil {
+	if err := upstream.CheckReply(reply); err != nil {
 		// The payment exists; of the reasons, only "unknown" never leads a
 		// caller to pay again under a new key.
 		return nil, withDetails(status.New(codes.Internal, "paymentsd's record of this payment could not be read; the payment exists: look it up with GetMultiCardPayment"), s.errorInfo(ReasonOutcomeUnknown, nil))
@@ -473,7 +503,7 @@ func (s *Service) replay(ctx context.Context, rec store.Record) (*paymentsv1.Cre
 	noteProvider(ctx, rec.ProviderStatus, 0)
 	noteReplayed(ctx)
 	return &paymentsv1.CreateMultiCardPaymentResponse{
-		Payment:            payment,
+		Payment:            paymentFor(ctx),
 		PaymentJson:        reply,
 		ProviderHttpStatus: int32(rec.ProviderStatus),
 		Environment:        s.env,
@@ -620,7 +650,8 @@ func (s *Service) noRecordError(key string) error {
 	return status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment (never used here, or its record and tombstone are both past retention)", quoteKey(key), envName(s.env))
 }
 
-// record is the API's view of rec (without its audit entries).
+// record is the API's view of rec (without its audit entries). A
+// succeeded record's payment is paymentFromReply: see withPayment.
 func (s *Service) record(rec store.Record) *paymentsv1.GetMultiCardPaymentResponse {
 	resp := &paymentsv1.GetMultiCardPaymentResponse{
 		IdempotencyKey: rec.Key,
@@ -653,9 +684,10 @@ func (s *Service) record(rec store.Record) *paymentsv1.GetMultiCardPaymentRespon
 	}
 	if rec.State == store.StateSucceeded {
 		if rec.ProviderStatus == 0 {
-			resp.Payment, resp.PaymentJson, _ = resolvedPayment(rec.Reply)
-		} else if p, err := upstream.DecodeReply(rec.Reply); err == nil {
-			resp.Payment = p
+			resp.PaymentJson = resolvedReply(rec.Reply)
+		}
+		if upstream.CheckReply(resp.PaymentJson) == nil {
+			resp.Payment = paymentFromReply
 		}
 	}
 	return resp

@@ -125,6 +125,10 @@ type Server struct {
 	storeOK bool // the record store answers
 	ready   atomic.Bool
 
+	// unary is the gRPC server's unary interceptor chain, which the REST
+	// gateway's calls go through too.
+	unary grpc.UnaryServerInterceptor
+
 	// stopCtx ends when HardStop is called; in-flight handlers' contexts
 	// end with it.
 	stopCtx context.Context
@@ -182,16 +186,14 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	// before the handler, so an invalid request never reaches the provider.
 	// The in-flight cap is not here: it admits gRPC streams as their
 	// headers arrive (InTapHandle) and REST requests before their bodies.
-	chain := chainUnary(
-		metrics.UnaryServerInterceptor(),
-		requestID,
-		identify,
-		accessLog(opts.Logger),
-		allowed.unary,
-		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger))),
-		validateUnary(validator),
-		s.hardStopUnary,
-	)
+	chain := (&unaryChain{
+		metrics:   metrics.UnaryServerInterceptor(),
+		logger:    opts.Logger,
+		gate:      allowed,
+		validator: validator,
+		recovered: recoverPanic(opts.Logger),
+		stop:      s.stopCtx,
+	}).intercept
 
 	// The same, for streams (WatchProviderEvents, health Watch,
 	// reflection).
@@ -205,11 +207,12 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		s.hardStopStream,
 	)
 
+	s.unary = chain
 	grpcOpts := []grpc.ServerOption{
 		grpc.UnaryInterceptor(chain),
 		streamChain,
 		grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
-		grpc.ForceServerCodecV2(newEventCodec()),
+		grpc.ForceServerCodecV2(newServerCodec()),
 		// Reuse handler goroutines, whose stacks have already grown to what
 		// a call needs, instead of starting (and growing) one per call.
 		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))),

@@ -83,10 +83,22 @@ func (s *Store) insertAttemptQuery() string {
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`)
 }
 
+// finishAttemptQuery writes the row of the attempt a record holds in
+// flight, as its holder's outcome is recorded: its number, kind, request
+// ID and start from the record, the rest from the arguments.
+func (s *Store) finishAttemptQuery() string {
+	d := s.d
+	return d.q(`
+		INSERT INTO attempts (` + d.keyCol + `, ` + attemptColumns + `)
+		SELECT ` + d.keyCol + `, attempt_seq, attempt_kind, $2, $3, attempt_request_id, attempt_started_at, $4,
+			$5, $6, $7, $8, $9, $10, $11
+		FROM records WHERE ` + d.keyCol + ` = $1`)
+}
+
 // insertAttempt writes a row for attempt a of key.
 func (s *Store) insertAttempt(ctx context.Context, tx *sql.Tx, key string, a Attempt) error {
 	d := s.d
-	st, err := s.txStmt(ctx, tx, s.insertAttemptQuery())
+	st, err := s.txStmt(ctx, tx, s.hot.insertAttempt)
 	if err != nil {
 		return fmt.Errorf("write attempt: %w", err)
 	}

@@ -238,6 +238,33 @@ type Finish struct {
 	Claimed *Record
 }
 
+// hotQueries are the queries a payment runs, in the store's dialect,
+// built once at Open rather than for every statement.
+type hotQueries struct {
+	// insert claims a new key; lockedSelect reads (and locks) a key's
+	// record.
+	insert, lockedSelect string
+	// finish records an outcome, finishReturning too and reads the record
+	// back; finishAttempt then writes the attempt's row from the record.
+	finish, finishReturning, finishAttempt string
+	// insertAttempt writes an attempt's row from its values.
+	insertAttempt string
+	// get reads a record and the store's clock.
+	get string
+}
+
+func (s *Store) buildHotQueries() hotQueries {
+	return hotQueries{
+		insert:          s.insertQuery(),
+		lockedSelect:    s.d.q(`SELECT ` + recordColumns + ` FROM records WHERE ` + s.d.keyCol + ` = $1 ` + s.d.lockRows),
+		finish:          s.finishQuery(false),
+		finishReturning: s.finishQuery(true),
+		finishAttempt:   s.finishAttemptQuery(),
+		insertAttempt:   s.insertAttemptQuery(),
+		get:             s.d.q(`SELECT ` + recordColumns + `, ` + s.readClock() + ` FROM records WHERE ` + s.d.keyCol + ` = $1 AND tombstoned_at IS NULL`),
+	}
+}
+
 // Landing says how FinishWrite wrote an outcome.
 type Landing int
 
@@ -256,13 +283,17 @@ const (
 
 // writerQueries are the queries every payment runs on the writer.
 func (s *Store) writerQueries() []string {
-	qs := []string{s.insertQuery(), s.lockedSelectQuery(), s.finishQuery(true), s.finishQuery(false), s.insertAttemptQuery()}
+	h := s.hot
+	qs := []string{h.insert, h.lockedSelect, h.finish, h.finishReturning, h.finishAttempt, h.insertAttempt}
 	if s.clock == nil {
 		qs = append(qs, nowQuery)
 	}
 	return qs
 }
 
+// insertQuery inserts a new record, unless the key has one or a tombstone:
+// it changes one row or none. It returns nothing: the record it writes is
+// the claim's, and claimedRecord builds it.
 func (s *Store) insertQuery() string {
 	d := s.d
 	cols, vals := "", ""
@@ -270,8 +301,6 @@ func (s *Store) insertQuery() string {
 		// key_hash is the key's SHA-256, as the tombstone's is.
 		cols, vals = ", "+d.keyCol, ", $16"
 	}
-	// A new record comes back from RETURNING; a conflict, or a tombstone
-	// for the key, returns no row.
 	return d.q(`
 		INSERT INTO records (key, body, body_sha256, currency, amount, state,
 			request_id, trace_id, caller, created_at, updated_at, settle_by,
@@ -279,37 +308,63 @@ func (s *Store) insertQuery() string {
 			attempt_started_at, attempt_seq, attempt_kind, attempt_request_id` + cols + `)
 		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15, $10, 1, ` + attemptCall + `, $7` + vals + `
 		WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE key_sha256 = $16)
-		ON CONFLICT (` + d.keyCol + `) DO NOTHING
-		RETURNING ` + recordColumns)
+		ON CONFLICT (` + d.keyCol + `) DO NOTHING`)
 }
 
-func (s *Store) lockedSelectQuery() string {
-	return s.d.q(`SELECT ` + recordColumns + ` FROM records WHERE ` + s.d.keyCol + ` = $1 ` + s.d.lockRows)
+// claimedRecord is the record that insertQuery writes for c at now, as
+// reading it back would give it: every column insertQuery leaves out has
+// its default (no attempts, reply or error yet, prior state 0, never
+// tombstoned or resolved), and every time is now plus a duration, at the
+// microsecond both backends keep.
+func claimedRecord(c Claim, now time.Time) Record {
+	now = now.Truncate(time.Microsecond).UTC()
+	return Record{
+		Key:              c.Key,
+		Body:             c.Body,
+		BodySHA256:       c.BodySHA256,
+		Currency:         c.Currency,
+		Amount:           c.Amount,
+		State:            StateInProgress,
+		RequestID:        c.RequestID,
+		TraceID:          c.TraceID,
+		Caller:           c.Caller,
+		CreatedAt:        now,
+		UpdatedAt:        now,
+		SettleBy:         storedTime(now.Add(c.Window)),
+		LeaseOwner:       c.Owner,
+		LeaseExpiresAt:   storedTime(now.Add(c.LeaseTTL)),
+		QuietUntil:       storedTime(now.Add(c.LeaseTTL + c.Quiet)),
+		AttemptStartedAt: now,
+		AttemptSeq:       1,
+		AttemptKind:      AttemptCall,
+		AttemptRequestID: c.RequestID,
+		ReadAt:           now,
+	}
 }
+
+// storedTime is t as a time column gives it back: UTC, to the
+// microsecond.
+func storedTime(t time.Time) time.Time { return t.Truncate(time.Microsecond).UTC() }
 
 // attemptCall is AttemptCall in SQL.
 const attemptCall = "1"
 
-// finishQuery records an outcome on the record its owner still holds.
-// Without returning it reads back only what the attempt's row needs.
+// finishQuery records an outcome on the record its owner still holds: it
+// changes one row, or none when the owner no longer holds it. With
+// returning it reads back the record it wrote.
 func (s *Store) finishQuery(returning bool) string {
 	d := s.d
-	if !returning {
-		return d.q(`
+	q := `
 		UPDATE records SET state = $3, attempts = attempts + $4, provider_status = $5,
 			reply = $6, last_error = $7, code = $8, updated_at = $9, next_settle_at = $10,
 			settle_attempts = settle_attempts + $11, lease_owner = '', lease_expires_at = $12,
 			quiet_until = $14
-		WHERE ` + d.keyCol + ` = $1 AND lease_owner = $2 AND state = $13
-		RETURNING attempt_seq, attempt_kind, attempt_request_id, attempt_started_at`)
+		WHERE ` + d.keyCol + ` = $1 AND lease_owner = $2 AND state = $13`
+	if returning {
+		q += `
+		RETURNING ` + recordColumns
 	}
-	return d.q(`
-		UPDATE records SET state = $3, attempts = attempts + $4, provider_status = $5,
-			reply = $6, last_error = $7, code = $8, updated_at = $9, next_settle_at = $10,
-			settle_attempts = settle_attempts + $11, lease_owner = '', lease_expires_at = $12,
-			quiet_until = $14
-		WHERE ` + d.keyCol + ` = $1 AND lease_owner = $2 AND state = $13
-		RETURNING ` + recordColumns)
+	return d.q(q)
 }
 
 // recordColumns are the records columns in the order scanRecord reads.
@@ -418,20 +473,20 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, c Claim, now time.Time) (
 			c.RequestID, c.TraceID, c.Caller, d.t(now), d.t(now.Add(c.Window)),
 			d.t(time.Time{}), c.Owner, d.t(now.Add(c.LeaseTTL)), d.t(now.Add(c.LeaseTTL + c.Quiet)),
 			keySum[:]}
-		ins, err := s.txStmt(ctx, tx, s.insertQuery())
+		ins, err := s.txStmt(ctx, tx, s.hot.insert)
 		if err != nil {
 			return Began{}, err
 		}
-		rows, err := ins.QueryContext(ctx, args...)
+		res, err := ins.ExecContext(ctx, args...)
 		if err != nil {
 			return Began{}, err
 		}
-		inserted, err := scanRecords(rows, now)
+		inserted, err := res.RowsAffected()
 		if err != nil {
 			return Began{}, err
 		}
-		if len(inserted) == 1 {
-			return Began{Outcome: Acquired, Record: inserted[0]}, nil
+		if inserted == 1 {
+			return Began{Outcome: Acquired, Record: claimedRecord(c, now)}, nil
 		}
 		r, err := s.getRecordTx(ctx, tx, c.Key)
 		if errors.Is(err, ErrNotFound) {
@@ -529,7 +584,7 @@ func (s *Store) decide(ctx context.Context, tx *sql.Tx, c Claim, r Record, now t
 
 // getRecordTx reads and locks key's record in tx.
 func (s *Store) getRecordTx(ctx context.Context, tx *sql.Tx, key string) (Record, error) {
-	st, err := s.txStmt(ctx, tx, s.lockedSelectQuery())
+	st, err := s.txStmt(ctx, tx, s.hot.lockedSelect)
 	if err != nil {
 		return Record{}, err
 	}
@@ -625,7 +680,11 @@ func (s *Store) finishOp(f Finish, returning bool) (func(context.Context, *sql.T
 		settle = 1
 	}
 	return func(ctx context.Context, tx *sql.Tx, now time.Time) (Record, Landing, error) {
-		st, err := s.txStmt(ctx, tx, s.finishQuery(returning))
+		query := s.hot.finish
+		if returning {
+			query = s.hot.finishReturning
+		}
+		st, err := s.txStmt(ctx, tx, query)
 		if err != nil {
 			return Record{}, 0, err
 		}
@@ -639,51 +698,43 @@ func (s *Store) finishOp(f Finish, returning bool) (func(context.Context, *sql.T
 		args := []any{d.k(f.Key), f.Owner, int(f.State), f.AddAttempts, f.ProviderStatus,
 			f.Reply, f.LastError, f.Code, d.t(now), d.t(next),
 			settle, d.t(time.Time{}), int(StateInProgress), d.t(quiet)}
-		rows, err := st.QueryContext(ctx, args...)
-		if err != nil {
-			return Record{}, 0, err
-		}
 		var r Record
-		var n int
+		var held bool
 		if returning {
+			rows, err := st.QueryContext(ctx, args...)
+			if err != nil {
+				return Record{}, 0, err
+			}
 			rs, err := scanRecords(rows, now)
 			if err != nil {
 				return Record{}, 0, err
 			}
-			if n = len(rs); n > 0 {
+			if held = len(rs) > 0; held {
 				r = rs[0]
 			}
 		} else {
-			err := func() error {
-				defer rows.Close()
-				for rows.Next() {
-					var kind int
-					if err := rows.Scan(&r.AttemptSeq, &kind, &r.AttemptRequestID, timeCol{&r.AttemptStartedAt}); err != nil {
-						return err
-					}
-					r.AttemptKind = AttemptKind(kind)
-					n++
-				}
-				return rows.Err()
-			}()
+			res, err := st.ExecContext(ctx, args...)
 			if err != nil {
 				return Record{}, 0, err
 			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return Record{}, 0, err
+			}
+			held = n > 0
 		}
-		if n == 0 {
+		if !held {
 			return s.finishWithoutLease(ctx, tx, f, now, returning)
 		}
-		err = s.insertAttempt(ctx, tx, f.Key, Attempt{
-			Number: r.AttemptSeq, Kind: r.AttemptKind, Owner: f.Owner, Replica: ownerProcess(f.Owner),
-			RequestID: r.AttemptRequestID, StartedAt: r.AttemptStartedAt, EndedAt: now,
-			ProviderStatus: f.ProviderStatus, HTTPRequests: f.AddAttempts, Reply: f.Reply,
-			State: f.State, Code: f.Code, Error: f.LastError,
-		})
+		// The attempt's number, kind, request ID and start are the
+		// record's, which the UPDATE left as they were.
+		at, err := s.txStmt(ctx, tx, s.hot.finishAttempt)
 		if err != nil {
-			return Record{}, 0, err
+			return Record{}, 0, fmt.Errorf("write attempt: %w", err)
 		}
-		if !returning {
-			return Record{}, Landed, nil
+		if _, err := at.ExecContext(ctx, d.k(f.Key), f.Owner, ownerProcess(f.Owner), d.t(now),
+			f.ProviderStatus, f.AddAttempts, f.Reply, int(f.State), f.Code, f.LastError, false); err != nil {
+			return Record{}, 0, fmt.Errorf("write attempt: %w", err)
 		}
 		return r, Landed, nil
 	}, nil
@@ -854,7 +905,7 @@ func (s *Store) Get(ctx context.Context, key string) (Record, error) {
 		return Record{}, fmt.Errorf("get %.64q: %w", key, ErrNotFound)
 	}
 	r, err := func() (Record, error) {
-		st, err := s.prepared(ctx, s.r, s.d.q(`SELECT `+recordColumns+`, `+s.readClock()+` FROM records WHERE `+s.d.keyCol+` = $1 AND tombstoned_at IS NULL`))
+		st, err := s.prepared(ctx, s.r, s.hot.get)
 		if err != nil {
 			return Record{}, err
 		}

@@ -198,6 +198,8 @@ type Store struct {
 	// stmts caches prepared statements by database and query (SQLite
 	// only).
 	stmts sync.Map // stmtKey → *sql.Stmt
+	// hot are the queries of the payments' path.
+	hot hotQueries
 }
 
 type stmtKey struct {
@@ -337,6 +339,7 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 		}
 		s.d, s.w, s.r, s.pg = postgresDialect, db, db, mode
 	}
+	s.hot = s.buildHotQueries()
 	s.batch = newBatcher(s)
 
 	cctx, cancel := context.WithTimeout(ctx, opts.connectTimeout())

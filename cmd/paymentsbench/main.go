@@ -74,6 +74,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -113,6 +114,15 @@ type options struct {
 	pprofPath    string // which path's first c=32 round to profile
 	gogc         string // GOGC for paymentsd only, or "" for its default
 	smoke        bool
+	// baseline is a git revision whose paymentsd is measured beside this
+	// tree's, on every paymentsd path, in the same rounds (see
+	// baselineSuffix); "" measures this tree's alone.
+	baseline string
+	// only, if not empty, names the paths measured (with direct, and each
+	// one's baseline); the others' processes start but take no calls.
+	only map[string]bool
+	// rss: measure peak RSS.
+	rss bool
 }
 
 func parseOptions(args []string, stderr io.Writer) (*options, error) {
@@ -133,8 +143,17 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.pprofPath, "pprof-path", "grpc/sqlite", "the path -pprof profiles")
 	fs.StringVar(&o.gogc, "paymentsd-gogc", "", "if set, GOGC for the paymentsd processes only (for A/B runs); the floors keep the Go default")
 	fs.BoolVar(&o.smoke, "smoke", false, "tiny run of every phase, for CI; writes bench-results/smoke.json unless -out is given")
+	fs.StringVar(&o.baseline, "baseline", "", "a git revision (such as main or HEAD~1) whose paymentsd is built and measured beside this tree's on every paymentsd path, interleaved in the same rounds, as PATH"+baselineSuffix+": a before/after comparison from one run")
+	only := fs.String("only", "", "comma-separated paths to measure (such as grpc/sqlite,rest/sqlite,grpc/memory), with direct and, with -baseline, their baselines; empty measures every path")
+	fs.BoolVar(&o.rss, "rss", true, "measure peak RSS with -rss-inflight calls in flight (of the paths measured)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return nil, err
+	}
+	if *only != "" {
+		o.only = map[string]bool{}
+		for _, p := range strings.Split(*only, ",") {
+			o.only[strings.TrimSpace(p)] = true
+		}
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
@@ -216,6 +235,14 @@ func benchmark(ctx context.Context, opts *options, logw io.Writer) (_ *results, 
 	if env.paymentsd, err = buildPaymentsd(ctx, tmp, env.pprof, logw); err != nil {
 		return nil, err
 	}
+	if opts.baseline != "" {
+		fmt.Fprintf(logw, "building paymentsd at %s…\n", opts.baseline)
+		var commit string
+		if env.baseline, commit, err = buildBaseline(ctx, opts.baseline, tmp, logw); err != nil {
+			return nil, err
+		}
+		env.baselineRev = opts.baseline + " (" + commit + ")"
+	}
 	if env.self, err = os.Executable(); err != nil {
 		return nil, err
 	}
@@ -233,6 +260,7 @@ func benchmark(ctx context.Context, opts *options, logw io.Writer) (_ *results, 
 		Warmup:       opts.warmup,
 		Postgres:     opts.postgres != "",
 		SQLiteDriver: sqliteDriver(),
+		Baseline:     env.baselineRev,
 	}
 	if fi, err := os.Stat(env.paymentsd); err == nil {
 		res.BinaryBytes = fi.Size()
@@ -245,11 +273,14 @@ func benchmark(ctx context.Context, opts *options, logw io.Writer) (_ *results, 
 	if res.Phases, err = env.measurePaths(ctx, opts, tick, logw); err != nil {
 		return nil, err
 	}
-	if res.PeakRSS, err = env.peakRSS(ctx, opts, logw); err != nil {
-		return nil, fmt.Errorf("peak RSS: %w", err)
+	if opts.rss {
+		if res.PeakRSS, err = env.peakRSS(ctx, opts, logw); err != nil {
+			return nil, fmt.Errorf("peak RSS: %w", err)
+		}
 	}
 	res.Checks = checkTargets(res)
 	res.RecordFloors = recordFloorRatios(res)
+	res.AgainstBaseline = baselineComparison(res)
 	return res, nil
 }
 
@@ -326,22 +357,37 @@ func (e *environment) measurePaths(ctx context.Context, opts *options, tick time
 					call: postPayment(httpClient, "http://"+rp.addr+"/v1/multi-card-payments", "")},
 				&path{name: recordGRPC, proto: "grpc", floor: "grpc-floor", proc: rg.Process, call: grpcPayment(rgClient)})
 		}
-		svc, err := e.startPaymentsd(ctx, "paymentsd-"+st, st, fake)
-		if err != nil {
-			return nil, err
+		binaries := []string{e.paymentsd}
+		if e.baseline != "" {
+			binaries = append(binaries, e.baseline)
 		}
-		defer svc.Stop()
-		client, err := grpcClient(svc.grpcAddr)
-		if err != nil {
-			return nil, err
+		for _, bin := range binaries {
+			suffix := ""
+			if bin == e.baseline {
+				suffix = baselineSuffix
+			}
+			svc, err := e.startPaymentsd(ctx, "paymentsd-"+st+strings.ReplaceAll(suffix, "@", "-"), bin, st, fake)
+			if err != nil {
+				return nil, err
+			}
+			defer svc.Stop()
+			client, err := grpcClient(svc.grpcAddr)
+			if err != nil {
+				return nil, err
+			}
+			paths = append(paths, &path{name: "grpc/" + st + suffix, proto: "grpc", api: "grpc", store: st, floor: "grpc-floor", recordFloor: recordGRPC,
+				proc: svc.Process, svc: svc, call: grpcPayment(client), baseline: suffix != ""})
+			if st == storeMemory {
+				continue // only to price the store, on the gRPC path
+			}
+			paths = append(paths, &path{name: "rest/" + st + suffix, proto: "http", api: "rest", store: st, floor: "proxy-floor", recordFloor: recordProxy,
+				proc: svc.Process, svc: svc, call: postPayment(httpClient, "http://"+svc.httpAddr+"/v1/multi-card-payments", ""), baseline: suffix != ""})
 		}
-		paths = append(paths, &path{name: "grpc/" + st, proto: "grpc", api: "grpc", store: st, floor: "grpc-floor", recordFloor: recordGRPC,
-			proc: svc.Process, svc: svc, call: grpcPayment(client)})
-		if st == storeMemory {
-			continue // only to price the store, on the gRPC path
-		}
-		paths = append(paths, &path{name: "rest/" + st, proto: "http", api: "rest", store: st, floor: "proxy-floor", recordFloor: recordProxy,
-			proc: svc.Process, svc: svc, call: postPayment(httpClient, "http://"+svc.httpAddr+"/v1/multi-card-payments", "")})
+	}
+	if len(opts.only) > 0 {
+		paths = slices.DeleteFunc(paths, func(p *path) bool {
+			return p.name != "direct" && !opts.only[strings.TrimSuffix(p.name, baselineSuffix)]
+		})
 	}
 
 	levels := []struct{ concurrency, requests int }{

@@ -31,7 +31,10 @@ type phaseResult struct {
 	// RecordFloor is the record floor of paymentsd's path and store (see
 	// recordFloor), "" for the other paths and the in-memory store.
 	RecordFloor string `json:"record_floor,omitempty"`
-	Concurrency int    `json:"concurrency"`
+	// Baseline: the path is paymentsd as built at -baseline, and its name
+	// ends in baselineSuffix.
+	Baseline    bool `json:"baseline,omitempty"`
+	Concurrency int  `json:"concurrency"`
 	// Requests counts the measured calls of every round together.
 	Requests int `json:"requests"`
 	Rounds   int `json:"rounds"`
@@ -117,7 +120,8 @@ type sample struct {
 
 // summarize pools the rounds of one phase.
 func summarize(p *path, concurrency int, samples []sample) phaseResult {
-	r := phaseResult{Path: p.name, API: p.api, Store: p.store, Floor: p.floor, RecordFloor: p.recordFloor, Concurrency: concurrency, Rounds: len(samples)}
+	r := phaseResult{Path: p.name, API: p.api, Store: p.store, Floor: p.floor, RecordFloor: p.recordFloor, Baseline: p.baseline,
+		Concurrency: concurrency, Rounds: len(samples)}
 	ops := map[string]float64{}
 	window := map[float64]float64{}
 	var commits float64
@@ -220,6 +224,8 @@ type path struct {
 	proc *proc.Process
 	// svc is set for paymentsd, whose /metrics are read.
 	svc *serviceProcess
+	// baseline: the path is paymentsd built at -baseline.
+	baseline bool
 }
 
 // meter runs phases against one fake provider.

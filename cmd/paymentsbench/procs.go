@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"example.com/paymentsd/internal/proc"
@@ -19,6 +23,9 @@ type environment struct {
 	dbs         *databases
 	pprof       bool   // paymentsd was built to write CPU profiles
 	gogc        string // GOGC for paymentsd, or ""
+	// baseline is the paymentsd binary built at -baseline, or "", and
+	// baselineRev names its revision and commit.
+	baseline, baselineRev string
 }
 
 // benchProfileEnv names the file a paymentsd built with the benchprofile
@@ -38,6 +45,49 @@ func buildPaymentsd(ctx context.Context, dir string, profile bool, stderr io.Wri
 		tags = append(tags, "benchprofile")
 	}
 	return proc.BuildPaymentsd(ctx, dir, tags, stderr)
+}
+
+// baselineSuffix ends the names of the paths (and processes) of the
+// paymentsd built at -baseline: grpc/sqlite@base is grpc/sqlite as it was.
+const baselineSuffix = "@base"
+
+// buildBaseline builds paymentsd as it was at the git revision rev, from a
+// copy of the module at rev (git archive) in dir, with this binary's build
+// tags, and returns the binary and the commit it was built from. It must
+// run from inside the module's git work tree.
+func buildBaseline(ctx context.Context, rev, dir string, stderr io.Writer) (bin, commit string, err error) {
+	out, err := exec.CommandContext(ctx, "git", "rev-parse", "--verify", rev+"^{commit}").Output()
+	if err != nil {
+		return "", "", fmt.Errorf("-baseline %s: not a commit of this repository: %w", rev, err)
+	}
+	commit = strings.TrimSpace(string(out))
+	src := filepath.Join(dir, "baseline-src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return "", "", err
+	}
+	archive := exec.CommandContext(ctx, "git", "archive", "--format=tar", commit)
+	untar := exec.CommandContext(ctx, "tar", "-x", "-C", src)
+	if untar.Stdin, err = archive.StdoutPipe(); err != nil {
+		return "", "", err
+	}
+	archive.Stderr, untar.Stderr = stderr, stderr
+	if err := untar.Start(); err != nil {
+		return "", "", err
+	}
+	if err := errors.Join(archive.Run(), untar.Wait()); err != nil {
+		return "", "", fmt.Errorf("-baseline %s: copy the tree: %w", rev, err)
+	}
+	bin = filepath.Join(dir, "paymentsd-baseline")
+	args := []string{"build", "-C", src, "-o", bin}
+	if tags := proc.BuildTags(); len(tags) > 0 {
+		args = append(args, "-tags="+strings.Join(tags, ","))
+	}
+	build := exec.CommandContext(ctx, "go", append(args, "./cmd/paymentsd")...)
+	build.Stdout, build.Stderr = stderr, stderr
+	if err := build.Run(); err != nil {
+		return "", "", fmt.Errorf("-baseline %s: build paymentsd: %w", rev, err)
+	}
+	return bin, commit, nil
 }
 
 // sqliteDriver is the SQLite driver module this binary (and so paymentsd
@@ -95,7 +145,7 @@ type serviceProcess struct {
 // with a fresh database of the store kind, at the default log level, so
 // that every call writes its access-log line as in production. extraEnv
 // adds or overrides settings.
-func (e *environment) startPaymentsd(ctx context.Context, name, storeKind string, fake *fakeProcess, extraEnv ...string) (*serviceProcess, error) {
+func (e *environment) startPaymentsd(ctx context.Context, name, binary, storeKind string, fake *fakeProcess, extraEnv ...string) (*serviceProcess, error) {
 	dbURL, err := e.dbs.url(ctx, storeKind, name)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -109,7 +159,7 @@ func (e *environment) startPaymentsd(ctx context.Context, name, storeKind string
 		"PAYMENTS_DATABASE_URL=" + dbURL,
 	}
 	var profile string
-	if e.pprof {
+	if e.pprof && binary == e.paymentsd {
 		profile = filepath.Join(e.dbs.dir, name+".pprof")
 		env = append(env, benchProfileEnv+"="+profile)
 	}
@@ -117,7 +167,7 @@ func (e *environment) startPaymentsd(ctx context.Context, name, storeKind string
 		env = append(env, "GOGC="+e.gogc)
 	}
 	env = append(env, extraEnv...)
-	c, ready, err := proc.Start(ctx, proc.Command{Name: name, Path: e.paymentsd, Env: env})
+	c, ready, err := proc.Start(ctx, proc.Command{Name: name, Path: binary, Env: env})
 	if err != nil {
 		return nil, err
 	}

@@ -16,10 +16,10 @@ import (
 
 // recordFloor is what every service with durable records must add to its
 // floor, and no more: one INSERT of the request, committed before the
-// request is forwarded, and one UPDATE with the answer after it, committed
-// before the answer is given, as paymentsd commits a success before it
-// answers. Both go through store.Store.FloorExec, so they run with paymentsd's driver,
-// pragmas (WAL, synchronous=FULL) and group commit, on a table of their
+// request is forwarded, and one UPDATE with the answer, committed before
+// it answers (as paymentsd's record of an outcome is). Both go through
+// store.Store.FloorExec, so they run with paymentsd's driver, pragmas
+// (WAL, synchronous=FULL) and group commit, on a table of their
 // own in a database opened by store.Open. The floors run with it when
 // given -db (see runFloor).
 type recordFloor struct{ st *store.Store }

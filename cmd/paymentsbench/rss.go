@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,10 +53,18 @@ type rssResult struct {
 // flight at once.
 func (e *environment) peakRSS(ctx context.Context, opts *options, logw io.Writer) ([]rssResult, error) {
 	var out []rssResult
-	for _, target := range []struct{ path, floor string }{
+	type target struct{ path, floor string }
+	targets := []target{
 		{"grpc-floor", ""}, {"record-grpc/sqlite", "grpc-floor"}, {"grpc/sqlite", "record-grpc/sqlite"},
 		{"proxy-floor", ""}, {"record-proxy/sqlite", "proxy-floor"}, {"rest/sqlite", "record-proxy/sqlite"},
-	} {
+	}
+	if e.baseline != "" {
+		targets = append(targets, target{"grpc/sqlite" + baselineSuffix, "record-grpc/sqlite"}, target{"rest/sqlite" + baselineSuffix, "record-proxy/sqlite"})
+	}
+	if len(opts.only) > 0 {
+		targets = slices.DeleteFunc(targets, func(t target) bool { return !opts.only[strings.TrimSuffix(t.path, baselineSuffix)] })
+	}
+	for _, target := range targets {
 		fmt.Fprintf(logw, "peak RSS: %s, %d calls in flight, replies delayed %v…\n", target.path, opts.rssInFlight, opts.rssDelay)
 		r, err := e.peakRSSOf(ctx, target.path, opts)
 		if err != nil {
@@ -101,7 +110,12 @@ func (e *environment) peakRSSOf(ctx context.Context, pathName string, opts *opti
 		// Every call must be in flight at once: the caps on calls and
 		// connections are raised above n for this process.
 		limit := strconv.Itoa(2*n + 100)
-		svc, err := e.startPaymentsd(ctx, "paymentsd-rss-"+strings.ReplaceAll(pathName, "/", "-"), storeSQLite, fake,
+		bin := e.paymentsd
+		if strings.HasSuffix(pathName, baselineSuffix) {
+			bin = e.baseline
+		}
+		name := strings.NewReplacer("/", "-", "@", "-").Replace(pathName)
+		svc, err := e.startPaymentsd(ctx, "paymentsd-rss-"+name, bin, storeSQLite, fake,
 			"PAYMENTS_MAX_IN_FLIGHT="+limit, "PAYMENTS_MAX_CONNECTIONS="+limit)
 		if err != nil {
 			return r, err
