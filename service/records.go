@@ -187,7 +187,7 @@ func (s *Service) send(ctx context.Context, owner string, claimed time.Time, beg
 			"paymentsd's record store was too slow to let this call reach the provider in time")
 	}
 	s.sending.Add(1)
-	if _, ok := ctx.Deadline(); !ok {
+	if _, ok := ctx.Deadline(); !ok && !overREST(ctx) {
 		return s.sendHere(ctx, owner, rec, maybeBefore, sendCtx, cancelDetached, release)
 	}
 	done := make(chan sent, 1)
@@ -220,11 +220,15 @@ func (s *Service) send(ctx context.Context, owner string, claimed time.Time, beg
 	}
 }
 
-// sendHere is send for a caller that set no deadline, on the caller's
-// goroutine rather than one of its own: its context ends only when the
-// caller goes away (and nobody hears the answer) or at the drain's hard
-// stop, so the answer never has to go out while the request is still at
-// the provider. The request runs with sendCtx, detached from the caller
+// sendHere is send for a gRPC caller that set no deadline, on the
+// caller's goroutine rather than one of its own: its context ends only
+// when the caller goes away (and nobody hears the answer) or at the
+// drain's hard stop, so the answer never has to go out while the request
+// is still at the provider. A gRPC caller that goes away frees its
+// in-flight slot and its stream as its stream ends, however long the
+// handler runs on. A REST caller's call holds its in-flight slot (and its
+// connection) until the handler returns, so a REST caller that goes away
+// must be answered at once, as send does: it never comes here. The request runs with sendCtx, detached from the caller
 // as in send; at the hard stop it is cut off (cancelDetached), and the
 // caller hears what that means for the money. A caller that went away is
 // answered as send would have answered it when it went.
