@@ -60,7 +60,8 @@ func TestRESTMarshalerMatchesProtojson(t *testing.T) {
 // TestRESTPaymentIsExact: when the provider's bytes are known, REST writes
 // them as payment, every digit intact, whatever the Struct holds.
 func TestRESTPaymentIsExact(t *testing.T) {
-	exact := []byte(`{"id":"p","big":9007199254740993,"huge":12345678901234567891,"html":"<&>"}`)
+	// Whitespace as the provider sent it, kept too.
+	exact := []byte("{ \"id\": \"p\",\n\t\"big\":9007199254740993, \"huge\":12345678901234567891,\"html\":\"<&>\" }")
 	m := restMarshaler{&runtime.JSONPb{MarshalOptions: protojson.MarshalOptions{EmitUnpopulated: true}}}
 	for _, v := range []any{
 		&paymentsv1.CreateMultiCardPaymentResponse{Payment: &structpb.Struct{}, PaymentJson: exact},
