@@ -3,6 +3,8 @@
 package store
 
 import (
+	"errors"
+	sqlite3 "github.com/mattn/go-sqlite3"
 	"net/url"
 	"strings"
 
@@ -28,4 +30,11 @@ func SQLiteDSN(path string, immediate bool, pragmas ...string) string {
 			name, value, _ := strings.Cut(strings.TrimSuffix(p, ")"), "(")
 			return "_" + name + "=" + url.QueryEscape(value)
 		})
+}
+
+// sqliteBusy reports whether err is SQLite's SQLITE_BUSY: another
+// connection holds a lock.
+func sqliteBusy(err error) bool {
+	var e sqlite3.Error
+	return errors.As(err, &e) && e.Code == sqlite3.ErrBusy
 }

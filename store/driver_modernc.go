@@ -3,6 +3,9 @@
 package store
 
 import (
+	"errors"
+	sqlite "modernc.org/sqlite"
+
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 )
 
@@ -19,4 +22,11 @@ const SQLiteDriver = "sqlite"
 // pragmas, written "name(value)", run on every new connection.
 func SQLiteDSN(path string, immediate bool, pragmas ...string) string {
 	return path + "?" + sqliteParams(immediate, pragmas, func(p string) string { return "_pragma=" + p })
+}
+
+// sqliteBusy reports whether err is SQLite's SQLITE_BUSY (an extended
+// code's primary code included): another connection holds a lock.
+func sqliteBusy(err error) bool {
+	var e *sqlite.Error
+	return errors.As(err, &e) && e.Code()&0xff == 5 // SQLITE_BUSY
 }

@@ -3,6 +3,8 @@
 package store
 
 import (
+	"errors"
+	"github.com/ncruces/go-sqlite3"
 	"net/url"
 
 	_ "github.com/ncruces/go-sqlite3/driver" // registers the "sqlite3" database/sql driver
@@ -23,4 +25,11 @@ const SQLiteDriver = "sqlite3"
 func SQLiteDSN(path string, immediate bool, pragmas ...string) string {
 	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" +
 		sqliteParams(immediate, pragmas, func(p string) string { return "_pragma=" + url.QueryEscape(p) })
+}
+
+// sqliteBusy reports whether err is SQLite's SQLITE_BUSY: another
+// connection holds a lock.
+func sqliteBusy(err error) bool {
+	// An *sqlite3.Error, or the bare code the driver returns for some.
+	return errors.Is(err, sqlite3.BUSY)
 }

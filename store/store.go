@@ -344,6 +344,22 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 
 	cctx, cancel := context.WithTimeout(ctx, opts.connectTimeout())
 	err := s.w.PingContext(cctx)
+	// A new connection to a SQLite file runs its pragmas, and the one
+	// that puts a new file in WAL mode may find another process (a
+	// replica starting beside this one) holding a lock, and fail at once
+	// rather than wait out busy_timeout: try again until the connect
+	// timeout.
+	for delay := 5 * time.Millisecond; s.pg == nil && sqliteBusy(err); delay = min(2*delay, 200*time.Millisecond) {
+		t := time.NewTimer(delay)
+		select {
+		case <-cctx.Done():
+		case <-t.C:
+			err = s.w.PingContext(cctx)
+			continue
+		}
+		t.Stop()
+		break
+	}
 	timedOut := cctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	if err != nil {
