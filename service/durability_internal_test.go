@@ -577,3 +577,53 @@ func TestShutdownLogsWhatIsPending(t *testing.T) {
 		t.Errorf("record = %v, want InProgress (for settlement)", r.State)
 	}
 }
+
+// TestClaimStuckAnsweredByDeadline: the transaction that holds a call's
+// claim stops answering (a primary gone while a pooler queues its
+// statements). The call is answered by paymentsd before the caller's
+// deadline, with what it knows (its claim may commit yet; it sent
+// nothing), not left to the caller's own bare DEADLINE_EXCEEDED; and once
+// the transaction goes through, the claim is released for settlement
+// rather than held by nobody.
+func TestClaimStuckAnsweredByDeadline(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10*time.Second, nil)
+	release := f.faults.HangStatements(claimSQL)
+	defer release()
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	answered := make(chan struct{})
+	go func() {
+		// Held past the caller's deadline; before the fix, the call was
+		// answered only once the transaction went through.
+		select {
+		case <-answered:
+		case <-time.After(2 * time.Second):
+		}
+		release()
+	}()
+	_, err := f.svc.CreateMultiCardPayment(ctx, payment("stuck"))
+	late := ctx.Err() != nil
+	close(answered)
+	if late {
+		t.Errorf("call answered %v after the caller's deadline, want paymentsd's answer before it", err)
+	}
+	if r := reasonOf(err); r != ReasonOutcomeUnknown && r != ReasonNotSent {
+		t.Errorf("call = %v (%s), want %s or %s", err, r, ReasonOutcomeUnknown, ReasonNotSent)
+	}
+	release()
+	// The claim commits, and the outcome the call handed the outbox
+	// releases it.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		r, err := f.store.Get(t.Context(), "stuck")
+		if err == nil && r.State == store.StateOutcomeUnknown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record = %v, %v; never OutcomeUnknown", r.State, err)
+		}
+	}
+	if n := len(f.p.Requests()); n != 0 {
+		t.Errorf("provider saw %d requests, want none", n)
+	}
+}

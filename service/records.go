@@ -766,7 +766,14 @@ func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) 
 		return s.notStorableError("idempotency_key")
 	}
 	mayHaveCommitted := errors.Is(err, store.ErrCommitUnknown)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recheckTimeout)
+	wait := recheckTimeout
+	if ctx.Err() != nil {
+		// The caller's deadline, less the margin kept to answer it
+		// (answerBeforeDeadline), has come: the record is read only
+		// while the answer can still reach the caller.
+		wait = recheckAfterDeadline
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
 	defer cancel()
 	rec, gerr := s.store.Get(rctx, claim.Key)
 	switch {
@@ -848,6 +855,10 @@ func (s *Service) lookupError(ctx context.Context, err error) error {
 
 // recheckTimeout bounds reading a key's record after its claim failed.
 const recheckTimeout = 500 * time.Millisecond
+
+// recheckAfterDeadline bounds that read once the caller's deadline (less
+// its margin) has passed.
+const recheckAfterDeadline = 25 * time.Millisecond
 
 // quietError answers a call for a key whose last request may still be at
 // the provider: nothing may be sent with the key until its quiet period

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +70,9 @@ const (
 	opQueued int32 = iota
 	opTaken
 	opAbandoned
+	// opDetached: taken, and then its caller stopped waiting
+	// (runDetachable).
+	opDetached
 )
 
 // take reports whether the batcher may run op: its caller has not given
@@ -134,6 +138,19 @@ func (b *batcher) submit(op *batchOp) {
 // into a batch, it waits even if ctx ends: an operation that has run must
 // learn whether it committed.
 func (b *batcher) run(ctx context.Context, fn func(context.Context, *sql.Tx, time.Time) error) error {
+	return b.wait(ctx, fn, false)
+}
+
+// runDetachable is run for an operation whose caller must answer by its
+// deadline even if the batch that took fn is stuck (a database that stopped
+// answering mid-transaction, a pooler queueing it): once ctx ends it
+// returns ErrCommitUnknown at once, and the batch may yet commit fn, or
+// not. If the batch fails, fn is not tried again on its own.
+func (b *batcher) runDetachable(ctx context.Context, fn func(context.Context, *sql.Tx, time.Time) error) error {
+	return b.wait(ctx, fn, true)
+}
+
+func (b *batcher) wait(ctx context.Context, fn func(context.Context, *sql.Tx, time.Time) error, detachable bool) error {
 	op := &batchOp{ctx: ctx, fn: fn, errc: make(chan error, 1)}
 	b.submit(op)
 	select {
@@ -142,6 +159,9 @@ func (b *batcher) run(ctx context.Context, fn func(context.Context, *sql.Tx, tim
 	case <-ctx.Done():
 		if op.state.CompareAndSwap(opQueued, opAbandoned) {
 			return ctx.Err()
+		}
+		if detachable && op.state.CompareAndSwap(opTaken, opDetached) {
+			return fmt.Errorf("%w: its caller stopped waiting for the transaction that holds it: %w", ErrCommitUnknown, ctx.Err())
 		}
 		return <-op.errc
 	}

@@ -444,7 +444,9 @@ func (s *Store) Begin(ctx context.Context, c Claim) (Began, error) {
 		return Began{}, fmt.Errorf("begin %.64q: %w", c.Key, ErrKeyNotStorable)
 	}
 	var b Began
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx, now time.Time) error {
+	// A caller must answer by its deadline, even while the transaction
+	// that holds its claim is stuck: it then gets ErrCommitUnknown.
+	err := s.batch.runDetachable(ctx, func(ctx context.Context, tx *sql.Tx, now time.Time) error {
 		var err error
 		b, err = s.begin(ctx, tx, c, now)
 		return err
