@@ -20,6 +20,7 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -226,7 +227,14 @@ func exportTime(t *timestamppb.Timestamp) string {
 	if t == nil {
 		return ""
 	}
-	return t.AsTime().UTC().Format(time.RFC3339Nano)
+	// As the API writes it (protojson: RFC 3339 with 0, 3, 6 or 9
+	// fractional digits), so that an export and a lookup agree byte for
+	// byte; RFC3339Nano would drop trailing zeros.
+	b, err := protojson.Marshal(t)
+	if err != nil {
+		return t.AsTime().UTC().Format(time.RFC3339Nano)
+	}
+	return strings.Trim(string(b), `"`)
 }
 
 const exportText = `Usage: paymentsd payments export --from FROM --to TO [flags]
