@@ -270,7 +270,7 @@ func (s *Service) sendAndRecord(ctx context.Context, owner string, rec store.Rec
 	reply, callErr := s.client.Send(ctx, rec.Body)
 	received := time.Now()
 	fin := s.outcome(reply, callErr, maybeBefore)
-	fin.Key, fin.Owner, fin.Claimed = rec.Key, owner, &rec
+	fin.Key, fin.Owner, fin.Claimed = rec.Key, owner, rec.Claimed()
 	r := sent{reply: reply, callErr: callErr}
 	if callErr != nil {
 		r.st = s.failureStatus(callErr, maybeBefore)

@@ -119,7 +119,7 @@ func (s *Service) settle(ctx context.Context, claimed time.Time, rec store.Recor
 	reply, callErr := s.client.Send(sendCtx, rec.Body)
 	received := time.Now()
 	fin := s.outcome(reply, callErr, true)
-	fin.Key, fin.Owner, fin.Settlement, fin.Claimed = rec.Key, rec.LeaseOwner, true, &rec
+	fin.Key, fin.Owner, fin.Settlement, fin.Claimed = rec.Key, rec.LeaseOwner, true, rec.Claimed()
 	if fin.State == store.StateOutcomeUnknown {
 		fin.SettleAfter = settleBackoff(s.settleBase, rec.SettleAttempts+1)
 	}

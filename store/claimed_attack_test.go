@@ -51,7 +51,7 @@ func TestClaimedRecordIsWhatIsStored(t *testing.T) {
 				t.Errorf("Get after Begin differs from Begin's record (-Begin +Get):\n%s", diff)
 			}
 			if _, err := s.FinishWrite(ctx, store.Finish{Key: c.Key, Owner: c.Owner, State: store.StateSucceeded,
-				AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{"id":"pay_1"}`), Claimed: &began.Record}); err != nil {
+				AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{"id":"pay_1"}`), Claimed: began.Record.Claimed()}); err != nil {
 				t.Fatalf("FinishWrite() error = %v", err)
 			}
 			after := get(t, s, c.Key)

@@ -716,11 +716,11 @@ func TestLostCommitsWrittenAgain(t *testing.T) {
 			unknown := begin(t, s, claim("lost-unknown", "body", "p/4"), store.Acquired).Record
 			clk.Add(time.Second)
 			fins := []store.Finish{
-				{Key: "kept", Owner: "p/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{"id":"kept"}`), Claimed: &kept},
-				{Key: "lost-outcome", Owner: "p/2", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{"id":"outcome"}`), Claimed: &outcome},
-				{Key: "lost-record", Owner: "p/3", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{"id":"record"}`), Claimed: &record},
+				{Key: "kept", Owner: "p/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{"id":"kept"}`), Claimed: kept.Claimed()},
+				{Key: "lost-outcome", Owner: "p/2", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{"id":"outcome"}`), Claimed: outcome.Claimed()},
+				{Key: "lost-record", Owner: "p/3", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{"id":"record"}`), Claimed: record.Claimed()},
 				{Key: "lost-unknown", Owner: "p/4", State: store.StateOutcomeUnknown, AddAttempts: 1, LastError: "timeout",
-					QuietFor: time.Minute, SettleAfter: time.Second, Claimed: &unknown},
+					QuietFor: time.Minute, SettleAfter: time.Second, Claimed: unknown.Claimed()},
 			}
 			written := make([]store.Written, len(fins))
 			for i, f := range fins {
@@ -805,7 +805,7 @@ func TestLost2xxOverATakeover(t *testing.T) {
 				t.Fatalf("ClaimDue() = %v, want k", keys(settling))
 			}
 			ok := store.Finish{Key: "k", Owner: "p/2", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 201, Reply: []byte(`{"id":"ok"}`),
-				Settlement: true, Claimed: &settling[0]}
+				Settlement: true, Claimed: settling[0].Claimed()}
 			finish(t, s, ok)
 			db.goBack(t, "k", true)
 			// The record is unknown again: another replica's settlement
@@ -813,7 +813,7 @@ func TestLost2xxOverATakeover(t *testing.T) {
 			if again := claimDue(t, s, "q/1", 0, 1); len(again) != 1 {
 				t.Fatalf("ClaimDue(q) = %v, want k", keys(again))
 			}
-			refusal := store.Finish{Key: "k", Owner: "p/9", State: store.StateNotCreated, ProviderStatus: 400, Claimed: &settling[0]}
+			refusal := store.Finish{Key: "k", Owner: "p/9", State: store.StateNotCreated, ProviderStatus: 400, Claimed: settling[0].Claimed()}
 			if _, err := s.FinishWrite(ctx, refusal); !errors.Is(err, store.ErrLeaseLost) {
 				t.Errorf("FinishWrite(a refusal without its claim) error = %v, want ErrLeaseLost", err)
 			}
@@ -916,7 +916,7 @@ func TestLostIgnoresExpiredRecords(t *testing.T) {
 			clk := newClock(t0)
 			s, _ := openFaulty(t, b.url(t), clk, store.Options{TakeoverGrace: -1})
 			rec := begin(t, s, claim("k", "body", "p/1"), store.Acquired).Record
-			fin := store.Finish{Key: "k", Owner: "p/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{}`), Claimed: &rec}
+			fin := store.Finish{Key: "k", Owner: "p/1", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{}`), Claimed: rec.Claimed()}
 			finish(t, s, fin)
 			clk.Add(48 * time.Hour)
 			deleteAll(t, s, store.Retention{Records: time.Hour}, 10)

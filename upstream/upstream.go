@@ -565,7 +565,7 @@ func (c *Client) readReply(ctx context.Context, keys *keySet, resp *http.Respons
 			RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now(), c.cfg.MaxRetryAfter),
 		}
 	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, c.cfg.MaxResponseBytes+1))
+	b, err := readAll(io.LimitReader(resp.Body, c.cfg.MaxResponseBytes+1), resp.ContentLength, c.cfg.MaxResponseBytes)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -585,6 +585,34 @@ func (c *Client) readReply(ctx context.Context, keys *keySet, resp *http.Respons
 		return nil, err
 	}
 	return &Reply{Status: resp.StatusCode, Body: b}, nil
+}
+
+// readAll is io.ReadAll of r, into a buffer sized for the reply when its
+// length (n, -1 if unknown) is known and at most max: the reply is kept
+// (in the record, and by the outbox for a while after it is written), and
+// io.ReadAll's growing buffer would hold up to twice its size (a 300-byte
+// reply in 512 bytes), and copy a longer one several times over.
+func readAll(r io.Reader, n, max int64) ([]byte, error) {
+	if n < 0 || n > max {
+		return io.ReadAll(r)
+	}
+	// One byte more, so that the end of the body is read without growing
+	// the buffer; a body longer than it said still grows it, and is read
+	// whole (up to the limit).
+	b := make([]byte, 0, n+1)
+	for {
+		m, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+m]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+	}
 }
 
 // Payment is the reply body as a Struct. Numbers in it are doubles; Body

@@ -107,13 +107,15 @@ type options struct {
 	rssInFlight  int
 	rssConns     int
 	rssDelay     time.Duration
-	fsyncs       int
-	postgres     string // admin URL of a PostgreSQL server, or ""
-	out          string
-	pprofOut     string // where to write CPU profiles, or ""
-	pprofPath    string // which path's first c=32 round to profile
-	gogc         string // GOGC for paymentsd only, or "" for its default
-	smoke        bool
+	// rssNoDeadline: the peak-RSS phase's calls set no deadline.
+	rssNoDeadline bool
+	fsyncs        int
+	postgres      string // admin URL of a PostgreSQL server, or ""
+	out           string
+	pprofOut      string // where to write CPU profiles, or ""
+	pprofPath     string // which path's first c=32 round to profile
+	gogc          string // GOGC for paymentsd only, or "" for its default
+	smoke         bool
 	// baseline is a git revision whose paymentsd is measured beside this
 	// tree's, on every paymentsd path, in the same rounds (see
 	// baselineSuffix); "" measures this tree's alone.
@@ -135,6 +137,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.warmup, "warmup", 500, "unmeasured warm-up calls before each round of a phase")
 	fs.IntVar(&o.rssInFlight, "rss-inflight", 2000, "gRPC calls in flight at once for the peak-RSS phase")
 	fs.IntVar(&o.rssConns, "rss-conns", 32, "gRPC connections the peak-RSS calls are spread over (paymentsd allows 100 streams on each)")
+	fs.BoolVar(&o.rssNoDeadline, "rss-no-deadline", false, "the peak-RSS phase's calls set no deadline (a gRPC call without one is sent on its handler's goroutine, one goroutine fewer per call)")
 	fs.DurationVar(&o.rssDelay, "rss-delay", 2*time.Second, "how long the fake provider holds each reply in the peak-RSS phase")
 	fs.IntVar(&o.fsyncs, "fsyncs", 300, "fsyncs of 4 KiB timed for the durable-write floor")
 	fs.StringVar(&o.postgres, "postgres", os.Getenv("PAYMENTS_TEST_POSTGRES_URL"), "admin URL of a PostgreSQL server to measure paymentsd with (a fresh database per process, dropped after); empty skips it")

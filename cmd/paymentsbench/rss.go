@@ -159,6 +159,9 @@ func (e *environment) peakRSSOf(ctx context.Context, pathName string, opts *opti
 		wg.Go(func() {
 			<-gate
 			cctx, cancel := context.WithTimeout(ctx, delay+time.Minute)
+			if opts.rssNoDeadline {
+				cctx, cancel = context.WithCancel(ctx)
+			}
 			defer cancel()
 			err := calls[i%len(calls)](cctx, keyPrefix+strconv.Itoa(i))
 			if err != nil {
