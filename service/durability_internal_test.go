@@ -627,3 +627,50 @@ func TestClaimStuckAnsweredByDeadline(t *testing.T) {
 		t.Errorf("provider saw %d requests, want none", n)
 	}
 }
+
+// TestClaimStuckOverUnknownRecordReleased: a call's claim would take over a
+// record an earlier call left unknown, and its transaction is stuck past
+// the caller's deadline. The call's read of the record sees the earlier
+// outcome (the claim has not committed), so it answers
+// PAYMENT_OUTCOME_UNKNOWN; once the claim commits, the outcome the call
+// handed the outbox releases it for settlement, as TestClaimStuckAnsweredByDeadline's
+// does, rather than leaving the key InProgress (every retry answered
+// PAYMENT_IN_PROGRESS) until its lease runs out and sweepOwn gives it up.
+func TestClaimStuckOverUnknownRecordReleased(t *testing.T) {
+	t.Parallel()
+	c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
+	f := newFixture(t, 10*time.Second, c.Now)
+	f.p.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Status: http.StatusServiceUnavailable}))
+	f.faults.FailCommits(finishSQL, -1)
+	if _, err := f.svc.CreateMultiCardPayment(t.Context(), payment("k")); reasonOf(err) != ReasonOutcomeUnknown {
+		t.Fatalf("first call = %v (%s), want %s", err, reasonOf(err), ReasonOutcomeUnknown)
+	}
+	f.faults.Clear()
+	f.svc.waitPending(t.Context(), "k")
+	before := f.record(t, "k")
+	if before.State != store.StateOutcomeUnknown {
+		t.Fatalf("record = %v, want OutcomeUnknown", before.State)
+	}
+	c.add(time.Minute) // past its quiet period: a retry takes it over
+	release := f.faults.HangStatements(claimSQL)
+	defer release()
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	_, err := f.svc.CreateMultiCardPayment(ctx, payment("k"))
+	if r := reasonOf(err); r != ReasonOutcomeUnknown {
+		t.Errorf("retry = %v (%s), want %s", err, r, ReasonOutcomeUnknown)
+	}
+	release()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		r, err := f.store.Get(t.Context(), "k")
+		if err == nil && r.AttemptSeq > before.AttemptSeq && r.State == store.StateOutcomeUnknown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record = %v (attempt %d, was %d) held by %q, %v; the stuck claim was never released", r.State, r.AttemptSeq, before.AttemptSeq, r.LeaseOwner, err)
+		}
+	}
+	if n := len(f.p.Requests()); n != 1 {
+		t.Errorf("provider saw %d requests, want the first call's only", n)
+	}
+}

@@ -791,18 +791,23 @@ func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) 
 			return s.notCreatedError(ctx, err)
 		}
 	case gerr == nil && rec.State == store.StateInProgress:
+		if mayHaveCommitted {
+			// Another call's lease, as read; this claim, still in a
+			// stuck transaction (store.Begin stopped waiting for it),
+			// may yet take the record over once that lease ends.
+			s.releaseUnseenClaim(claim)
+		}
 		return s.inProgressError(claim.Key)
 	case gerr == nil && (rec.State == store.StateOutcomeUnknown || rec.State == store.StateSucceeded):
-		// Below: an earlier call may have created the payment.
+		// Below: an earlier call may have created the payment. This
+		// claim, if its transaction is stuck, may yet take the unknown
+		// record over.
+		if mayHaveCommitted {
+			s.releaseUnseenClaim(claim)
+		}
 	case mayHaveCommitted:
-		// The claim may be written, and can't be seen. If it was, this
-		// process's outbox releases it, as unknown (it is not known
-		// whether it started the key afresh), for settlement; if it was
-		// not, there is nothing to release (the lease is not this
-		// claim's).
-		s.writeOutcome(store.Finish{Key: claim.Key, Owner: claim.Owner, State: store.StateOutcomeUnknown,
-			SettleAfter: settleBackoff(s.settleBase, 0), Code: int32(codes.Unavailable),
-			LastError: "paymentsd's record store failed as the record was written; nothing was sent by that call"}, time.Now())
+		// The claim may be written, and can't be seen.
+		s.releaseUnseenClaim(claim)
 	case errors.Is(gerr, store.ErrNotFound):
 		if ts, terr := s.store.Tombstone(rctx, claim.Key); terr == nil {
 			return s.expiredError(codes.FailedPrecondition, claim.Key, ts)
@@ -816,6 +821,19 @@ func (s *Service) beginError(ctx context.Context, claim store.Claim, err error) 
 	}
 	st := status.New(codes.Unavailable, "paymentsd could not be sure its record for this call was written, or an earlier call with the key may have created the payment; this call sent nothing: retry with the same idempotency key, never a new one")
 	return s.retryable(st, ReasonOutcomeUnknown)
+}
+
+// releaseUnseenClaim hands the outbox the outcome of a claim that may have
+// committed, or may commit yet, unseen: if it was, or is, written, the
+// outbox releases it, as unknown (it is not known whether it started the
+// key afresh), for settlement; if not, there is nothing to release (the
+// lease is not this claim's, and the outbox drops the Finish). The outbox
+// writes after the claim's own transaction has ended, since the store runs
+// its writes in order.
+func (s *Service) releaseUnseenClaim(claim store.Claim) {
+	s.writeOutcome(store.Finish{Key: claim.Key, Owner: claim.Owner, State: store.StateOutcomeUnknown,
+		SettleAfter: settleBackoff(s.settleBase, 0), Code: int32(codes.Unavailable),
+		LastError: "paymentsd's record store failed as the record was written; nothing was sent by that call"}, time.Now())
 }
 
 // notCreatedError is the answer when this call's own claim committed

@@ -934,3 +934,75 @@ func TestLostIgnoresExpiredRecords(t *testing.T) {
 		})
 	}
 }
+
+// TestDetachedBeginInFailedBatch: a Begin whose caller stopped waiting for
+// its stuck transaction (ErrCommitUnknown) is in a batch that then fails.
+// The batch is rolled back and the detached claim is not run again on its
+// own: nothing of it is written, a Finish for its owner is refused, and a
+// later claim of the key acquires it; the batch's other operation is run
+// again and commits.
+func TestDetachedBeginInFailedBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range faultBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			s, f := openFaulty(t, b.url(t), newClock(t0), store.Options{TakeoverGrace: -1})
+			begin(t, s, claim("k0", "body", "p/0"), store.Acquired)
+			begin(t, s, claim("k1", "body", "p/0"), store.Acquired)
+			fin := func(key string) error {
+				_, err := s.FinishWrite(ctx, store.Finish{Key: key, Owner: "p/0", State: store.StateSucceeded,
+					AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{}`)})
+				return err
+			}
+			// A finish whose statement hangs holds the writer, so that the
+			// claim and a finish queue up behind it and go into one batch.
+			releaseFinish := f.HangStatements(finishStatement)
+			defer releaseFinish()
+			held := make(chan error, 1)
+			go func() { held <- fin("k0") }()
+			waitFired(t, f, "hang statement")
+			releaseClaim := f.HangStatements(claimStatement)
+			defer releaseClaim()
+			dctx, cancel := context.WithCancel(ctx)
+			detached := make(chan error, 1)
+			go func() {
+				_, err := s.Begin(dctx, claim("d", "body", "p/1"))
+				detached <- err
+			}()
+			for store.QueuedOps(s) < 1 {
+				time.Sleep(time.Millisecond) // polling the batcher's queue: it has no signal
+			}
+			other := make(chan error, 1)
+			go func() { other <- fin("k1") }()
+			for store.QueuedOps(s) < 2 {
+				time.Sleep(time.Millisecond)
+			}
+			releaseFinish()
+			if err := <-held; err != nil {
+				t.Fatalf("held FinishWrite(k0) error = %v", err)
+			}
+			waitFired(t, f, "hang statement") // the claim's, in the second batch
+			cancel()
+			if err := <-detached; !errors.Is(err, store.ErrCommitUnknown) {
+				t.Fatalf("detached Begin() error = %v, want ErrCommitUnknown", err)
+			}
+			f.FailStatements(attemptStatement, 1)
+			releaseClaim()
+			if err := <-other; err != nil {
+				t.Errorf("FinishWrite(k1) error = %v, want nil: the batch is run again, one by one", err)
+			}
+			waitFired(t, f, "fail statement")
+			if _, err := s.Get(ctx, "d"); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("Get(d) error = %v, want ErrNotFound: the detached claim ran again on its own", err)
+			}
+			if _, err := s.FinishWrite(ctx, store.Finish{Key: "d", Owner: "p/1", State: store.StateOutcomeUnknown}); err == nil {
+				t.Errorf("FinishWrite(d, p/1) = nil error, want refused: nothing of the claim is written")
+			}
+			begin(t, s, claim("d", "body", "p/2"), store.Acquired)
+			if r := get(t, s, "k1"); r.State != store.StateSucceeded {
+				t.Errorf("record k1 = %v, want Succeeded", r.State)
+			}
+		})
+	}
+}
