@@ -160,6 +160,14 @@ func (b *batcher) wait(ctx context.Context, fn func(context.Context, *sql.Tx, ti
 		if op.state.CompareAndSwap(opQueued, opAbandoned) {
 			return ctx.Err()
 		}
+		if detachable {
+			// A result already here is the caller's, deadline or not.
+			select {
+			case err := <-op.errc:
+				return err
+			default:
+			}
+		}
 		if detachable && op.state.CompareAndSwap(opTaken, opDetached) {
 			return fmt.Errorf("%w: its caller stopped waiting for the transaction that holds it: %w", ErrCommitUnknown, ctx.Err())
 		}
