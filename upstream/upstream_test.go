@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -893,21 +894,38 @@ func TestCanceledDuringBackoff(t *testing.T) {
 	arrived := make(chan struct{}, 1)
 	srv := newServer(t, func(n int, _ upstreamtest.Request) upstreamtest.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Status: http.StatusServiceUnavailable, Header: http.Header{"Retry-After": {"3600"}}}
+		// A 429 is refused unprocessed, so the client waits and tries
+		// again (a 503 may still be worked on: it is not retried).
+		return upstreamtest.Reply{Status: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"3600"}}}
 	})
 	cfg := testConfig(t, srv.URL)
 	cfg.MaxRetryAfter = time.Hour // the wait only the cancellation can end
+	// The cancellation comes once the client is waiting: after it logged
+	// the failed attempt with the wait it chose. (On the request's
+	// arrival, it could land while the 503's body was still being read,
+	// which is no backoff.)
+	waiting := make(chan struct{})
+	var once sync.Once
+	cfg.Logger = slog.New(attemptLogged{func(r slog.Record) {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "retry_in" && a.Value.String() == time.Hour.String() {
+				once.Do(func() { close(waiting) })
+			}
+			return true
+		})
+	}})
 	c := newClient(t, cfg)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	go func() {
 		<-arrived
+		<-waiting
 		cancel()
 	}()
 	_, err := createReturns(t, ctx, c, payment("k"))
 	ue := callError(t, err)
-	if !errors.Is(err, context.Canceled) || ue.Attempts != 1 || !ue.MaybeCreated {
-		t.Errorf("got %v, Attempts %d, MaybeCreated %v; want context.Canceled, 1, true", err, ue.Attempts, ue.MaybeCreated)
+	if !errors.Is(err, context.Canceled) || ue.Attempts != 1 || ue.MaybeCreated {
+		t.Errorf("got %v, Attempts %d, MaybeCreated %v; want context.Canceled, 1, false", err, ue.Attempts, ue.MaybeCreated)
 	}
 	if n := len(srv.Requests()); n != 1 {
 		t.Errorf("provider got %d requests, want 1", n)
@@ -1788,3 +1806,14 @@ func TestEscapedBase64InCutJSONBody(t *testing.T) {
 		t.Errorf("cut JSON body keeps the key's base64")
 	}
 }
+
+// attemptLogged is a slog handler that hands each record to fn.
+type attemptLogged struct{ fn func(slog.Record) }
+
+func (h attemptLogged) Enabled(context.Context, slog.Level) bool { return true }
+func (h attemptLogged) Handle(_ context.Context, r slog.Record) error {
+	h.fn(r)
+	return nil
+}
+func (h attemptLogged) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h attemptLogged) WithGroup(string) slog.Handler      { return h }
