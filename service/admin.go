@@ -129,7 +129,7 @@ func (s *Service) ListMultiCardPayments(ctx context.Context, req *paymentsv1.Lis
 		q.ByCaller, q.Caller = true, caller
 	}
 	for _, st := range req.GetState() {
-		q.States = append(q.States, store.State(st))
+		q.States = append(q.States, record.State(st))
 	}
 	slices.Sort(q.States)
 	q.States = slices.Compact(q.States)
@@ -166,7 +166,7 @@ func (s *Service) ListMultiCardPayments(ctx context.Context, req *paymentsv1.Lis
 	}
 	start := time.Now()
 	page, err := s.store.ListRecords(ctx, q)
-	s.metrics.storeOp(opList, start, err)
+	s.metrics.StoreOp(engine.OpList, start, err)
 	if err != nil {
 		return nil, s.readError(ctx, err)
 	}
@@ -184,7 +184,7 @@ func (s *Service) ListMultiCardPayments(ctx context.Context, req *paymentsv1.Lis
 	return resp, nil
 }
 
-func (s *Service) summary(rec store.Record, withReply bool) *paymentsv1.MultiCardPaymentSummary {
+func (s *Service) summary(rec record.Record, withReply bool) *paymentsv1.MultiCardPaymentSummary {
 	sum := &paymentsv1.MultiCardPaymentSummary{
 		IdempotencyKey:     rec.Key,
 		State:              paymentState(rec.State),
@@ -297,7 +297,7 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 	var label string
 	switch req.GetOutcome() {
 	case paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_SUCCEEDED:
-		res.To, label = store.StateSucceeded, "succeeded"
+		res.To, label = record.Succeeded, "succeeded"
 		if r := req.GetReplyJson(); r != "" {
 			if _, err := upstream.DecodeReply([]byte(r)); err != nil {
 				return nil, badRequest("reply_json", "must be the provider's payment as a JSON object")
@@ -308,7 +308,7 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 			res.Reply = []byte(r)
 		}
 	case paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED:
-		res.To, label = store.StateNotCreated, "not_created"
+		res.To, label = record.NotCreated, "not_created"
 		if req.GetReplyJson() != "" {
 			return nil, badRequest("reply_json", "a reply goes only with RESOLUTION_OUTCOME_SUCCEEDED")
 		}
@@ -317,7 +317,7 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 	}
 	start := time.Now()
 	got, err := s.store.Resolve(ctx, res)
-	s.metrics.storeOp(opResolve, start, err)
+	s.metrics.StoreOp(engine.OpResolve, start, err)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil, status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment", quoteKey(res.Key), envName(s.env))
@@ -334,7 +334,7 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 		return nil, withDetails(st, s.errorInfo(ReasonRecordChanged, map[string]string{"state": paymentState(got.Record.State).String()}))
 	case errors.Is(err, store.ErrInFlight):
 		delay := time.Second
-		if got.Record.State == store.StateInProgress {
+		if got.Record.State == record.InProgress {
 			delay = max(delay, got.Record.LeaseExpiresAt.Sub(got.Record.ReadAt))
 		}
 		delay = max(delay, got.Record.QuietUntil.Sub(got.Record.ReadAt))
@@ -359,7 +359,7 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 		slog.String("from_state", got.Entry.From.String()), slog.Bool("settlement_gave_up", got.Entry.GaveUp))...)
 	// The unsettled gauge drops now, not at the next count.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	s.updateStats(sctx)
+	s.engine.Recount(sctx)
 	cancel()
 
 	resp := withPayment(s.record(got.Record))
@@ -385,7 +385,7 @@ func auditEntries(es []store.AuditEntry) []*paymentsv1.AuditEntry {
 
 func auditEntry(e store.AuditEntry) *paymentsv1.AuditEntry {
 	outcome := paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED
-	if e.To == store.StateSucceeded {
+	if e.To == record.Succeeded {
 		outcome = paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_SUCCEEDED
 	}
 	return &paymentsv1.AuditEntry{

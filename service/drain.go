@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"example.com/paymentsd/internal/engine"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -10,8 +11,8 @@ import (
 )
 
 // errHardStop is the cause of a call's context when the drain deadline cut
-// it off.
-var errHardStop = errors.New("paymentsd is shutting down")
+// it off: the payment engine cuts off its request, if any.
+var errHardStop = engine.ErrHardStop
 
 // hardStopStream cancels a stream's context when the server's stop
 // context ends, as unaryChain does a call's.

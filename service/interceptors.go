@@ -93,22 +93,8 @@ func newRequestID() string {
 // have no documented length limit, and one line must not carry 60 KB.
 const maxLoggedKey = 64
 
-// appendKey logs a bounded prefix of the idempotency key, and a short hash
-// of the whole key that tells apart keys sharing a prefix.
-func appendKey(attrs []slog.Attr, key string) []slog.Attr {
-	if key == "" {
-		return append(attrs, slog.String("idempotency_key", ""))
-	}
-	sum := sha256.Sum256([]byte(key))
-	logged := key
-	if len(logged) > maxLoggedKey {
-		logged = strings.ToValidUTF8(logged[:maxLoggedKey], "")
-	}
-	return append(attrs,
-		slog.String("idempotency_key", logged),
-		slog.String("idempotency_key_sha256", hex.EncodeToString(sum[:6])),
-	)
-}
+// appendKey logs a key as every line about a key does: engine.AppendKey.
+func appendKey(attrs []slog.Attr, key string) []slog.Attr { return engine.AppendKey(attrs, key) }
 
 // recoverPanic turns a panic in a handler into Internal, logging it with its
 // stack, so one bad call cannot take the service down. The panic may have

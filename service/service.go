@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/engine"
 	"example.com/paymentsd/store"
 	"example.com/paymentsd/upstream"
 )
@@ -74,39 +75,17 @@ func notSentInfo() *errdetails.ErrorInfo {
 }
 
 // Service implements paymentsv1.PaymentsServiceServer against one provider
-// environment, with a durable record per idempotency key.
+// environment: the transport over the payment engine, which keeps a durable
+// record per idempotency key.
 type Service struct {
 	paymentsv1.UnimplementedPaymentsServiceServer
-	client  *upstream.Client
+	engine  *engine.Engine
 	store   *store.Store
 	env     paymentsv1.Environment
 	logger  *slog.Logger
-	metrics *recordMetrics
-	waiters keyWaiters
-	// outbox writes the outcomes this process learns, however long the
-	// store takes; claims are the claims that may still write.
-	outbox *outbox
-	claims claims
-	// sends bounds the provider requests waited on at once; sending
-	// counts them, for Shutdown; cutOff ends when Shutdown cuts them off.
-	sends       sendSlots
-	sending     sync.WaitGroup
-	cutOff      context.Context
-	cutOffSends context.CancelFunc
-	owner       string
-	// now is this process's clock, used only to measure it against the
-	// store's: every decision goes by the store's clock.
-	now      func() time.Time
-	clockFar bool // the clock was last found far from the store's
-
-	leaseTTL           time.Duration
-	window             time.Duration
-	quiet              time.Duration
-	retention          time.Duration
-	tombstoneRetention time.Duration
-	retentionEvery     time.Duration
-	settleEvery        time.Duration
-	settleBase         time.Duration
+	metrics *engine.Metrics
+	// quiet is the provider quiet period, for RetryInfo.
+	quiet time.Duration
 
 	admins        identitySet
 	everyoneAdmin bool
@@ -162,81 +141,39 @@ type Config struct {
 // New returns a Service for cfg.
 func New(cfg Config) *Service {
 	s := &Service{
-		client:             cfg.Client,
-		store:              cfg.Store,
-		env:                cfg.Environment,
-		logger:             cfg.Logger,
-		owner:              newOwner(),
-		outbox:             newOutbox(),
-		now:                cfg.Now,
-		leaseTTL:           cfg.LeaseTTL,
-		window:             cfg.SettlementWindow,
-		quiet:              cfg.QuietPeriod,
-		retention:          cfg.Retention,
-		tombstoneRetention: cfg.TombstoneRetention,
-		retentionEvery:     cfg.RetentionInterval,
-		settleEvery:        cfg.SettleInterval,
-		admins:             newIdentitySet(cfg.AdminCallers),
-		everyoneAdmin:      cfg.EveryoneAdmin,
+		store:         cfg.Store,
+		env:           cfg.Environment,
+		logger:        cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		quiet:         cmp.Or(cfg.QuietPeriod, 30*time.Second),
+		admins:        newIdentitySet(cfg.AdminCallers),
+		everyoneAdmin: cfg.EveryoneAdmin,
 	}
-	if s.logger == nil {
-		s.logger = slog.New(slog.DiscardHandler)
-	}
-	if s.now == nil {
-		s.now = time.Now
-	}
-	if s.leaseTTL <= 0 {
-		s.leaseTTL = 30 * time.Second
-	}
-	if s.window <= 0 {
-		s.window = 10 * time.Minute
-	}
-	if s.quiet <= 0 {
-		s.quiet = 30 * time.Second
-	}
-	if s.retentionEvery <= 0 {
-		s.retentionEvery = retentionEvery
-	}
-	if s.settleEvery <= 0 {
-		s.settleEvery = time.Second
-	}
-	s.settleBase = s.settleEvery
-	s.sends.max.Store(int64(cmp.Or(cfg.MaxSends, 1000)))
-	s.cutOff, s.cutOffSends = context.WithCancel(context.Background())
 	reg := cfg.Registerer
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	s.metrics = newRecordMetrics(reg)
-	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "paymentsd_store_commits_total",
-		Help: "Write transactions the record store committed; with group commit one holds the records of many calls.",
-	}, func() float64 { return float64(s.store.Commits()) }))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "paymentsd_store_write_healthy_seconds",
-		Help: "How long every write of this replica's record store has been committing, without a failure or a gap of more than 1.5s: a record whose holder's lease expired is taken over only past 5s of it, so that the holder's outcome, retried meanwhile, is written first. 0 while the store's writes fail.",
-	}, func() float64 { return s.store.WriteHealthyFor().Seconds() }))
+	s.metrics = engine.NewMetrics(reg, cfg.Store)
+	s.engine = engine.New(engine.Config{
+		Store: cfg.Store, Client: cfg.Client, Describe: s.describe, Logger: s.logger, Metrics: s.metrics,
+		LeaseTTL: cfg.LeaseTTL, SettlementWindow: cfg.SettlementWindow, QuietPeriod: cfg.QuietPeriod,
+		Retention: cfg.Retention, TombstoneRetention: cfg.TombstoneRetention, RetentionInterval: cfg.RetentionInterval,
+		SettleInterval: cfg.SettleInterval, MaxSends: cfg.MaxSends, Now: cfg.Now,
+	})
 	return s
 }
 
 // Replica is this process's name in the records: its lease owners are
 // "<replica>/<claim id>", and attempts name it.
-func (s *Service) Replica() string { return s.owner }
+func (s *Service) Replica() string { return s.engine.Replica() }
 
-// answerBeforeDeadline shortens the caller's deadline by a small margin, so
-// that when it is about to expire paymentsd can still send its own
-// DeadlineExceeded, with the details that say what happened to the money,
-// before the caller's side gives up with a bare one.
-func answerBeforeDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		return ctx, func() {}
-	}
-	// A quarter of a short deadline, at most 100 ms: enough for the answer
-	// to get out on a busy machine.
-	margin := min(time.Until(deadline)/4, 100*time.Millisecond)
-	return context.WithDeadline(ctx, deadline.Add(-margin))
-}
+// Run does the payment engine's background work (settlement, giving up,
+// retention, the records' gauges) until ctx ends.
+func (s *Service) Run(ctx context.Context) { s.engine.Run(ctx) }
+
+// Shutdown waits for the provider requests paymentsd is still waiting on
+// and for their outcomes to be recorded, until ctx ends: see
+// engine.Engine.Shutdown. Call it once nothing can start a call any more.
+func (s *Service) Shutdown(ctx context.Context) { s.engine.Shutdown(ctx) }
 
 // noteFailure notes a failed provider call's status and attempts for the
 // access log.
@@ -320,7 +257,7 @@ func (s *Service) failureStatus(err error, maybeBefore bool) *status.Status {
 			delay = open.RetryAfter
 		}
 		if uerr.AtProvider {
-			delay = max(delay, s.quietLeft(uerr.LastAttemptStart))
+			delay = max(delay, s.quiet-time.Since(uerr.LastAttemptStart))
 		}
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
 	}

@@ -1,4 +1,4 @@
-package service
+package engine
 
 import (
 	"errors"
@@ -10,8 +10,10 @@ import (
 	"example.com/paymentsd/store"
 )
 
-// recordMetrics are the payment records' metrics.
-type recordMetrics struct {
+// Metrics are the payment engine's metrics, and the record store's
+// operations (the transport counts its own lookups, lists and
+// resolutions here too).
+type Metrics struct {
 	records     *prometheus.GaugeVec
 	unsettled   prometheus.Gauge
 	gaveUp      prometheus.Counter
@@ -24,15 +26,18 @@ type recordMetrics struct {
 	clockOffset prometheus.Gauge
 	quietWaits  prometheus.Counter
 	expired     prometheus.Counter
-	resolutions *prometheus.CounterVec
+	// Resolutions counts people's resolutions, by outcome.
+	Resolutions *prometheus.CounterVec
 	// outcomesPending counts the outcomes in the outbox, and
 	// outcomeCommit times each from the provider's answer to its commit.
 	outcomesPending prometheus.Gauge
 	outcomeCommit   prometheus.Histogram
 }
 
-func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
-	m := &recordMetrics{
+// NewMetrics registers the engine's metrics on reg, with the counts st
+// keeps itself.
+func NewMetrics(reg prometheus.Registerer, st *store.Store) *Metrics {
+	m := &Metrics{
 		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "paymentsd_records",
 			Help: "Payment records by state, as of the last count.",
@@ -82,7 +87,10 @@ func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
 			Name: "paymentsd_idempotency_key_expired_total",
 			Help: "Calls refused because their key's record was deleted by retention (its tombstone refuses the key).",
 		}),
-		resolutions: resolutionsCounter(),
+		Resolutions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paymentsd_resolutions_total",
+			Help: "Payments in doubt resolved by a person (ResolveMultiCardPayment), by outcome (succeeded, not_created).",
+		}, []string{"outcome"}),
 		outcomesPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paymentsd_outcomes_pending",
 			Help: "Outcomes (a provider's answer, or that nothing was sent) this replica has learnt and not yet written to their records; it retries each until the record store takes it, and holds its key meanwhile. Above 0 for long: the store is refusing writes. Outcomes still pending when the replica stops are logged at error level.",
@@ -96,14 +104,22 @@ func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
 				.05, .075, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
 		}),
 	}
-	reg.MustRegister(m.outcomesPending, m.outcomeCommit, m.resolutions, m.records, m.unsettled, m.gaveUp, m.replays, m.reuses, m.waits, m.settlements, m.storeTime, m.storeErrors,
+	reg.MustRegister(m.outcomesPending, m.outcomeCommit, m.Resolutions, m.records, m.unsettled, m.gaveUp, m.replays, m.reuses, m.waits, m.settlements, m.storeTime, m.storeErrors,
 		m.clockOffset, m.quietWaits, m.expired)
 	for _, outcome := range []string{"succeeded", "unknown"} {
 		m.settlements.WithLabelValues(outcome)
 	}
 	for _, outcome := range []string{"succeeded", "not_created"} {
-		m.resolutions.WithLabelValues(outcome)
+		m.Resolutions.WithLabelValues(outcome)
 	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "paymentsd_store_commits_total",
+		Help: "Write transactions the record store committed; with group commit one holds the records of many calls.",
+	}, func() float64 { return float64(st.Commits()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "paymentsd_store_write_healthy_seconds",
+		Help: "How long every write of this replica's record store has been committing, without a failure or a gap of more than 1.5s: a record whose holder's lease expired is taken over only past 5s of it, so that the holder's outcome, retried meanwhile, is written first. 0 while the store's writes fail.",
+	}, func() float64 { return st.WriteHealthyFor().Seconds() }))
 	// Counters alerts take a rate of start at zero: a series born at its
 	// first error has no earlier sample, and rate() would miss that error.
 	for _, op := range storeOps {
@@ -115,37 +131,35 @@ func newRecordMetrics(reg prometheus.Registerer) *recordMetrics {
 // Record store operations: the op label of paymentsd_store_duration_seconds
 // and paymentsd_store_errors_total.
 const (
-	opBegin    = "begin"
-	opFinish   = "finish"
-	opGet      = "get"
-	opAudit    = "audit"
-	opList     = "list"
-	opResolve  = "resolve"
-	opClaimDue = "claim_due"
-	opGiveUp   = "give_up"
-	opStats    = "stats"
-	opDelete   = "delete"
-	opAttempts = "attempts"
+	OpBegin    = "begin"
+	OpFinish   = "finish"
+	OpGet      = "get"
+	OpAudit    = "audit"
+	OpList     = "list"
+	OpResolve  = "resolve"
+	OpSettle   = "settle_due"
+	OpRelease  = "release"
+	OpStats    = "stats"
+	OpDelete   = "delete"
+	OpAttempts = "attempts"
 )
 
-var storeOps = []string{opBegin, opFinish, opGet, opAudit, opAttempts, opList, opResolve, opClaimDue, opGiveUp, opStats, opDelete}
+var storeOps = []string{OpBegin, OpFinish, OpGet, OpAudit, OpAttempts, OpList, OpResolve, OpSettle, OpRelease, OpStats, OpDelete}
 
 // storeAnswers are the store's answers about a record: each is the store
 // working, and each is answered to the caller as such, so none counts as a
 // store error (which pages).
 var storeAnswers = []error{
-	store.ErrNotFound,         // no record for the key
-	store.ErrLeaseLost,        // another owner took the record over
-	store.ErrKeyNotStorable,   // the key can't be stored exactly
-	store.ErrNotUnknown,       // Resolve: the record is not in doubt
-	store.ErrChanged,          // Resolve: the record changed since it was looked at
-	store.ErrInFlight,         // Resolve: a request with the key may be at the provider
-	store.ErrAttemptSucceeded, // Resolve NOT_CREATED: an attempt with the key got a 2xx
+	store.ErrNotFound,       // no record for the key
+	store.ErrKeyNotStorable, // the key can't be stored exactly
+	store.ErrNotUnknown,     // Resolve: the record is not in doubt
+	store.ErrChanged,        // Resolve: the record changed since it was looked at
+	store.ErrInFlight,       // Resolve: a request with the key may be at the provider
 }
 
-// storeOp records an operation's latency and, unless err is nil or one of
+// StoreOp records an operation's latency and, unless err is nil or one of
 // the store's answers, its failure.
-func (m *recordMetrics) storeOp(op string, start time.Time, err error) {
+func (m *Metrics) StoreOp(op string, start time.Time, err error) {
 	m.storeTime.WithLabelValues(op).Observe(time.Since(start).Seconds())
 	if err != nil && !slices.ContainsFunc(storeAnswers, func(answer error) bool { return errors.Is(err, answer) }) {
 		m.storeErrors.WithLabelValues(op).Inc()
