@@ -89,7 +89,13 @@ func (e *Engine) settleDue(ctx context.Context) {
 // closes.
 func (e *Engine) settle(ctx context.Context, claimedAt time.Time, rec *record.Record) {
 	a := e.start(ctx, rec, claimedAt)
-	<-a.sent
+	select {
+	case <-a.sent:
+	case <-ctx.Done():
+		// paymentsd is stopping: the request runs on, and Shutdown waits
+		// for it (or cuts it off at its deadline).
+		return
+	}
 	outcome := "succeeded"
 	if a.result != record.Paid {
 		outcome = "unknown"
