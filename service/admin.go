@@ -12,7 +12,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -20,6 +19,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/engine"
+	"example.com/paymentsd/internal/record"
 	"example.com/paymentsd/store"
 	"example.com/paymentsd/upstream"
 )
@@ -280,13 +281,11 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 	if !s.isAdmin(ctx) {
 		return nil, s.notAdminError(ctx, "resolving a payment")
 	}
-	res := store.Resolution{
-		Key:      req.GetIdempotencyKey(),
-		Evidence: req.GetEvidence(),
-		Actor:    s.actor(ctx),
-	}
+	key := req.GetIdempotencyKey()
+	var res record.Resolve
+	audit := store.AuditInfo{Evidence: req.GetEvidence(), Actor: s.actor(ctx)}
 	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
-		res.RequestID, res.CallerRequestID = ci.requestID, ci.callerRequestID
+		audit.RequestID, audit.CallerRequestID = ci.requestID, ci.callerRequestID
 	}
 	if t := req.GetExpectedUpdateTime(); t != nil {
 		if err := t.CheckValid(); err != nil {
@@ -302,7 +301,7 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 			if _, err := upstream.DecodeReply([]byte(r)); err != nil {
 				return nil, badRequest("reply_json", "must be the provider's payment as a JSON object")
 			}
-			if err := s.checkReplyBelongs(ctx, res.Key, []byte(r)); err != nil {
+			if err := s.checkReplyBelongs(ctx, key, []byte(r)); err != nil {
 				return nil, err
 			}
 			res.Reply = []byte(r)
@@ -316,14 +315,11 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 		return nil, badRequest("outcome", "must be RESOLUTION_OUTCOME_SUCCEEDED or RESOLUTION_OUTCOME_NOT_CREATED")
 	}
 	start := time.Now()
-	got, err := s.store.Resolve(ctx, res)
+	got, err := s.store.Resolve(ctx, key, res, audit)
 	s.metrics.StoreOp(engine.OpResolve, start, err)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return nil, status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment", quoteKey(res.Key), envName(s.env))
-	case errors.Is(err, store.ErrAttemptSucceeded):
-		st := status.New(codes.FailedPrecondition, "an attempt for this idempotency key got a 2xx from the provider (see attempt_history): the payment exists, so it can't be resolved as not created; nothing was changed")
-		return nil, withDetails(st, s.errorInfo(ReasonAttemptSucceeded, map[string]string{"state": paymentState(got.Record.State).String()}))
+		return nil, status.Errorf(codes.NotFound, "paymentsd has no record of idempotency key %s in the %s environment", quoteKey(key), envName(s.env))
 	case errors.Is(err, store.ErrNotUnknown):
 		st := status.New(codes.FailedPrecondition, fmt.Sprintf("only a payment whose outcome is unknown can be resolved; this one is %s: nothing was changed",
 			paymentState(got.Record.State)))
@@ -353,9 +349,9 @@ func (s *Service) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.R
 		return nil, withDetails(status.New(codes.Unavailable, "paymentsd's record store failed; nothing was recorded: retry shortly"),
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
 	}
-	s.metrics.resolutions.WithLabelValues(label).Inc()
-	s.logger.WarnContext(ctx, "payment resolved by a person", keyAttrs(res.Key,
-		slog.String("actor", res.Actor), slog.String("outcome", label),
+	s.metrics.Resolutions.WithLabelValues(label).Inc()
+	s.logger.WarnContext(ctx, "payment resolved by a person", keyAttrs(key,
+		slog.String("actor", audit.Actor), slog.String("outcome", label),
 		slog.String("from_state", got.Entry.From.String()), slog.Bool("settlement_gave_up", got.Entry.GaveUp))...)
 	// The unsettled gauge drops now, not at the next count.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -410,12 +406,4 @@ func resolvedReply(reply []byte) []byte {
 		return []byte("{}")
 	}
 	return reply
-}
-
-// resolutionsCounter is paymentsd_resolutions_total.
-func resolutionsCounter() *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "paymentsd_resolutions_total",
-		Help: "Payments in doubt resolved by a person (ResolveMultiCardPayment), by outcome (succeeded, not_created).",
-	}, []string{"outcome"})
 }

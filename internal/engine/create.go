@@ -116,11 +116,17 @@ func (e *Engine) Create(ctx context.Context, p Payment) Answer {
 			if !ok {
 				return Answer{Told: record.TellInProgress}
 			}
-			if rec.State == record.InProgress {
-				// Its holder's lease expired: claim again.
+			if record.TellFrom(&rec) == record.Wait {
+				// Its holder's lease expired, or a person resolved it
+				// NOT_CREATED (which lets a new attempt start, and is
+				// never told): claim again.
 				continue
 			}
 			return Answer{From: record.Busy, Record: rec}
+		case record.Left:
+			// The claim ran only once its caller's deadline had come, and
+			// wrote nothing.
+			return Answer{Told: record.TellNotSent, Err: ctx.Err()}
 		case record.Replay:
 			e.metrics.replays.Inc()
 		case record.Reused:

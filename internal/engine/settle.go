@@ -30,7 +30,7 @@ func (e *Engine) Run(ctx context.Context) {
 	defer tick.Stop()
 	var lastRetention, lastStats time.Time
 	for {
-		e.settleDue(ctx)
+		e.Settle(ctx)
 		if now := time.Now(); now.Sub(lastStats) >= statsEvery {
 			e.updateStats(ctx)
 			e.checkClock(ctx)
@@ -48,11 +48,12 @@ func (e *Engine) Run(ctx context.Context) {
 	}
 }
 
-// settleDue re-sends the records due for settlement, one claim at a time,
+// Settle runs one round of settlement, as Run does every interval: it
+// re-sends the records due for settlement, one claim at a time,
 // just before each send, so that each send has its whole lease; and gives
 // up on those whose window has closed. Nothing is sent with a key this
 // process holds an unwritten outcome for (record.Settle.Pending).
-func (e *Engine) settleDue(ctx context.Context) {
+func (e *Engine) Settle(ctx context.Context) {
 	pending := func(key string) bool { return e.outbox.pendingFor(key) != nil }
 	for range settleBatch {
 		if ctx.Err() != nil {
@@ -149,7 +150,7 @@ func (e *Engine) gaveUp(ctx context.Context, recs []record.Record) {
 func (e *Engine) updateStats(ctx context.Context) {
 	start := time.Now()
 	st, err := e.store.Stats(ctx)
-	s.metrice.storeOp(opStats, start, err)
+	e.metrics.StoreOp(OpStats, start, err)
 	if err != nil {
 		return
 	}
@@ -166,7 +167,7 @@ func (e *Engine) deleteExpired(ctx context.Context) {
 	for ctx.Err() == nil {
 		start := time.Now()
 		n, err := e.store.DeleteExpired(ctx, keep, retentionBatch)
-		s.metrice.storeOp(opDelete, start, err)
+		e.metrics.StoreOp(OpDelete, start, err)
 		if err != nil {
 			if ctx.Err() == nil {
 				e.logger.Warn("retention could not delete expired records", slog.String("error", err.Error()))
