@@ -308,7 +308,7 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, *pgMode, error) {
 func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error) {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
-		s.noteWrite(err, time.Now())
+		s.noteWrite(err)
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	if s.d.name == "postgres" {
@@ -332,7 +332,7 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 		} else {
 			tx.Rollback()
 		}
-		s.noteWrite(err, time.Now())
+		s.noteWrite(err)
 	}()
 	return fn(tx)
 }

@@ -305,15 +305,22 @@ func waitFired(t *testing.T, f *storetest.Faults, kind string) {
 	}
 }
 
-// waitHealth waits until ok(WriteHealthyFor()).
-func waitHealth(t *testing.T, s *store.Store, what string, ok func(time.Duration) bool) {
+// heal moves the clock on by d in steps shorter than the longest gap
+// between commits that counts as health, committing a write at each: the
+// store's writes have then been healthy for d.
+func heal(t *testing.T, s *store.Store, clk *clock, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !ok(s.WriteHealthyFor()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("WriteHealthyFor() = %v: never %s", s.WriteHealthyFor(), what)
+	const step = time.Second
+	for moved := time.Duration(-1); moved < d; moved += step {
+		if moved >= 0 {
+			clk.Add(step)
 		}
-		time.Sleep(10 * time.Millisecond) // health is polled, as a metric is
+		if err := s.CheckWrite(context.Background()); err != nil {
+			t.Fatalf("CheckWrite() error = %v", err)
+		}
+	}
+	if got := s.WriteHealthyFor(); got < d {
+		t.Fatalf("WriteHealthyFor() = %v after healthy writes for %v", got, d)
 	}
 }
 
@@ -321,7 +328,8 @@ func waitHealth(t *testing.T, s *store.Store, what string, ok func(time.Duration
 // is taken over (by Begin, ClaimDue or GiveUp) only once the store's
 // writes have been healthy for the takeover grace, counted afresh after
 // every outage: the holder, which may have an outcome on its way, gets to
-// write it first.
+// write it first. The writes' health goes by the store's clock, which the
+// test moves: it never waits for it.
 func TestTakeoverWaitsForHealthyWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -333,51 +341,38 @@ func TestTakeoverWaitsForHealthyWrites(t *testing.T) {
 			s, f := openFaulty(t, b.url(t), clk, store.Options{TakeoverGrace: grace})
 			for _, k := range []string{"a", "b", "c"} {
 				c := claim(k, "body", "holder/1")
-				c.Window = lease / 2 // so that c's window closes too
-				if k != "c" {
-					c.Window = window
+				if k == "c" {
+					c.Window = lease / 2 // so that c's window closes too
 				}
 				begin(t, s, c, store.Acquired)
 			}
 			clk.Add(lease)
-
-			waitHealth(t, s, "past the grace", func(d time.Duration) bool { return d >= grace })
+			heal(t, s, clk, grace)
 			begin(t, s, claim("a", "body", "taker/1"), store.Acquired)
 
 			// An outage: every write fails, and health starts again after.
 			f.Down()
-			waitHealth(t, s, "0 while the database is down", func(d time.Duration) bool { return d == 0 })
 			if _, err := s.Begin(ctx, claim("b", "body", "taker/2")); err == nil {
 				t.Errorf("Begin() with the database down error = nil")
 			}
+			if hf := s.WriteHealthyFor(); hf != 0 {
+				t.Errorf("WriteHealthyFor() = %v after a failed write, want 0", hf)
+			}
 			resumed := s.WritesResumed()
 			f.Up()
-			up := time.Now()
-			got, err := s.Begin(ctx, claim("b", "body", "taker/2"))
-			settler, errDue := s.ClaimDue(ctx, "settler/1", lease, 0, 10)
-			gave, errGave := s.GiveUp(ctx, "settler", 10)
-			if time.Since(up) >= grace {
-				t.Skipf("the machine took %v, more than the grace, to make three writes after the outage", time.Since(up))
+			begin(t, s, claim("b", "body", "taker/2"), store.Busy)
+			if got, err := s.ClaimDue(ctx, "settler/1", lease, 0, 10); err != nil || len(got) != 0 {
+				t.Errorf("ClaimDue() just after an outage = %v, %v; want nothing", keys(got), err)
 			}
-			if err != nil || got.Outcome != store.Busy {
-				t.Errorf("Begin(expired lease) just after an outage = %v, %v; want Busy", got.Outcome, err)
+			if gave, err := s.GiveUp(ctx, "settler", 10); err != nil || len(gave) != 0 {
+				t.Errorf("GiveUp() just after an outage = %v, %v; want nothing", keys(gave), err)
 			}
-			if errDue != nil || len(settler) != 0 {
-				t.Errorf("ClaimDue() just after an outage = %v, %v; want nothing", keys(settler), errDue)
-			}
-			if errGave != nil || len(gave) != 0 {
-				t.Errorf("GiveUp() just after an outage = %v, %v; want nothing", keys(gave), errGave)
-			}
-			if hf := s.WriteHealthyFor(); hf > time.Since(up) {
-				t.Errorf("WriteHealthyFor() = %v, %v after the outage ended: health was not counted afresh", hf, time.Since(up))
-			}
-
 			select {
 			case <-resumed:
-			case <-time.After(30 * time.Second):
+			default:
 				t.Errorf("WritesResumed() was not closed once writes committed again")
 			}
-			waitHealth(t, s, "past the grace again", func(d time.Duration) bool { return d >= grace })
+			heal(t, s, clk, grace)
 			begin(t, s, claim("b", "body", "taker/2"), store.Acquired)
 			if gave, err := s.GiveUp(ctx, "settler", 10); err != nil || len(gave) != 1 || gave[0].Key != "c" {
 				t.Errorf("GiveUp() once healthy = %v, %v; want c", keys(gave), err)
@@ -398,7 +393,7 @@ func TestHeldSQLiteLockStopsTakeovers(t *testing.T) {
 	s, _ := openFaulty(t, url, clk, store.Options{TakeoverGrace: grace})
 	begin(t, s, claim("k", "body", "holder/1"), store.Acquired)
 	clk.Add(lease)
-	waitHealth(t, s, "past the grace", func(d time.Duration) bool { return d >= grace })
+	heal(t, s, clk, grace)
 
 	other, err := sql.Open(store.SQLiteDriver, store.SQLiteDSN(strings.TrimPrefix(url, "sqlite:"), false, "busy_timeout(10000)"))
 	if err != nil {
@@ -413,7 +408,12 @@ func TestHeldSQLiteLockStopsTakeovers(t *testing.T) {
 	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
 		t.Fatal(err)
 	}
-	waitHealth(t, s, "0 while another process holds the lock", func(d time.Duration) bool { return d == 0 })
+	// No write commits while the lock is held: by the time a gap longer
+	// than the longest counted has passed, health is 0.
+	clk.Add(2 * time.Second)
+	if hf := s.WriteHealthyFor(); hf != 0 {
+		t.Errorf("WriteHealthyFor() = %v with no commit for 2s, want 0", hf)
+	}
 	took := make(chan store.Outcome, 1)
 	go func() {
 		b, err := s.Begin(ctx, claim("k", "body", "taker/1"))
@@ -425,12 +425,10 @@ func TestHeldSQLiteLockStopsTakeovers(t *testing.T) {
 	if _, err := conn.ExecContext(ctx, `ROLLBACK`); err != nil {
 		t.Fatal(err)
 	}
-	released := time.Now()
-	got := <-took
-	if time.Since(released) < grace && got != store.Busy {
+	if got := <-took; got != store.Busy {
 		t.Errorf("Begin(expired lease) as the lock was released = %v, want Busy", got)
 	}
-	waitHealth(t, s, "past the grace after the lock", func(d time.Duration) bool { return d >= grace })
+	heal(t, s, clk, grace)
 	begin(t, s, claim("k", "body", "taker/1"), store.Acquired)
 }
 

@@ -95,8 +95,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock the store decides by. Leave it nil: SQLite then
 	// uses time.Now, and PostgreSQL its server's clock (see ClockOffset),
-	// so that replicas whose clocks disagree never both hold a key. Tests
-	// set it to move time.
+	// so that replicas whose clocks disagree never both hold a key; and
+	// the writes' health (WriteHealthyFor) and the heartbeat's schedule
+	// go by time.Now. Tests set it to move time: then it decides all of
+	// them.
 	Now func() time.Time
 	// InboxQuota, if set, bounds the bytes the webhook inbox keeps (the
 	// events' Size in all): AppendEvent refuses an event that would pass
@@ -170,8 +172,10 @@ type Store struct {
 	secrets []string
 	// retention is Options.Retention.
 	retention time.Duration
-	// clock is the store's clock, or nil for the database server's.
+	// clock is the store's clock, or nil for the database server's; now
+	// is the clock of this process the writes' health goes by.
 	clock func() time.Time
+	now   func() time.Time
 	// inboxQuota and inboxReserve are Options'; sqlitePath is the SQLite
 	// file, "" in memory or with PostgreSQL.
 	inboxQuota, inboxReserve int64
@@ -308,8 +312,11 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 	if err := CheckURL(url); err != nil {
 		return nil, err
 	}
-	s := &Store{secrets: sec, retention: opts.Retention, clock: opts.Now, grace: opts.TakeoverGrace,
+	s := &Store{secrets: sec, retention: opts.Retention, clock: opts.Now, now: opts.Now, grace: opts.TakeoverGrace,
 		inboxQuota: opts.InboxQuota, inboxReserve: opts.InboxReserve, appends: make(chan struct{}, 1)}
+	if s.now == nil {
+		s.now = time.Now
+	}
 	if s.inboxReserve <= 0 {
 		s.inboxReserve = DefaultInboxReserve
 	}
