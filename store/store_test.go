@@ -626,6 +626,40 @@ func testStore(t *testing.T, b backend) {
 		}
 	})
 
+	// Candidates that Step leaves alone (a quiet period, a lease of the
+	// settler's own process, a key its outbox holds) never keep settlement
+	// from the one that is due behind them.
+	t.Run("SettleDueNotStarved", func(t *testing.T) {
+		t.Parallel()
+		s, clk := fresh(t)
+		const n = 80
+		for i := range n {
+			k := fmt.Sprintf("quiet%02d", i)
+			begin(t, s, claim(k, "body", "a"), record.Acquired)
+			finish(t, s, k, record.Outcome{Result: record.Unknown, QuietFor: time.Hour})
+			k = fmt.Sprintf("own%02d", i)
+			begin(t, s, claim(k, "body", "p/"+k), record.Acquired)
+			k = fmt.Sprintf("pending%02d", i)
+			makeUnknown(t, s, claim(k, "body", "a"), 0)
+		}
+		clk.Add(time.Second)
+		makeUnknown(t, s, claim("due", "body", "a"), 0)
+		begin(t, s, claim("expired", "body", "q/1"), record.Acquired)
+		clk.Add(lease)
+		pending := func(key string) bool { return strings.HasPrefix(key, "pending") }
+		got, gave, err := s.SettleDue(ctx, record.Settle{Owner: "p/settler", LeaseTTL: lease}, pending, 1)
+		if err != nil || len(got) != 1 || len(gave) != 0 {
+			t.Fatalf("SettleDue() = %v, %v, %v; want one record", keys(got), keys(gave), err)
+		}
+		got2, _, err := s.SettleDue(ctx, record.Settle{Owner: "p/settler", LeaseTTL: lease}, pending, 1)
+		if err != nil || len(got2) != 1 {
+			t.Fatalf("second SettleDue() = %v, %v; want one record", keys(got2), err)
+		}
+		if diff := cmp.Diff(map[string]int{"due": 1, "expired": 1}, keys(append(got, got2...))); diff != "" {
+			t.Errorf("SettleDue() past what it leaves (-want +got):\n%s", diff)
+		}
+	})
+
 	t.Run("GiveUp", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
@@ -702,6 +736,156 @@ func testStore(t *testing.T, b backend) {
 		if n, err := s.Release(ctx, "p/1", time.Minute); err != nil || n != 0 {
 			t.Errorf("Release(p/1) again = %d, %v; want 0", n, err)
 		}
+	})
+
+	// Every write is the record Step returned, and leaves the journal rows
+	// Step's effect names: the record a Get reads and the attempts it
+	// lists are what record.Step says, for each kind of write.
+	t.Run("WritesAreStepsEffect", func(t *testing.T) {
+		t.Parallel()
+		s, clk := fresh(t)
+		// check compares key's record with n, and its attempts with what
+		// they were (before) changed by eff.
+		check := func(what, key string, n record.Record, eff record.Effect, before []record.Attempt) {
+			t.Helper()
+			got := get(t, s, key)
+			if diff := cmp.Diff(readAt(n, clk.Now()), got); diff != "" {
+				t.Errorf("%s (%v): stored record (-Step +Get):\n%s", what, eff.Write, diff)
+			}
+			var want []record.Attempt
+			for _, a := range before {
+				if a.InFlight {
+					continue
+				}
+				if r := eff.Rewritten; r != nil && a.Owner == r.Owner && a.Number == r.Number {
+					a = *r
+				}
+				want = append(want, a)
+			}
+			if eff.Ended != nil {
+				want = append(want, *eff.Ended)
+			}
+			if n.State == record.InProgress {
+				want = append(want, n.InFlight())
+			}
+			as, err := s.Attempts(ctx, got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, as, cmp.Comparer(func(a, b []byte) bool { return string(a) == string(b) })); diff != "" {
+				t.Errorf("%s (%v): journal (-Step +stored):\n%s", what, eff.Write, diff)
+			}
+		}
+		journal := func(key string) []record.Attempt {
+			r, err := s.Get(ctx, key)
+			if errors.Is(err, store.ErrNotFound) {
+				return nil
+			}
+			as, err := s.Attempts(ctx, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return as
+		}
+		step := func(r *record.Record, ev record.Event) (record.Record, record.Effect) {
+			return record.Step(r, ev, clk.Now())
+		}
+
+		// WriteInsert.
+		c := claim("k", "body", "p/1")
+		n, eff := step(nil, c)
+		b := begin(t, s, c, record.Acquired)
+		if diff := cmp.Diff(n, b.Record); diff != "" {
+			t.Errorf("Begin(new key) record (-Step +Begin):\n%s", diff)
+		}
+		check("a new key", "k", n, eff, nil)
+
+		// WriteFinish, an unknown outcome.
+		clk.Add(time.Second)
+		o := record.Outcome{Owner: "p/1", Result: record.Unknown, HTTPRequests: 2, ProviderStatus: 503, Reply: []byte(`{"e":1}`),
+			Error: "503", Code: 14, SettleAfter: time.Second}
+		before := journal("k")
+		n, eff = step(&b.Record, o)
+		finishAs(t, s, b.Record, o, record.Written)
+		check("an unknown outcome", "k", n, eff, before)
+
+		// WriteAcquire, by settlement.
+		clk.Add(time.Second)
+		r, before := get(t, s, "k"), journal("k")
+		n, eff = step(&r, record.Settle{Owner: "q/1", LeaseTTL: lease, Quiet: time.Second, Settled: true})
+		settled := claimDue(t, s, "q/1", time.Second, 1)
+		if len(settled) != 1 || !cmp.Equal(n, settled[0]) {
+			t.Fatalf("SettleDue() = %+v, want Step's %+v", settled, n)
+		}
+		check("settlement's claim", "k", n, eff, before)
+
+		// WriteTakeOver.
+		clk.Add(lease + time.Second)
+		r, before = get(t, s, "k"), journal("k")
+		c = claim("k", "body", "r/1")
+		c.Settled = true
+		n, eff = step(&r, c)
+		begin(t, s, c, record.Acquired)
+		check("a takeover", "k", n, eff, before)
+
+		// WriteLate: settlement's 2xx after its lease, with r/1 in flight.
+		clk.Add(time.Second)
+		r, before = get(t, s, "k"), journal("k")
+		o = paid(201, `{"id":"late"}`)
+		o.Owner = "q/1"
+		for _, a := range before {
+			if a.Owner == "q/1" {
+				o.Row = &a
+			}
+		}
+		n, eff = step(&r, o)
+		o.Row = nil
+		finishAs(t, s, settled[0], o, record.Late)
+		check("a late 2xx", "k", n, eff, before)
+		// Then r/1's refusal: nothing is written.
+		r, before = get(t, s, "k"), journal("k")
+		finishAs(t, s, r, record.Outcome{Owner: "r/1", Result: record.Refused}, record.LeaseLost)
+		check("a refusal after the lease", "k", r, record.Effect{}, before)
+
+		// WriteFinish, nothing sent: no row.
+		b = begin(t, s, claim("n", "body", "p/2"), record.Acquired)
+		clk.Add(time.Second)
+		o = record.Outcome{Owner: "p/2", Result: record.NothingSent, Error: "too busy", Code: 8}
+		n, eff = step(&b.Record, o)
+		finishAs(t, s, b.Record, o, record.Written)
+		check("nothing sent", "n", n, eff, journal("n"))
+
+		// WriteAbandon, by a claim past the window.
+		c = claim("w", "body", "p/3")
+		c.Window = lease + time.Second
+		begin(t, s, c, record.Acquired)
+		clk.Add(lease + time.Second)
+		r, before = get(t, s, "w"), journal("w")
+		c = claim("w", "body", "s/1")
+		c.Settled = true
+		n, eff = step(&r, c)
+		begin(t, s, c, record.PastWindow)
+		check("a claim past the window", "w", n, eff, before)
+
+		// WriteGiveUp.
+		clk.Add(time.Second)
+		r, before = get(t, s, "w"), journal("w")
+		n, eff = step(&r, record.Settle{Owner: "q/2", LeaseTTL: lease, Settled: true})
+		if gave := giveUp(t, s, "q/2"); len(gave) != 1 || !cmp.Equal(n, gave[0]) {
+			t.Errorf("give-up pass = %+v, want Step's %+v", gave, n)
+		}
+		check("giving up", "w", n, eff, before)
+
+		// WriteResolve.
+		clk.Add(time.Second)
+		r, before = get(t, s, "w"), journal("w")
+		res := record.Resolve{To: record.Succeeded, Reply: []byte(`{"id":"found"}`), UnchangedSince: r.UpdatedAt}
+		n, eff = step(&r, res)
+		got, err := s.Resolve(ctx, "w", res, store.AuditInfo{Actor: "a", Evidence: "e"})
+		if err != nil || !cmp.Equal(n, got.Record) {
+			t.Errorf("Resolve() = %+v, %v; want Step's %+v", got.Record, err, n)
+		}
+		check("a resolution", "w", n, eff, before)
 	})
 
 	t.Run("ConcurrentBeginOneKey", func(t *testing.T) {
