@@ -51,32 +51,63 @@ type batchOp struct {
 	// committed or failed; otherwise errc does.
 	done func(error)
 	errc chan error
-	// state is opQueued until the batcher takes the operation (opTaken)
-	// or its caller gives up waiting for it first (opAbandoned).
+	// late, if set, makes the operation detachable: once taken, its
+	// caller may stop waiting for it (wait), and late then gets its
+	// result instead, on the batcher's goroutine.
+	late func(error)
+	// state says where the operation is (opQueued…).
 	state atomic.Int32
 }
 
-// finish hands op its result.
+const (
+	// opQueued: waiting for the batcher.
+	opQueued int32 = iota
+	// opTaken: the batcher took it into a batch (or runs it again alone
+	// after its batch failed).
+	opTaken
+	// opAbandoned: its caller gave up waiting before the batcher took it:
+	// it never runs.
+	opAbandoned
+	// opDetached: taken, and then its caller stopped waiting; late gets
+	// its result.
+	opDetached
+	// opRetaken: taken again, to run alone after its batch failed, while
+	// its caller still waited.
+	opRetaken
+	// opDone: its result was handed to its caller.
+	opDone
+)
+
+// finish hands op its result: to late if its caller detached, else to
+// its caller.
 func (op *batchOp) finish(err error) {
-	switch {
-	case op.done != nil:
-		op.done(err)
-	default:
-		op.errc <- err
+	for {
+		switch st := op.state.Load(); st {
+		case opDetached:
+			op.late(err)
+			return
+		case opAbandoned:
+			op.deliver(err)
+			return
+		default:
+			if op.state.CompareAndSwap(st, opDone) {
+				op.deliver(err)
+				return
+			}
+		}
 	}
 }
 
-const (
-	opQueued int32 = iota
-	opTaken
-	opAbandoned
-	// opDetached: taken, and then its caller stopped waiting
-	// (runDetachable).
-	opDetached
-)
+func (op *batchOp) deliver(err error) {
+	if op.done != nil {
+		op.done(err)
+		return
+	}
+	op.errc <- err
+}
 
 // take reports whether the batcher may run op: its caller has not given
-// up on it. Once taken, the caller waits for its result.
+// up on it. Once taken, the caller waits for its result, or detaches.
 func (op *batchOp) take() bool {
 	if op.ctx != nil && op.ctx.Err() != nil {
 		op.state.CompareAndSwap(opQueued, opAbandoned)
@@ -95,7 +126,7 @@ func (op *batchOp) abandoned() error {
 // clean reports whether an operation's error leaves the transaction as it
 // was, so the rest of the batch may go on.
 func clean(err error) bool {
-	return errors.Is(err, ErrLeaseLost) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // batcher queues operations for the writer and runs them in batches, on
@@ -138,41 +169,37 @@ func (b *batcher) submit(op *batchOp) {
 // into a batch, it waits even if ctx ends: an operation that has run must
 // learn whether it committed.
 func (b *batcher) run(ctx context.Context, fn func(context.Context, *sql.Tx, time.Time) error) error {
-	return b.wait(ctx, fn, false)
+	err, _ := b.wait(ctx, &batchOp{ctx: ctx, fn: fn, errc: make(chan error, 1)})
+	return err
 }
 
-// runDetachable is run for an operation whose caller must answer by its
-// deadline even if the batch that took fn is stuck (a database that stopped
-// answering mid-transaction, a pooler queueing it): once ctx ends it
-// returns ErrCommitUnknown at once, and the batch may yet commit fn, or
-// not. If the batch fails, fn is not tried again on its own.
-func (b *batcher) runDetachable(ctx context.Context, fn func(context.Context, *sql.Tx, time.Time) error) error {
-	return b.wait(ctx, fn, true)
-}
-
-func (b *batcher) wait(ctx context.Context, fn func(context.Context, *sql.Tx, time.Time) error, detachable bool) error {
-	op := &batchOp{ctx: ctx, fn: fn, errc: make(chan error, 1)}
+// wait submits op and waits for its result, or until ctx ends: then an
+// op still queued never runs (state opAbandoned), and a detachable op
+// that was taken is left to finish without its caller (opDetached),
+// unless its result is already in. It returns the op's result, if its
+// caller got it, and the op's state when wait returned.
+func (b *batcher) wait(ctx context.Context, op *batchOp) (error, int32) {
 	b.submit(op)
+	return b.await(ctx, op)
+}
+
+// await is wait for an op submitted.
+func (b *batcher) await(ctx context.Context, op *batchOp) (error, int32) {
 	select {
 	case err := <-op.errc:
-		return err
+		return err, opDone
 	case <-ctx.Done():
-		if op.state.CompareAndSwap(opQueued, opAbandoned) {
-			return ctx.Err()
-		}
-		if detachable {
-			// A result already here is the caller's, deadline or not.
-			select {
-			case err := <-op.errc:
-				return err
-			default:
-			}
-		}
-		if detachable && op.state.CompareAndSwap(opTaken, opDetached) {
-			return fmt.Errorf("%w: its caller stopped waiting for the transaction that holds it: %w", ErrCommitUnknown, ctx.Err())
-		}
-		return <-op.errc
 	}
+	if op.state.CompareAndSwap(opQueued, opAbandoned) {
+		return ctx.Err(), opAbandoned
+	}
+	if op.late != nil && (op.state.CompareAndSwap(opTaken, opDetached) || op.state.CompareAndSwap(opRetaken, opDetached)) {
+		return ctx.Err(), opDetached
+	}
+	// Its result is in or on its way (opDone), or the batcher found ctx
+	// ended before it took it (opAbandoned).
+	err := <-op.errc
+	return err, op.state.Load()
 }
 
 // close runs what is queued, then stops the batcher.
@@ -214,10 +241,12 @@ func (b *batcher) loop() {
 // runBatch runs ops in one transaction and commits it. If an operation
 // fails in a way that may have left the transaction half-written, the
 // batch is rolled back and each operation runs again in a transaction of
-// its own, so that one bad operation fails only itself.
+// its own, so that one bad operation fails only itself; but one whose
+// caller has stopped waiting for it (detached) is not run again: it fails.
 func (s *Store) runBatch(ops []*batchOp) {
 	ctx := context.Background()
 	errs := make([]error, len(ops))
+	var failed error
 	err := s.transact(ctx, func(tx *sql.Tx) error {
 		now, err := s.txNow(ctx, tx)
 		if err != nil {
@@ -230,6 +259,7 @@ func (s *Store) runBatch(ops []*batchOp) {
 			}
 			if err := op.fn(ctx, tx, now); err != nil {
 				if !clean(err) {
+					failed = err
 					return errBatchFailed
 				}
 				errs[i] = err
@@ -239,28 +269,39 @@ func (s *Store) runBatch(ops []*batchOp) {
 	})
 	if errors.Is(err, errBatchFailed) {
 		for _, op := range ops {
-			if op.state.Load() != opTaken && !op.take() {
-				op.finish(op.abandoned())
+			// Taken, and its caller still waits: run it again (its caller
+			// may still detach while it runs: late then gets what it did).
+			if op.state.CompareAndSwap(opTaken, opRetaken) || op.take() {
+				op.finish(s.transact(ctx, func(tx *sql.Tx) error {
+					now, err := s.txNow(ctx, tx)
+					if err != nil {
+						return err
+					}
+					return op.fn(ctx, tx, now)
+				}))
 				continue
 			}
-			op.finish(s.transact(ctx, func(tx *sql.Tx) error {
-				now, err := s.txNow(ctx, tx)
-				if err != nil {
-					return err
-				}
-				return op.fn(ctx, tx, now)
-			}))
+			if op.state.Load() == opDetached {
+				op.finish(fmt.Errorf("%w: %w", errRolledBack, failed))
+				continue
+			}
+			op.finish(op.abandoned())
 		}
 		return
 	}
 	for i, op := range ops {
 		if err != nil && errs[i] == nil {
 			// The transaction could not begin or commit: nothing is
-			// written.
+			// written, or (ErrCommitUnknown) maybe everything.
 			errs[i] = err
 		}
 		op.finish(errs[i])
 	}
 }
 
-var errBatchFailed = errors.New("an operation of the batch failed")
+var (
+	errBatchFailed = errors.New("an operation of the batch failed")
+	// errRolledBack: a detached operation's batch failed, and was rolled
+	// back; the operation was not run again, and wrote nothing.
+	errRolledBack = errors.New("the batch was rolled back; nothing of the operation was written")
+)

@@ -42,6 +42,13 @@ type dialect struct {
 	// SQLite, or key_hash (SHA-256 of the key) in PostgreSQL, whose btree
 	// indexes can't hold a long key.
 	keyCol string
+	// no is false as a literal, written as the partial index
+	// records_due's condition is, so that the planner matches it.
+	no string
+	// dueIndex follows "FROM records" in settlement's query: SQLite's
+	// planner, with no statistics, prefers records_state, which holds
+	// every given-up record too.
+	dueIndex string
 }
 
 var (
@@ -51,6 +58,8 @@ var (
 		prepare:       true,
 		intTimes:      true,
 		keyCol:        "key",
+		no:            "0",
+		dueIndex:      " INDEXED BY records_due",
 	}
 	postgresDialect = dialect{
 		name:         "postgres",
@@ -58,6 +67,7 @@ var (
 		skipLocked:   "FOR UPDATE SKIP LOCKED",
 		textKeysOnly: true,
 		keyCol:       "key_hash",
+		no:           "false",
 	}
 )
 
@@ -308,7 +318,7 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, *pgMode, error) {
 func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error) {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
-		s.noteWrite(err, time.Now())
+		s.noteWrite(err)
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	if s.d.name == "postgres" {
@@ -332,7 +342,7 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 		} else {
 			tx.Rollback()
 		}
-		s.noteWrite(err, time.Now())
+		s.noteWrite(err)
 	}()
 	return fn(tx)
 }
@@ -618,8 +628,8 @@ func (e *redactedError) Error() string { return e.msg }
 
 func (e *redactedError) Is(target error) bool {
 	switch target {
-	case context.Canceled, context.DeadlineExceeded, ErrNotFound, ErrLeaseLost, ErrWrongEnvironment, ErrKeyNotStorable, ErrCommitUnknown,
-		ErrConnectTimeout, ErrMigrateTimeout, ErrInboxFull, ErrNotUnknown, ErrInFlight, ErrChanged, ErrAttemptSucceeded, ErrClosed:
+	case context.Canceled, context.DeadlineExceeded, ErrNotFound, ErrWrongEnvironment, ErrKeyNotStorable, ErrCommitUnknown,
+		ErrConnectTimeout, ErrMigrateTimeout, ErrInboxFull, ErrNotUnknown, ErrInFlight, ErrChanged, ErrClosed:
 		return errors.Is(e.cause, target)
 	}
 	return false

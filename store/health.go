@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 )
@@ -18,7 +17,7 @@ func (s *Store) CheckWrite(ctx context.Context) error {
 	err := s.transact(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, s.d.q(`
 			INSERT INTO meta (name, value) VALUES ('write_check', $1)
-			ON CONFLICT (name) DO UPDATE SET value = excluded.value`), time.Now().UTC().Format(time.RFC3339Nano))
+			ON CONFLICT (name) DO UPDATE SET value = excluded.value`), s.now().UTC().Format(time.RFC3339Nano))
 		return err
 	})
 	if err != nil {
@@ -38,7 +37,9 @@ func (s *Store) CheckWrite(ctx context.Context) error {
 // an expired lease is allowed only once that has lasted TakeoverGrace,
 // more than the outbox's longest retry interval plus a write's latency:
 // after any outage that this replica saw too, the holder's pending
-// outcome lands first. Gaps are measured on the monotonic clock.
+// outcome lands first (record.Claim.Settled, record.Settle.Settled). Gaps
+// are measured on this process's clock (Options.Now, or time.Now's
+// monotonic reading), so that tests move it rather than wait.
 //
 // A replica cut off from the database alone (a partition, not an outage)
 // is seen by the others as a dead one: they take its records over once
@@ -130,49 +131,28 @@ func (s *Store) WritesResumed() <-chan struct{} { return s.health.resumedCh() }
 // WriteHealthyFor is how long every write of this store has been
 // committing without a failure or a gap: takeovers of expired leases wait
 // until it reaches TakeoverGrace.
-func (s *Store) WriteHealthyFor() time.Duration { return s.health.healthyFor(time.Now()) }
+func (s *Store) WriteHealthyFor() time.Duration { return s.health.healthyFor(s.now()) }
 
 // noteWrite records a write transaction's outcome in the store's health:
 // a commit, or a failure of the database (not a refusal of the store's
-// own, such as ErrLeaseLost, nor a caller that gave up).
-func (s *Store) noteWrite(err error, end time.Time) {
+// own, nor a caller that gave up).
+func (s *Store) noteWrite(err error) {
 	switch {
 	case err == nil:
-		s.health.committed(end)
+		s.health.committed(s.now())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, ErrNotFound), errors.Is(err, ErrLeaseLost), errors.Is(err, ErrNotUnknown),
+		errors.Is(err, ErrNotFound), errors.Is(err, ErrNotUnknown),
 		errors.Is(err, ErrInFlight), errors.Is(err, ErrChanged), errors.Is(err, ErrInboxFull),
-		errors.Is(err, ErrWrongEnvironment), errors.Is(err, ErrAttemptSucceeded):
+		errors.Is(err, ErrWrongEnvironment):
 	default:
 		s.health.failed()
 	}
 }
 
-// mayTakeOver reports whether owner (a claimant) may take over a record
-// whose expired lease holder is holder: never its own process's (its
-// outcome is in that process's outbox, and lands), and only once this
-// store's writes have been healthy for the takeover grace.
-func (s *Store) mayTakeOver(owner, holder string) bool {
-	if p := ownerProcess(owner); p != "" && p == ownerProcess(holder) {
-		return false
-	}
-	return s.writesSettled()
-}
-
 // writesSettled reports whether this store's writes have been healthy for
 // the takeover grace.
 func (s *Store) writesSettled() bool {
-	return s.grace < 0 || s.health.healthyFor(time.Now()) >= s.grace
-}
-
-// ownerProcess is the process part of a lease owner, "<process>/<claim>":
-// "" for an owner with no process part.
-func ownerProcess(owner string) string {
-	p, _, ok := strings.Cut(owner, "/")
-	if !ok {
-		return ""
-	}
-	return p
+	return s.grace < 0 || s.health.healthyFor(s.now()) >= s.grace
 }
 
 // heartbeat commits a write of no consequence whenever no other write has
@@ -189,7 +169,7 @@ func (s *Store) heartbeat(stop <-chan struct{}) {
 			return
 		case <-t.C:
 		}
-		if s.health.idleFor(time.Now()) < heartbeatEvery {
+		if s.health.idleFor(s.now()) < heartbeatEvery {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), heartbeatTimeout)

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"example.com/paymentsd/internal/record"
 )
 
 // ListQuery asks ListRecords for a page of records, in page order: by
@@ -14,7 +16,7 @@ import (
 // SHA-256 in PostgreSQL). Every filter set must match.
 type ListQuery struct {
 	// States: only records in one of these; empty means every state.
-	States []State
+	States []record.State
 	// CreatedAfter (inclusive) and CreatedBefore (exclusive) bound
 	// CreatedAt; zero leaves that side open.
 	CreatedAfter, CreatedBefore time.Time
@@ -48,7 +50,7 @@ type Cursor struct {
 // Page is one page of ListRecords.
 type Page struct {
 	// Records are in page order. Their Body is never read.
-	Records []Record
+	Records []record.Record
 	// Next is the position after the last record, for the next page's
 	// After; nil when the page is empty.
 	Next *Cursor
@@ -56,7 +58,7 @@ type Page struct {
 	More bool
 	// Attempts, with ListQuery.WithAttempts, holds each record's attempts
 	// (as Attempts returns them) by key.
-	Attempts map[string][]Attempt
+	Attempts map[string][]record.Attempt
 }
 
 // listOverhead is what ListRecords counts per record besides its key,
@@ -139,14 +141,14 @@ func (s *Store) listRecords(ctx context.Context, q ListQuery) (Page, error) {
 
 	states := q.States
 	if len(states) == 0 {
-		states = []State{StateInProgress, StateSucceeded, StateNotCreated, StateOutcomeUnknown}
+		states = []record.State{record.InProgress, record.Succeeded, record.NotCreated, record.OutcomeUnknown}
 	}
 	gaveUps := []bool{false, true}
 	if q.GaveUp != nil {
 		gaveUps = []bool{*q.GaveUp}
 	}
 	var arms []string
-	seen := map[State]bool{}
+	seen := map[record.State]bool{}
 	for _, st := range states {
 		if seen[st] {
 			continue
@@ -268,7 +270,7 @@ func (s *Store) listRecords(ctx context.Context, q ListQuery) (Page, error) {
 			return err
 		}
 		defer rows.Close()
-		page.Records = make([]Record, 0, len(ps))
+		page.Records = make([]record.Record, 0, len(ps))
 		var total int64
 		for rows.Next() {
 			var tie []byte
@@ -298,7 +300,7 @@ func (s *Store) listRecords(ctx context.Context, q ListQuery) (Page, error) {
 }
 
 // pageAttempts reads the attempts of a page's records, by key.
-func (s *Store) pageAttempts(ctx context.Context, tx *sql.Tx, recs []Record) (map[string][]Attempt, error) {
+func (s *Store) pageAttempts(ctx context.Context, tx *sql.Tx, recs []record.Record) (map[string][]record.Attempt, error) {
 	d := s.d
 	var in listArgs
 	marks := make([]string, len(recs))
@@ -313,7 +315,7 @@ func (s *Store) pageAttempts(ctx context.Context, tx *sql.Tx, recs []Record) (ma
 		return nil, fmt.Errorf("read attempts: %w", err)
 	}
 	defer rows.Close()
-	out := make(map[string][]Attempt, len(recs))
+	out := make(map[string][]record.Attempt, len(recs))
 	for rows.Next() {
 		var col any
 		a, err := scanAttempt(rows, &col)
@@ -327,8 +329,8 @@ func (s *Store) pageAttempts(ctx context.Context, tx *sql.Tx, recs []Record) (ma
 		return nil, fmt.Errorf("read attempts: %w", err)
 	}
 	for _, r := range recs {
-		if r.State == StateInProgress {
-			out[r.Key] = append(out[r.Key], inFlight(r))
+		if r.State == record.InProgress {
+			out[r.Key] = append(out[r.Key], r.InFlight())
 		}
 	}
 	return out, nil

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"example.com/paymentsd/store/storetest"
+
+	"example.com/paymentsd/internal/record"
 )
 
 // BenchmarkListFiltered measures ListRecords' filtered pages over
@@ -31,16 +33,16 @@ func BenchmarkListFiltered(b *testing.B) {
 		name string
 		q    ListQuery
 	}{
-		{"unknown", ListQuery{States: []State{StateOutcomeUnknown}}},
-		{"unknown+in_progress", ListQuery{States: []State{StateOutcomeUnknown, StateInProgress}}},
+		{"unknown", ListQuery{States: []record.State{record.OutcomeUnknown}}},
+		{"unknown+in_progress", ListQuery{States: []record.State{record.OutcomeUnknown, record.InProgress}}},
 		{"gave_up", ListQuery{GaveUp: &gaveUp}},
 		{"all", ListQuery{}},
 		{"all_full_view", ListQuery{WithReply: true}},
 		{"all_page1000", ListQuery{Limit: 1000}},
 		{"time_range_middle", ListQuery{CreatedAfter: mid, CreatedBefore: mid.Add(time.Hour)}},
 		{"caller", ListQuery{ByCaller: true, Caller: "spiffe://bench/caller-3"}},
-		{"caller_unknown", ListQuery{ByCaller: true, Caller: "spiffe://bench/caller-0", States: []State{StateOutcomeUnknown}}},
-		{"unknown_deep_page", ListQuery{States: []State{StateOutcomeUnknown}, After: &Cursor{CreatedAt: mid, Tie: nil}}},
+		{"caller_unknown", ListQuery{ByCaller: true, Caller: "spiffe://bench/caller-0", States: []record.State{record.OutcomeUnknown}}},
+		{"unknown_deep_page", ListQuery{States: []record.State{record.OutcomeUnknown}, After: &Cursor{CreatedAt: mid, Tie: nil}}},
 	}
 	for _, bk := range []struct {
 		name string

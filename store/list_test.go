@@ -11,15 +11,16 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"example.com/paymentsd/internal/record"
 	"example.com/paymentsd/store"
 )
 
 // seedList writes n records one second apart (every fourth shares its
 // predecessor's second), cycling through the states and three callers,
 // and returns them as Get reads them.
-func seedList(t *testing.T, s *store.Store, clk *clock, n int) []store.Record {
+func seedList(t *testing.T, s *store.Store, clk *clock, n int) []record.Record {
 	t.Helper()
-	var out []store.Record
+	var out []record.Record
 	for i := range n {
 		if i%4 != 3 {
 			clk.Add(time.Second)
@@ -28,17 +29,15 @@ func seedList(t *testing.T, s *store.Store, clk *clock, n int) []store.Record {
 		c.Caller = fmt.Sprintf("spiffe://test/caller-%d", i%3)
 		switch i % 4 {
 		case 0:
-			begin(t, s, c, store.Acquired)
-			finish(t, s, store.Finish{Key: c.Key, Owner: c.Owner, State: store.StateSucceeded, AddAttempts: 1,
-				ProviderStatus: 201, Reply: []byte(`{"id":"pay_` + c.Key + `","pad":"` + strings.Repeat("x", 1000) + `"}`)})
+			begin(t, s, c, record.Acquired)
+			finish(t, s, c.Key, record.Outcome{Result: record.Paid, HTTPRequests: 1, ProviderStatus: 201, Reply: []byte(`{"id":"pay_` + c.Key + `","pad":"` + strings.Repeat("x", 1000) + `"}`)})
 		case 1:
 			makeUnknown(t, s, c, time.Minute)
 		case 2:
-			begin(t, s, c, store.Acquired)
-			finish(t, s, store.Finish{Key: c.Key, Owner: c.Owner, State: store.StateNotCreated, AddAttempts: 1,
-				ProviderStatus: 400, Reply: []byte(`{"error":"bad"}`), LastError: "400"})
+			begin(t, s, c, record.Acquired)
+			finish(t, s, c.Key, record.Outcome{Result: record.Refused, HTTPRequests: 1, ProviderStatus: 400, Reply: []byte(`{"error":"bad"}`), Error: "400"})
 		case 3:
-			begin(t, s, c, store.Acquired)
+			begin(t, s, c, record.Acquired)
 		}
 	}
 	for i := range n {
@@ -49,9 +48,9 @@ func seedList(t *testing.T, s *store.Store, clk *clock, n int) []store.Record {
 
 // listAll pages through q with q.Limit, and returns every record and the
 // number of pages.
-func listAll(t *testing.T, s *store.Store, q store.ListQuery) ([]store.Record, int) {
+func listAll(t *testing.T, s *store.Store, q store.ListQuery) ([]record.Record, int) {
 	t.Helper()
-	var out []store.Record
+	var out []record.Record
 	pages := 0
 	for {
 		p, err := s.ListRecords(context.Background(), q)
@@ -79,7 +78,7 @@ func listAll(t *testing.T, s *store.Store, q store.ListQuery) ([]store.Record, i
 	}
 }
 
-func listKeys(rs []store.Record) []string {
+func listKeys(rs []record.Record) []string {
 	var ks []string
 	for _, r := range rs {
 		ks = append(ks, r.Key)
@@ -97,9 +96,7 @@ func testList(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		// Give up on the unknown records so far, then add two more that
 		// have not.
 		clk.Add(window + time.Second)
-		if _, err := s.GiveUp(ctx, "", 100); err != nil {
-			t.Fatal(err)
-		}
+		giveUp(t, s, "settler/1")
 		for i := range 2 {
 			c := claim(fmt.Sprintf("late-%d", i), `{}`, "late")
 			c.Caller = "spiffe://test/caller-0"
@@ -135,27 +132,27 @@ func testList(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		cases := []struct {
 			name string
 			q    store.ListQuery
-			keep func(store.Record) bool
+			keep func(record.Record) bool
 		}{
-			{"all", store.ListQuery{}, func(store.Record) bool { return true }},
-			{"unknown", store.ListQuery{States: []store.State{store.StateOutcomeUnknown}},
-				func(r store.Record) bool { return r.State == store.StateOutcomeUnknown }},
-			{"unknown or in progress", store.ListQuery{States: []store.State{store.StateOutcomeUnknown, store.StateInProgress}},
-				func(r store.Record) bool {
-					return r.State == store.StateOutcomeUnknown || r.State == store.StateInProgress
+			{"all", store.ListQuery{}, func(record.Record) bool { return true }},
+			{"unknown", store.ListQuery{States: []record.State{record.OutcomeUnknown}},
+				func(r record.Record) bool { return r.State == record.OutcomeUnknown }},
+			{"unknown or in progress", store.ListQuery{States: []record.State{record.OutcomeUnknown, record.InProgress}},
+				func(r record.Record) bool {
+					return r.State == record.OutcomeUnknown || r.State == record.InProgress
 				}},
 			{"caller", store.ListQuery{ByCaller: true, Caller: "spiffe://test/caller-1"},
-				func(r store.Record) bool { return r.Caller == "spiffe://test/caller-1" }},
-			{"caller and state", store.ListQuery{ByCaller: true, Caller: "spiffe://test/caller-0", States: []store.State{store.StateOutcomeUnknown}},
-				func(r store.Record) bool {
-					return r.Caller == "spiffe://test/caller-0" && r.State == store.StateOutcomeUnknown
+				func(r record.Record) bool { return r.Caller == "spiffe://test/caller-1" }},
+			{"caller and state", store.ListQuery{ByCaller: true, Caller: "spiffe://test/caller-0", States: []record.State{record.OutcomeUnknown}},
+				func(r record.Record) bool {
+					return r.Caller == "spiffe://test/caller-0" && r.State == record.OutcomeUnknown
 				}},
-			{"no caller", store.ListQuery{ByCaller: true, Caller: ""}, func(r store.Record) bool { return r.Caller == "" }},
-			{"gave up", store.ListQuery{GaveUp: &gaveUp}, func(r store.Record) bool { return r.GaveUp }},
-			{"not gave up, unknown", store.ListQuery{GaveUp: &notGaveUp, States: []store.State{store.StateOutcomeUnknown}},
-				func(r store.Record) bool { return !r.GaveUp && r.State == store.StateOutcomeUnknown }},
+			{"no caller", store.ListQuery{ByCaller: true, Caller: ""}, func(r record.Record) bool { return r.Caller == "" }},
+			{"gave up", store.ListQuery{GaveUp: &gaveUp}, func(r record.Record) bool { return r.GaveUp }},
+			{"not gave up, unknown", store.ListQuery{GaveUp: &notGaveUp, States: []record.State{record.OutcomeUnknown}},
+				func(r record.Record) bool { return !r.GaveUp && r.State == record.OutcomeUnknown }},
 			{"time range", store.ListQuery{CreatedAfter: all[4].CreatedAt, CreatedBefore: all[10].CreatedAt},
-				func(r store.Record) bool {
+				func(r record.Record) bool {
 					return !r.CreatedAt.Before(all[4].CreatedAt) && r.CreatedAt.Before(all[10].CreatedAt)
 				}},
 		}
@@ -200,7 +197,7 @@ func testList(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		t.Parallel()
 		s, clk := fresh(t)
 		seedList(t, s, clk, 16)
-		succeeded := []store.State{store.StateSucceeded}
+		succeeded := []record.State{record.Succeeded}
 		// Each succeeded record's reply is over 1000 bytes: a 2500-byte
 		// page holds two of them with their replies, and all four
 		// without.
@@ -254,9 +251,9 @@ func testList(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 
 func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 	ctx := context.Background()
-	resolve := func(key string, to store.State, reply []byte) store.Resolution {
-		return store.Resolution{Key: key, To: to, Reply: reply, Evidence: "dashboard shows pay_1\nsettled",
-			Actor: "spiffe://test/oncall", RequestID: "req-resolve"}
+	audit := store.AuditInfo{Evidence: "dashboard shows pay_1\nsettled", Actor: "spiffe://test/oncall", RequestID: "req-resolve"}
+	resolve := func(s *store.Store, key string, to record.State, reply []byte) (store.Resolved, error) {
+		return s.Resolve(ctx, key, record.Resolve{To: to, Reply: reply}, audit)
 	}
 
 	t.Run("ResolveSucceeded", func(t *testing.T) {
@@ -265,25 +262,23 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		c := claim("r1", `{"amount":1}`, "a")
 		makeUnknown(t, s, c, time.Minute)
 		at := clk.Add(window + time.Second)
-		if _, err := s.GiveUp(ctx, "", 10); err != nil {
-			t.Fatal(err)
-		}
+		giveUp(t, s, "settler/1")
 		if st, _ := s.Stats(ctx); st.Unsettled != 1 {
 			t.Fatalf("Stats().Unsettled = %d before resolving, want 1", st.Unsettled)
 		}
 		reply := []byte(`{"id":"pay_1","amount":12345678901234567890}`)
-		got, err := s.Resolve(ctx, resolve(c.Key, store.StateSucceeded, reply))
+		got, err := resolve(s, c.Key, record.Succeeded, reply)
 		if err != nil {
 			t.Fatalf("Resolve(unknown, succeeded) error = %v", err)
 		}
-		want := store.AuditEntry{CreatedAt: us(at), Actor: "spiffe://test/oncall", From: store.StateOutcomeUnknown,
-			To: store.StateSucceeded, Evidence: "dashboard shows pay_1\nsettled", RequestID: "req-resolve",
+		want := store.AuditEntry{CreatedAt: us(at), Actor: "spiffe://test/oncall", From: record.OutcomeUnknown,
+			To: record.Succeeded, Evidence: "dashboard shows pay_1\nsettled", RequestID: "req-resolve",
 			ReplyRecorded: true, GaveUp: true}
 		if diff := cmp.Diff(want, got.Entry); diff != "" {
 			t.Errorf("Resolve entry (-want +got):\n%s", diff)
 		}
 		r := get(t, s, c.Key)
-		if r.State != store.StateSucceeded || string(r.Reply) != string(reply) || r.ProviderStatus != 0 ||
+		if r.State != record.Succeeded || string(r.Reply) != string(reply) || r.ProviderStatus != 0 ||
 			r.GaveUp || !r.ResolvedAt.Equal(us(at)) || r.LastError != "" {
 			t.Errorf("record after Resolve = %+v", r)
 		}
@@ -301,12 +296,12 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 			t.Errorf("Stats().Unsettled = %d after resolving, want 0", st.Unsettled)
 		}
 		// Calls with the key replay the resolution.
-		b := begin(t, s, c, store.Replay)
+		b := begin(t, s, c, record.Replay)
 		if string(b.Record.Reply) != string(reply) {
 			t.Errorf("Begin after Resolve replays %q, want %q", b.Record.Reply, reply)
 		}
 		// Nothing to resolve again.
-		if _, err := s.Resolve(ctx, resolve(c.Key, store.StateNotCreated, nil)); !errors.Is(err, store.ErrNotUnknown) {
+		if _, err := resolve(s, c.Key, record.NotCreated, nil); !errors.Is(err, store.ErrNotUnknown) {
 			t.Errorf("Resolve(resolved) error = %v, want ErrNotUnknown", err)
 		}
 		// The audit trail can't be rewritten.
@@ -326,52 +321,57 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		c := claim("r2", `{"amount":2}`, "a")
 		makeUnknown(t, s, c, time.Minute)
 		clk.Add(time.Second)
-		got, err := s.Resolve(ctx, resolve(c.Key, store.StateNotCreated, nil))
+		got, err := resolve(s, c.Key, record.NotCreated, nil)
 		if err != nil {
 			t.Fatalf("Resolve(unknown, not created) error = %v", err)
 		}
-		if got.Record.State != store.StateNotCreated || got.Record.ProviderStatus != 503 || got.Entry.ReplyRecorded || got.Entry.GaveUp {
+		if got.Record.State != record.NotCreated || got.Record.ProviderStatus != 503 || got.Entry.ReplyRecorded || got.Entry.GaveUp {
 			t.Errorf("Resolve(not created) = %+v", got)
 		}
 		// Settlement leaves it alone, even once it is due.
 		clk.Add(time.Hour)
 		if due := claimDue(t, s, "settler", 0, 10); len(due) != 0 {
-			t.Errorf("ClaimDue after a resolution = %v, want none", keys(due))
+			t.Errorf("SettleDue after a resolution = %v, want none", keys(due))
 		}
-		// The next call makes a new attempt, with a new window.
-		b := begin(t, s, c, store.Acquired)
-		if b.Prior != store.StateNotCreated || !b.Record.SettleBy.Equal(us(clk.Now().Add(window))) {
-			t.Errorf("Begin after NOT_CREATED: Prior %v, SettleBy %v", b.Prior, b.Record.SettleBy)
+		// The next call makes a new attempt, with a new window; a person's
+		// word is not the provider's, so the attempt does not start the
+		// key afresh.
+		b := begin(t, s, c, record.Acquired)
+		if b.Record.PriorState != record.OutcomeUnknown || !b.Record.SettleBy.Equal(us(clk.Now().Add(window))) {
+			t.Errorf("Begin after NOT_CREATED: PriorState %v, SettleBy %v; want OutcomeUnknown, a new window", b.Record.PriorState, b.Record.SettleBy)
+		}
+		if r := finish(t, s, c.Key, refused(400)); r.State != record.OutcomeUnknown {
+			t.Errorf("a refusal after a NOT_CREATED resolution: %v, want OutcomeUnknown", r.State)
 		}
 	})
 
 	t.Run("ResolveRefusals", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
-		if _, err := s.Resolve(ctx, resolve("missing", store.StateSucceeded, nil)); !errors.Is(err, store.ErrNotFound) {
+		if _, err := resolve(s, "missing", record.Succeeded, nil); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("Resolve(missing) error = %v, want ErrNotFound", err)
 		}
 		busy := claim("busy", `{}`, "a")
-		begin(t, s, busy, store.Acquired)
-		if got, err := s.Resolve(ctx, resolve(busy.Key, store.StateNotCreated, nil)); !errors.Is(err, store.ErrInFlight) || got.Record.State != store.StateInProgress {
+		begin(t, s, busy, record.Acquired)
+		if got, err := resolve(s, busy.Key, record.NotCreated, nil); !errors.Is(err, store.ErrInFlight) || got.Record.State != record.InProgress {
 			t.Errorf("Resolve(in progress) = %v, %v; want ErrInFlight and the record", got.Record.State, err)
 		}
 		done := claim("done", `{}`, "a")
-		begin(t, s, done, store.Acquired)
-		finish(t, s, store.Finish{Key: done.Key, Owner: "a", State: store.StateSucceeded, ProviderStatus: 200, Reply: []byte(`{}`)})
-		if got, err := s.Resolve(ctx, resolve(done.Key, store.StateNotCreated, nil)); !errors.Is(err, store.ErrNotUnknown) || got.Record.State != store.StateSucceeded {
+		begin(t, s, done, record.Acquired)
+		finish(t, s, done.Key, record.Outcome{Result: record.Paid, ProviderStatus: 200, Reply: []byte(`{}`)})
+		if got, err := resolve(s, done.Key, record.NotCreated, nil); !errors.Is(err, store.ErrNotUnknown) || got.Record.State != record.Succeeded {
 			t.Errorf("Resolve(succeeded) = %v, %v; want ErrNotUnknown and the record", got.Record.State, err)
 		}
 		// An unknown record whose last request may still be at the
 		// provider: refused until its quiet period ends.
 		q := quiet(claim("quiet", `{}`, "a"), time.Minute)
-		begin(t, s, q, store.Acquired)
-		finish(t, s, store.Finish{Key: q.Key, Owner: "a", State: store.StateOutcomeUnknown, QuietFor: time.Minute, SettleAfter: time.Minute})
-		if _, err := s.Resolve(ctx, resolve(q.Key, store.StateNotCreated, nil)); !errors.Is(err, store.ErrInFlight) {
+		begin(t, s, q, record.Acquired)
+		finish(t, s, q.Key, record.Outcome{Result: record.Unknown, QuietFor: time.Minute, SettleAfter: time.Minute})
+		if _, err := resolve(s, q.Key, record.NotCreated, nil); !errors.Is(err, store.ErrInFlight) {
 			t.Errorf("Resolve(unknown, quiet) error = %v, want ErrInFlight", err)
 		}
 		clk.Add(time.Minute)
-		if _, err := s.Resolve(ctx, resolve(q.Key, store.StateNotCreated, nil)); err != nil {
+		if _, err := resolve(s, q.Key, record.NotCreated, nil); err != nil {
 			t.Errorf("Resolve(unknown, quiet period over) error = %v", err)
 		}
 		if n, _ := store.CountRows(ctx, s, "audit_entries"); n != 1 {
@@ -389,13 +389,13 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		clk.Add(time.Second)
 		var wg sync.WaitGroup
 		resolved := make([]bool, n)
-		var claimed []store.Record
+		var claimed []record.Record
 		var mu sync.Mutex
 		for i := range n {
 			wg.Add(2)
 			go func() {
 				defer wg.Done()
-				_, err := s.Resolve(ctx, resolve(fmt.Sprintf("race-%d", i), store.StateNotCreated, nil))
+				_, err := resolve(s, fmt.Sprintf("race-%d", i), record.NotCreated, nil)
 				switch {
 				case err == nil:
 					resolved[i] = true
@@ -408,20 +408,20 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 				defer wg.Done()
 				if i%2 == 1 {
 					// A caller's retry with the key races the resolution.
-					b, err := s.Begin(ctx, claim(fmt.Sprintf("race-%d", i), `{}`, "a"))
+					b, err := s.Begin(ctx, claim(fmt.Sprintf("race-%d", i), `{}`, "a"), nil)
 					if err != nil {
 						t.Errorf("Begin error = %v", err)
 					}
-					if b.Outcome == store.Acquired {
+					if b.Verdict == record.Acquired {
 						mu.Lock()
 						claimed = append(claimed, b.Record)
 						mu.Unlock()
 					}
 					return
 				}
-				rs, err := s.ClaimDue(ctx, fmt.Sprintf("settler-%d", i), lease, 0, 1)
+				rs, _, err := s.SettleDue(ctx, record.Settle{Owner: fmt.Sprintf("settler-%d/1", i), LeaseTTL: lease}, nil, 1)
 				if err != nil {
-					t.Errorf("ClaimDue error = %v", err)
+					t.Errorf("SettleDue error = %v", err)
 				}
 				mu.Lock()
 				claimed = append(claimed, rs...)
@@ -430,7 +430,7 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		}
 		wg.Wait()
 		got := keys(claimed)
-		prior := map[string]store.State{}
+		prior := map[string]record.State{}
 		for _, r := range claimed {
 			prior[r.Key] = r.PriorState
 		}
@@ -439,13 +439,10 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 			if i%2 == 1 {
 				// The caller's call always goes ahead: before the
 				// resolution (which is then refused), or after it, as a
-				// new attempt on a NOT_CREATED record.
-				want := store.StateOutcomeUnknown
-				if resolved[i] {
-					want = store.StateNotCreated
-				}
-				if got[k] != 1 || prior[k] != want {
-					t.Errorf("%s: resolved %v, sent %d times after %v; want once, after %v", k, resolved[i], got[k], prior[k], want)
+				// new attempt on a NOT_CREATED record, which a person's
+				// word does not start afresh.
+				if got[k] != 1 || prior[k] != record.OutcomeUnknown {
+					t.Errorf("%s: resolved %v, sent %d times after %v; want once, after OutcomeUnknown", k, resolved[i], got[k], prior[k])
 				}
 				continue
 			}
@@ -453,9 +450,9 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 				t.Errorf("%s: resolved %v, claimed by settlement %d times; want exactly one", k, resolved[i], got[k])
 			}
 			r := get(t, s, k)
-			want := store.StateInProgress
+			want := record.InProgress
 			if resolved[i] {
-				want = store.StateNotCreated
+				want = record.NotCreated
 			}
 			if r.State != want {
 				t.Errorf("%s: state %v, want %v", k, r.State, want)
@@ -467,25 +464,25 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		t.Parallel()
 		s, _ := fresh(t)
 		c := claim("owned", `{"amount":1}`, "a")
-		begin(t, s, c, store.Acquired)
-		finish(t, s, store.Finish{Key: c.Key, Owner: "a", State: store.StateSucceeded, ProviderStatus: 200, Reply: []byte(`{}`)})
+		begin(t, s, c, record.Acquired)
+		finish(t, s, c.Key, record.Outcome{Result: record.Paid, ProviderStatus: 200, Reply: []byte(`{}`)})
 		other := claim("owned", `{"amount":2}`, "b")
 		other.OwnKeysOnly = true
-		b := begin(t, s, other, store.NotOwned)
-		if diff := cmp.Diff(store.Record{}, b.Record); diff != "" {
+		b := begin(t, s, other, record.NotOwned)
+		if diff := cmp.Diff(record.Record{}, b.Record); diff != "" {
 			t.Errorf("Begin(not owned) leaks the record:\n%s", diff)
 		}
 		same := c
 		same.OwnKeysOnly = true
-		begin(t, s, same, store.Replay)
+		begin(t, s, same, record.Replay)
 	})
 
 	t.Run("NotOwnedTombstone", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
 		c := claim("gone", `{"amount":1}`, "a")
-		begin(t, s, c, store.Acquired)
-		finish(t, s, store.Finish{Key: c.Key, Owner: "a", State: store.StateSucceeded, ProviderStatus: 200, Reply: []byte(`{}`)})
+		begin(t, s, c, record.Acquired)
+		finish(t, s, c.Key, record.Outcome{Result: record.Paid, ProviderStatus: 200, Reply: []byte(`{}`)})
 		clk.Add(keep + time.Hour)
 		deleteAll(t, s, store.Retention{Records: keep, Tombstones: keepTombstones}, 10)
 		clk.Add(store.TombstoneGrace + time.Hour)
@@ -495,12 +492,12 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		}
 		other := claim("gone", `{"amount":1}`, "b")
 		other.OwnKeysOnly = true
-		if b := begin(t, s, other, store.NotOwned); b.Tombstone != (store.Tombstone{}) {
+		if b := begin(t, s, other, record.NotOwned); b.Tombstone != (store.Tombstone{}) {
 			t.Errorf("Begin(another's tombstone) leaks %+v", b.Tombstone)
 		}
 		same := c
 		same.OwnKeysOnly = true
-		if b := begin(t, s, same, store.Expired); b.Tombstone.Caller != c.Caller || !b.Tombstone.CallerKnown {
+		if b := begin(t, s, same, record.Expired); b.Tombstone.Caller != c.Caller || !b.Tombstone.CallerKnown {
 			t.Errorf("Begin(own tombstone) tombstone caller %q (known %v), want %q", b.Tombstone.Caller, b.Tombstone.CallerKnown, c.Caller)
 		}
 	})

@@ -13,6 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"example.com/paymentsd/store/storetest"
+
+	"example.com/paymentsd/internal/record"
 )
 
 // TestPostgresUpgradeFromV1 applies migration 1 alone, stores a record the
@@ -51,16 +53,16 @@ func TestPostgresUpgradeFromV1(t *testing.T) {
 	}
 	defer s.Close()
 	r, err := s.Get(ctx, "old key ü")
-	if err != nil || r.State != StateSucceeded {
+	if err != nil || r.State != record.Succeeded {
 		t.Errorf("Get(old key) after upgrade = %v, %v; want the Succeeded record", r.State, err)
 	}
 	if !r.QuietUntil.IsZero() || !r.AttemptStartedAt.IsZero() || r.PriorState != 0 || !r.TombstonedAt.IsZero() {
 		t.Errorf("Get(old key) after upgrade: QuietUntil %v AttemptStartedAt %v PriorState %v TombstonedAt %v, want all zero",
 			r.QuietUntil, r.AttemptStartedAt, r.PriorState, r.TombstonedAt)
 	}
-	b, err := s.Begin(ctx, Claim{Key: "old key ü", LeaseTTL: time.Minute, Window: time.Hour})
-	if err != nil || b.Outcome != Replay {
-		t.Errorf("Begin(old key) after upgrade = %v, %v; want Replay", b.Outcome, err)
+	b, err := s.Begin(ctx, record.Claim{Request: record.Request{Key: "old key ü"}, LeaseTTL: time.Minute, Window: time.Hour}, nil)
+	if err != nil || b.Verdict != record.Replay {
+		t.Errorf("Begin(old key) after upgrade = %v, %v; want Replay", b.Verdict, err)
 	}
 }
 
@@ -145,12 +147,12 @@ func TestUpgradeToQuietAndTombstones(t *testing.T) {
 			sum := sha256.Sum256(nil)
 			for _, r := range []struct {
 				key   string
-				state State
+				state record.State
 				owner string
 				lease time.Time
 			}{
-				{"unknown", StateOutcomeUnknown, "", zero},
-				{"abandoned", StateInProgress, "dead", now.Add(-time.Minute)},
+				{"unknown", record.OutcomeUnknown, "", zero},
+				{"abandoned", record.InProgress, "dead", now.Add(-time.Minute)},
 			} {
 				if _, err := db.ExecContext(ctx, tc.insert, r.key, int(r.state), r.owner, tc.time(r.lease),
 					tc.time(now.Add(-time.Minute)), tc.time(now.Add(-time.Hour)), tc.time(now.Add(time.Hour)), sum[:]); err != nil {
@@ -174,16 +176,16 @@ func TestUpgradeToQuietAndTombstones(t *testing.T) {
 						k, r.QuietUntil, r.AttemptStartedAt, r.PriorState, r.TombstonedAt)
 				}
 			}
-			got, err := s.ClaimDue(ctx, "settler", time.Minute, 0, 10)
+			got, _, err := s.SettleDue(ctx, record.Settle{Owner: "settler/1", LeaseTTL: time.Minute}, nil, 10)
 			if err != nil {
 				t.Fatal(err)
 			}
-			prior := map[string]State{}
+			prior := map[string]record.State{}
 			for _, r := range got {
 				prior[r.Key] = r.PriorState
 			}
-			if diff := cmp.Diff(map[string]State{"unknown": StateOutcomeUnknown, "abandoned": StateInProgress}, prior); diff != "" {
-				t.Errorf("ClaimDue after upgrade: keys and prior states (-want +got):\n%s", diff)
+			if diff := cmp.Diff(map[string]record.State{"unknown": record.OutcomeUnknown, "abandoned": record.InProgress}, prior); diff != "" {
+				t.Errorf("SettleDue after upgrade: keys and prior states (-want +got):\n%s", diff)
 			}
 			if _, err := s.Tombstone(ctx, "unknown"); !errors.Is(err, ErrNotFound) {
 				t.Errorf("Tombstone(unknown) after upgrade error = %v, want ErrNotFound", err)

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"example.com/paymentsd/store/storetest"
+
+	"example.com/paymentsd/internal/record"
 )
 
 // TestPostgresStatementTimeout: every statement of the store's
@@ -60,10 +62,11 @@ func TestPostgresSessionsKeepNothing(t *testing.T) {
 		t.Errorf("Open through PgBouncer: no pooler detected")
 	}
 	for _, key := range []string{"a", "b", "c"} {
-		if _, err := s.Begin(ctx, Claim{Key: key, Body: []byte("{}"), Owner: "o", LeaseTTL: time.Minute, Window: time.Hour}); err != nil {
+		b, err := s.Begin(ctx, record.Claim{Request: record.Request{Key: key, Body: []byte("{}")}, Owner: "o", LeaseTTL: time.Minute, Window: time.Hour}, nil)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Finish(ctx, Finish{Key: key, Owner: "o", State: StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: []byte("{}")}); err != nil {
+		if _, err := s.Finish(ctx, &b.Record, record.Outcome{Owner: "o", Result: record.Paid, HTTPRequests: 1, ProviderStatus: 200, Reply: []byte("{}")}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.Get(ctx, key); err != nil {
@@ -79,7 +82,7 @@ func TestPostgresSessionsKeepNothing(t *testing.T) {
 	if _, err := s.Tombstone(ctx, "a"); err != nil && !errors.Is(err, ErrNotFound) {
 		t.Fatal(err)
 	}
-	if _, err := s.ClaimDue(ctx, "settler", time.Minute, time.Minute, 10); err != nil {
+	if _, _, err := s.SettleDue(ctx, record.Settle{Owner: "settler/1", LeaseTTL: time.Minute, Quiet: time.Minute}, nil, 10); err != nil {
 		t.Fatal(err)
 	}
 

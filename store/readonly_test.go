@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"example.com/paymentsd/internal/record"
 	"example.com/paymentsd/store"
 	"example.com/paymentsd/store/storetest"
 )
@@ -143,14 +144,17 @@ func hostPort(t *testing.T, url string) string {
 // pay records one payment: Begin, then Finish with a success.
 func pay(ctx context.Context, s *store.Store, key string) error {
 	body := []byte(`{"idempotencyKey":"` + key + `"}`)
-	b, err := s.Begin(ctx, store.Claim{Key: key, Body: body, BodySHA256: sha256.Sum256(body), Currency: "USD", Amount: 1,
-		Owner: "o", LeaseTTL: time.Minute, Window: time.Hour, Quiet: time.Minute})
+	b, err := s.Begin(ctx, record.Claim{Request: record.Request{Key: key, Body: body, BodySHA256: sha256.Sum256(body), Currency: "USD", Amount: 1},
+		Owner: "o", LeaseTTL: time.Minute, Window: time.Hour, Quiet: time.Minute}, nil)
 	if err != nil {
 		return err
 	}
-	if b.Outcome != store.Acquired {
-		return fmt.Errorf("Begin(%s) = %v, want Acquired", key, b.Outcome)
+	if b.Verdict != record.Acquired {
+		return fmt.Errorf("Begin(%s) = %v, want Acquired", key, b.Verdict)
 	}
-	_, err = s.Finish(ctx, store.Finish{Key: key, Owner: "o", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{}`)})
+	v, err := s.Finish(ctx, &b.Record, record.Outcome{Owner: "o", Result: record.Paid, HTTPRequests: 1, ProviderStatus: 200, Reply: []byte(`{}`)})
+	if err == nil && v != record.Written {
+		return fmt.Errorf("Finish(%s) = %v, want Written", key, v)
+	}
 	return err
 }

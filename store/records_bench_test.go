@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"example.com/paymentsd/internal/record"
 	"example.com/paymentsd/store"
 	"example.com/paymentsd/store/storetest"
 )
@@ -80,15 +81,18 @@ var (
 )
 
 func benchRecords(ctx context.Context, s *store.Store, key string) error {
-	b, err := s.Begin(ctx, store.Claim{Key: key, Body: benchBody, BodySHA256: sha256.Sum256(benchBody), Currency: "USD", Amount: 1250,
-		RequestID: "r", Owner: "o", LeaseTTL: time.Minute, Window: time.Hour, Quiet: time.Minute})
+	b, err := s.Begin(ctx, record.Claim{Request: record.Request{Key: key, Body: benchBody, BodySHA256: sha256.Sum256(benchBody), Currency: "USD",
+		Amount: 1250, RequestID: "r"}, Owner: "o", LeaseTTL: time.Minute, Window: time.Hour, Quiet: time.Minute}, nil)
 	if err != nil {
 		return err
 	}
-	if b.Outcome != store.Acquired {
-		return fmt.Errorf("Begin(%s) = %v, want Acquired", key, b.Outcome)
+	if b.Verdict != record.Acquired {
+		return fmt.Errorf("Begin(%s) = %v, want Acquired", key, b.Verdict)
 	}
-	_, err = s.Finish(ctx, store.Finish{Key: key, Owner: "o", State: store.StateSucceeded, AddAttempts: 1, ProviderStatus: 200, Reply: benchReply})
+	v, err := s.Finish(ctx, &b.Record, record.Outcome{Owner: "o", Result: record.Paid, HTTPRequests: 1, ProviderStatus: 200, Reply: benchReply})
+	if err == nil && v != record.Written {
+		return fmt.Errorf("Finish(%s) = %v, want Written", key, v)
+	}
 	return err
 }
 

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"example.com/paymentsd/internal/record"
 )
 
 // Retention says how long the store keeps what it keeps.
@@ -89,7 +91,7 @@ func (s *Store) deleteTombstoned(limit int) func(context.Context, *sql.Tx, time.
 				SELECT `+d.keyCol+` FROM records
 				WHERE tombstoned_at IS NOT NULL AND tombstoned_at <= $1 AND state <> $2
 				ORDER BY tombstoned_at LIMIT $3 `+d.skipLocked+`)`),
-			d.t(now.Add(-tombstoneGrace)), int(StateInProgress), limit)
+			d.t(now.Add(-tombstoneGrace)), int(record.InProgress), limit)
 		if err != nil {
 			return 0, err
 		}
@@ -104,7 +106,7 @@ func (s *Store) tombstoneRecords(keep time.Duration, limit int) func(context.Con
 			SELECT key, body_sha256, state, gave_up, created_at, updated_at, caller FROM records
 			WHERE updated_at < $1 AND state <> $2 AND tombstoned_at IS NULL
 			ORDER BY updated_at LIMIT $3 `+d.skipLocked),
-			d.t(now.Add(-keep)), int(StateInProgress), limit)
+			d.t(now.Add(-keep)), int(record.InProgress), limit)
 		if err != nil {
 			return 0, err
 		}
@@ -122,7 +124,7 @@ func (s *Store) tombstoneRecords(keep time.Duration, limit int) func(context.Con
 					timeCol{&e.t.CreatedAt}, timeCol{&e.t.UpdatedAt}, &e.t.Caller); err != nil {
 					return
 				}
-				e.t.State, e.t.KeySHA256, e.t.ExpiredAt, e.t.CallerKnown = State(state), keySHA256(e.key), now, true
+				e.t.State, e.t.KeySHA256, e.t.ExpiredAt, e.t.CallerKnown = record.State(state), keySHA256(e.key), now, true
 				es = append(es, e)
 			}
 			err = rows.Err()

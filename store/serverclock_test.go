@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"example.com/paymentsd/internal/record"
 	"example.com/paymentsd/store"
 	"example.com/paymentsd/store/storetest"
 )
@@ -81,7 +82,7 @@ func TestPostgresServerClockDecides(t *testing.T) {
 	c.LeaseTTL = ttl
 	start := time.Now()
 	before := srv.Now()
-	first := begin(t, a, c, store.Acquired)
+	first := begin(t, a, c, record.Acquired)
 	checkServerTime(t, "Begin's ReadAt", first.Record.ReadAt, before, srv)
 	checkServerTime(t, "Begin's AttemptStartedAt", first.Record.AttemptStartedAt, before, srv)
 	if d := first.Record.LeaseExpiresAt.Sub(first.Record.ReadAt); d != ttl {
@@ -96,19 +97,19 @@ func TestPostgresServerClockDecides(t *testing.T) {
 		pre := srv.Now()
 		c := claim("k", "body", "b")
 		c.LeaseTTL = ttl
-		got, err := b.Begin(ctx, c)
+		got, err := b.Begin(ctx, c, nil)
 		if err != nil {
 			t.Fatalf("Begin(replica b) error = %v", err)
 		}
 		post := srv.Now()
-		if got.Outcome == store.Busy {
+		if got.Verdict == record.Busy {
 			if !pre.Before(end) {
 				t.Fatalf("Begin(replica b) = Busy at database time %v, after the lease ended at %v", pre, end)
 			}
 			busy++
 		} else {
-			if got.Outcome != store.Acquired || got.Prior != store.StateInProgress {
-				t.Fatalf("Begin(replica b) = %v (Prior %v), want Busy, then Acquired from InProgress", got.Outcome, got.Prior)
+			if got.Verdict != record.Acquired || got.Record.PriorState != record.InProgress {
+				t.Fatalf("Begin(replica b) = %v (PriorState %v), want Busy, then Acquired from InProgress", got.Verdict, got.Record.PriorState)
 			}
 			if post.Before(end) || got.Record.ReadAt.Before(end) {
 				t.Fatalf("Begin(replica b) acquired at database time %v (ReadAt %v), before the lease ended at %v", post, got.Record.ReadAt, end)
@@ -146,30 +147,30 @@ func TestPostgresServerClockTimeTravel(t *testing.T) {
 
 	c := quiet(claim("k", "body", "a"), 10*time.Second)
 	c.Window = time.Hour
-	begin(t, a, c, store.Acquired)
-	begin(t, a, claim("k", "body", "b"), store.Busy)
+	begin(t, a, c, record.Acquired)
+	begin(t, a, claim("k", "body", "b"), record.Busy)
 	move(lease + time.Second)
-	begin(t, a, claim("k", "body", "b"), store.Quiet)
+	begin(t, a, claim("k", "body", "b"), record.Quiet)
 	if got := claimDue(t, b, "settler", 0, 10); len(got) != 0 {
-		t.Errorf("ClaimDue while quiet = %v, want nothing", keys(got))
+		t.Errorf("SettleDue while quiet = %v, want nothing", keys(got))
 	}
 	move(10 * time.Second)
 	before := srv.Now()
 	got := claimDue(t, b, "settler", 0, 10)
-	if len(got) != 1 || got[0].PriorState != store.StateInProgress {
-		t.Fatalf("ClaimDue once quiet passed = %+v, want k from InProgress", got)
+	if len(got) != 1 || got[0].PriorState != record.InProgress {
+		t.Fatalf("SettleDue once quiet passed = %+v, want k from InProgress", got)
 	}
-	checkServerTime(t, "ClaimDue's ReadAt", got[0].ReadAt, before, srv)
-	finish(t, b, store.Finish{Key: "k", Owner: "settler", State: store.StateOutcomeUnknown, AddAttempts: 1})
+	checkServerTime(t, "SettleDue's ReadAt", got[0].ReadAt, before, srv)
+	finish(t, b, "k", record.Outcome{Result: record.Unknown, HTTPRequests: 1})
 
 	move(time.Hour)
 	before = srv.Now()
-	gave, err := b.GiveUp(ctx, "", 10)
-	if err != nil || len(gave) != 1 {
-		t.Fatalf("GiveUp past the window = %v, %v; want k", keys(gave), err)
+	gave := giveUp(t, b, "settler/1")
+	if len(gave) != 1 {
+		t.Fatalf("give-up pass past the window = %v; want k", keys(gave))
 	}
-	checkServerTime(t, "GiveUp's UpdatedAt", gave[0].UpdatedAt, before, srv)
-	begin(t, a, claim("k", "body", "b"), store.PastWindow)
+	checkServerTime(t, "SettleDue's UpdatedAt", gave[0].UpdatedAt, before, srv)
+	begin(t, a, claim("k", "body", "b"), record.PastWindow)
 
 	if got := deleteAll(t, b, retention, 10); len(got) != 0 {
 		t.Errorf("DeleteExpired within retention = %v, want nothing", got)
@@ -177,7 +178,7 @@ func TestPostgresServerClockTimeTravel(t *testing.T) {
 	move(retention.Records + time.Second)
 	before = srv.Now()
 	deleteAll(t, b, retention, 10)
-	ts := begin(t, a, claim("k", "body", "b"), store.Expired).Tombstone
+	ts := begin(t, a, claim("k", "body", "b"), record.Expired).Tombstone
 	checkServerTime(t, "Tombstone's ExpiredAt", ts.ExpiredAt, before, srv)
 	if _, err := a.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Get(expired key) error = %v, want ErrNotFound", err)
@@ -187,10 +188,10 @@ func TestPostgresServerClockTimeTravel(t *testing.T) {
 	if n, err := store.CountRows(ctx, b, "records"); err != nil || n != 0 {
 		t.Errorf("records after the grace period = %d, %v; want 0", n, err)
 	}
-	begin(t, a, claim("k", "body", "b"), store.Expired)
+	begin(t, a, claim("k", "body", "b"), record.Expired)
 	move(retention.Tombstones + time.Second)
 	deleteAll(t, b, retention, 10)
 	before = srv.Now()
-	fresh := begin(t, a, claim("k", "another body", "b"), store.Acquired)
+	fresh := begin(t, a, claim("k", "another body", "b"), record.Acquired)
 	checkServerTime(t, "a new record's CreatedAt", fresh.Record.CreatedAt, before, srv)
 }

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"example.com/paymentsd/internal/record"
 )
 
 // TestSQLiteSettings checks the connection settings durability and
@@ -54,8 +56,8 @@ func TestSQLiteBeginSurvivesExit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Begin(context.Background(), Claim{Key: "k", BodySHA256: sha256.Sum256(nil), Owner: "child",
-			LeaseTTL: time.Minute, Window: time.Hour}); err != nil {
+		if _, err := s.Begin(context.Background(), record.Claim{Request: record.Request{Key: "k", BodySHA256: sha256.Sum256(nil)}, Owner: "child",
+			LeaseTTL: time.Minute, Window: time.Hour}, nil); err != nil {
 			t.Fatal(err)
 		}
 		os.Exit(0) // no Close, no checkpoint
@@ -101,13 +103,13 @@ func TestSQLiteTwoStoresOneKey(t *testing.T) {
 	)
 	for i := range 16 {
 		wg.Go(func() {
-			b, err := stores[i%2].Begin(ctx, Claim{Key: "k", BodySHA256: sha256.Sum256(nil), Owner: "o",
-				LeaseTTL: time.Minute, Window: time.Hour})
+			b, err := stores[i%2].Begin(ctx, record.Claim{Request: record.Request{Key: "k", BodySHA256: sha256.Sum256(nil)}, Owner: "o",
+				LeaseTTL: time.Minute, Window: time.Hour}, nil)
 			if err != nil {
 				t.Errorf("Begin: %v", err)
 				return
 			}
-			if b.Outcome == Acquired {
+			if b.Verdict == record.Acquired {
 				mu.Lock()
 				acquired++
 				mu.Unlock()

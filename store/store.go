@@ -5,9 +5,12 @@
 // replicas sharing one database), sit beneath it behind one contract that
 // one conformance suite checks.
 //
-// The store never holds a transaction open across a call to the provider:
-// Begin commits the record (and its lease) before anything is sent, and
-// Finish commits the outcome after the provider answers.
+// A record's life is one state machine, package internal/record: every
+// change to a record is record.Step's, and the store runs the one named,
+// guarded statement Step's effect names (statements.go). The store never
+// decides, and never holds a transaction open across a call to the
+// provider: Begin commits the record (and its lease) before anything is
+// sent, and Finish commits the outcome after the provider answers.
 package store
 
 import (
@@ -21,6 +24,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"example.com/paymentsd/internal/record"
 )
 
 // Errors. Every error a Store returns wraps one of these or is a failure of
@@ -28,10 +33,6 @@ import (
 var (
 	// ErrNotFound: no record for the key.
 	ErrNotFound = errors.New("no record for that idempotency key")
-	// ErrLeaseLost: the caller of Finish no longer holds the record's lease
-	// (it expired and another owner took the record over). Nothing was
-	// written.
-	ErrLeaseLost = errors.New("lease on the record was lost")
 	// ErrWrongEnvironment: the database is stamped with the other provider
 	// environment.
 	ErrWrongEnvironment = errors.New("database belongs to another provider environment")
@@ -62,10 +63,11 @@ var (
 // Stats are gauges for metrics.
 type Stats struct {
 	// ByState counts records in each state.
-	ByState map[State]int64
+	ByState map[record.State]int64
 	// Unsettled counts OutcomeUnknown records past their settlement window:
-	// those GiveUp has marked (GaveUp). Stats takes no clock, so a record
-	// whose window closed since GiveUp last ran is counted once it runs.
+	// those SettleDue has given up on (GaveUp). Stats takes no clock, so a
+	// record whose window closed since SettleDue last ran is counted once
+	// it runs.
 	Unsettled int64
 	// Events counts stored webhook events.
 	Events int64
@@ -95,8 +97,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock the store decides by. Leave it nil: SQLite then
 	// uses time.Now, and PostgreSQL its server's clock (see ClockOffset),
-	// so that replicas whose clocks disagree never both hold a key. Tests
-	// set it to move time.
+	// so that replicas whose clocks disagree never both hold a key; and
+	// the writes' health (WriteHealthyFor) and the heartbeat's schedule
+	// go by time.Now. Tests set it to move time: then it decides all of
+	// them.
 	Now func() time.Time
 	// InboxQuota, if set, bounds the bytes the webhook inbox keeps (the
 	// events' Size in all): AppendEvent refuses an event that would pass
@@ -170,8 +174,10 @@ type Store struct {
 	secrets []string
 	// retention is Options.Retention.
 	retention time.Duration
-	// clock is the store's clock, or nil for the database server's.
+	// clock is the store's clock, or nil for the database server's; now
+	// is the clock of this process the writes' health goes by.
 	clock func() time.Time
+	now   func() time.Time
 	// inboxQuota and inboxReserve are Options'; sqlitePath is the SQLite
 	// file, "" in memory or with PostgreSQL.
 	inboxQuota, inboxReserve int64
@@ -195,11 +201,11 @@ type Store struct {
 	heartbeatDone chan struct{}
 	// pg is how PostgreSQL connections send queries; nil for SQLite.
 	pg *pgMode
-	// stmts caches prepared statements by database and query (SQLite
+	// cache holds prepared statements by database and query (SQLite
 	// only).
-	stmts sync.Map // stmtKey → *sql.Stmt
-	// hot are the queries of the payments' path.
-	hot hotQueries
+	cache sync.Map // stmtKey → *sql.Stmt
+	// stmts are the store's named statements.
+	stmts statements
 }
 
 type stmtKey struct {
@@ -254,14 +260,14 @@ func (s *Store) prepared(ctx context.Context, db *sql.DB, query string) (stmt, e
 		return unprepared{db, query}, nil
 	}
 	k := stmtKey{db, query}
-	if st, ok := s.stmts.Load(k); ok {
+	if st, ok := s.cache.Load(k); ok {
 		return st.(*sql.Stmt), nil
 	}
 	st, err := db.PrepareContext(ctx, query)
 	if err != nil {
 		return nil, err
 	}
-	if prev, loaded := s.stmts.LoadOrStore(k, st); loaded {
+	if prev, loaded := s.cache.LoadOrStore(k, st); loaded {
 		st.Close()
 		return prev.(*sql.Stmt), nil
 	}
@@ -277,7 +283,7 @@ func (s *Store) txStmt(ctx context.Context, tx *sql.Tx, query string) (stmt, err
 	if !s.d.prepare {
 		return unprepared{tx, query}, nil
 	}
-	if st, ok := s.stmts.Load(stmtKey{s.w, query}); ok {
+	if st, ok := s.cache.Load(stmtKey{s.w, query}); ok {
 		return tx.StmtContext(ctx, st.(*sql.Stmt)), nil
 	}
 	return tx.PrepareContext(ctx, query)
@@ -308,8 +314,11 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 	if err := CheckURL(url); err != nil {
 		return nil, err
 	}
-	s := &Store{secrets: sec, retention: opts.Retention, clock: opts.Now, grace: opts.TakeoverGrace,
+	s := &Store{secrets: sec, retention: opts.Retention, clock: opts.Now, now: opts.Now, grace: opts.TakeoverGrace,
 		inboxQuota: opts.InboxQuota, inboxReserve: opts.InboxReserve, appends: make(chan struct{}, 1)}
+	if s.now == nil {
+		s.now = time.Now
+	}
 	if s.inboxReserve <= 0 {
 		s.inboxReserve = DefaultInboxReserve
 	}
@@ -339,7 +348,7 @@ func open(ctx context.Context, url, env string, opts Options, sec []string) (*St
 		}
 		s.d, s.w, s.r, s.pg = postgresDialect, db, db, mode
 	}
-	s.hot = s.buildHotQueries()
+	s.stmts = s.buildStatements()
 	s.batch = newBatcher(s)
 
 	cctx, cancel := context.WithTimeout(ctx, opts.connectTimeout())
@@ -412,7 +421,7 @@ func (s *Store) Close() error {
 	if s.batch != nil {
 		s.batch.close()
 	}
-	s.stmts.Range(func(_, st any) bool {
+	s.cache.Range(func(_, st any) bool {
 		st.(*sql.Stmt).Close()
 		return true
 	})
@@ -437,8 +446,8 @@ func (s *Store) wrap(err error) error { return redact(err, s.secrets) }
 // Stats counts records by state, unsettled records past their window, and
 // stored events.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
-	st := Stats{ByState: map[State]int64{
-		StateInProgress: 0, StateSucceeded: 0, StateNotCreated: 0, StateOutcomeUnknown: 0,
+	st := Stats{ByState: map[record.State]int64{
+		record.InProgress: 0, record.Succeeded: 0, record.NotCreated: 0, record.OutcomeUnknown: 0,
 	}}
 	err := func() error {
 		rows, err := s.r.QueryContext(ctx, `SELECT state, COUNT(*) FROM records WHERE tombstoned_at IS NULL GROUP BY state`)
@@ -452,13 +461,13 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 			if err := rows.Scan(&state, &n); err != nil {
 				return err
 			}
-			st.ByState[State(state)] = n
+			st.ByState[record.State(state)] = n
 		}
 		if err := rows.Err(); err != nil {
 			return err
 		}
 		if err := s.r.QueryRowContext(ctx, s.d.q(`SELECT COUNT(*) FROM records WHERE state = $1 AND gave_up = $2 AND tombstoned_at IS NULL`),
-			int(StateOutcomeUnknown), true).Scan(&st.Unsettled); err != nil {
+			int(record.OutcomeUnknown), true).Scan(&st.Unsettled); err != nil {
 			return err
 		}
 		return s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM events`).Scan(&st.Events)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"example.com/paymentsd/internal/record"
 	"example.com/paymentsd/store"
 	"example.com/paymentsd/store/storetest"
 )
@@ -102,50 +103,80 @@ func openStore(t *testing.T, url, env string, clk *clock) *store.Store {
 
 // claim is a claim with the suite's lease and window and no quiet period
 // beyond the lease.
-func claim(key, body, owner string) store.Claim {
-	return store.Claim{
-		Key:        key,
-		Body:       []byte(body),
-		BodySHA256: sha256.Sum256([]byte(body)),
-		Currency:   "EUR",
-		Amount:     1234,
-		RequestID:  "req-" + owner,
-		TraceID:    "trace-" + owner,
-		Caller:     "caller-" + owner,
-		Owner:      owner,
-		LeaseTTL:   lease,
-		Window:     window,
+func claim(key, body, owner string) record.Claim {
+	return record.Claim{
+		Request: record.Request{
+			Key:        key,
+			Body:       []byte(body),
+			BodySHA256: sha256.Sum256([]byte(body)),
+			Currency:   "EUR",
+			Amount:     1234,
+			RequestID:  "req-" + owner,
+			TraceID:    "trace-" + owner,
+			Caller:     "caller-" + owner,
+		},
+		Owner:    owner,
+		LeaseTTL: lease,
+		Window:   window,
 	}
 }
 
 // quiet is claim with a quiet period q.
-func quiet(c store.Claim, q time.Duration) store.Claim {
+func quiet(c record.Claim, q time.Duration) record.Claim {
 	c.Quiet = q
 	return c
 }
 
-func begin(t *testing.T, s *store.Store, c store.Claim, want store.Outcome) store.Began {
+func begin(t *testing.T, s *store.Store, c record.Claim, want record.Verdict) store.Began {
 	t.Helper()
-	b, err := s.Begin(context.Background(), c)
+	b, err := s.Begin(context.Background(), c, nil)
 	if err != nil {
 		t.Fatalf("Begin(%q, owner %s) error = %v", c.Key, c.Owner, err)
 	}
-	if b.Outcome != want {
-		t.Fatalf("Begin(%q, owner %s) outcome = %v, want %v (record %+v)", c.Key, c.Owner, b.Outcome, want, b.Record)
+	if b.Verdict != want {
+		t.Fatalf("Begin(%q, owner %s) verdict = %v, want %v (record %+v)", c.Key, c.Owner, b.Verdict, want, b.Record)
 	}
 	return b
 }
 
-func finish(t *testing.T, s *store.Store, f store.Finish) store.Record {
+// finish writes o as the outcome of the attempt that holds key's record
+// now (o.Owner is its holder, if unset), wants it Written, and returns the
+// record after it, as Get reads it.
+func finish(t *testing.T, s *store.Store, key string, o record.Outcome) record.Record {
 	t.Helper()
-	r, err := s.Finish(context.Background(), f)
-	if err != nil {
-		t.Fatalf("Finish(%q, owner %s, %v) error = %v", f.Key, f.Owner, f.State, err)
+	held := get(t, s, key)
+	if o.Owner == "" {
+		o.Owner = held.LeaseOwner
 	}
-	return r
+	finishAs(t, s, held, o, record.Written)
+	return get(t, s, key)
 }
 
-func get(t *testing.T, s *store.Store, key string) store.Record {
+// finishAs writes o as the outcome of the attempt that claimed claimed,
+// and wants the verdict want.
+func finishAs(t *testing.T, s *store.Store, claimed record.Record, o record.Outcome, want record.Verdict) {
+	t.Helper()
+	v, err := s.Finish(context.Background(), &claimed, o)
+	if err != nil || v != want {
+		t.Fatalf("Finish(%q, owner %s, %v) = %v, %v; want %v", claimed.Key, o.Owner, o.Result, v, err, want)
+	}
+}
+
+// Outcomes.
+func paid(status int, reply string) record.Outcome {
+	return record.Outcome{Result: record.Paid, HTTPRequests: 1, ProviderStatus: status, Reply: []byte(reply)}
+}
+
+func refused(status int) record.Outcome {
+	return record.Outcome{Result: record.Refused, HTTPRequests: 1, ProviderStatus: status, Reply: []byte(`{"error":"refused"}`),
+		Error: "refused", Code: 3}
+}
+
+func unknown(settleAfter time.Duration) record.Outcome {
+	return record.Outcome{Result: record.Unknown, SettleAfter: settleAfter}
+}
+
+func get(t *testing.T, s *store.Store, key string) record.Record {
 	t.Helper()
 	r, err := s.Get(context.Background(), key)
 	if err != nil {
@@ -154,15 +185,30 @@ func get(t *testing.T, s *store.Store, key string) store.Record {
 	return r
 }
 
-// claimDue claims due records for owner, with the suite's lease and a
-// quiet period q.
-func claimDue(t *testing.T, s *store.Store, owner string, q time.Duration, limit int) []store.Record {
+// settleDue runs a pass of settlement for owner, with the suite's lease and
+// a quiet period q, acquiring at most acquire records.
+func settleDue(t *testing.T, s *store.Store, owner string, q time.Duration, acquire int) (acquired, gaveUp []record.Record) {
 	t.Helper()
-	got, err := s.ClaimDue(context.Background(), owner, lease, q, limit)
+	acquired, gaveUp, err := s.SettleDue(context.Background(), record.Settle{Owner: owner, LeaseTTL: lease, Quiet: q}, nil, acquire)
 	if err != nil {
-		t.Fatalf("ClaimDue(%s) error = %v", owner, err)
+		t.Fatalf("SettleDue(%s) error = %v", owner, err)
 	}
-	return got
+	return acquired, gaveUp
+}
+
+// claimDue is the records a pass of settlement acquires.
+func claimDue(t *testing.T, s *store.Store, owner string, q time.Duration, acquire int) []record.Record {
+	t.Helper()
+	acquired, _ := settleDue(t, s, owner, q, acquire)
+	return acquired
+}
+
+// giveUp is the records a pass of settlement that acquires nothing gives
+// up on, for owner.
+func giveUp(t *testing.T, s *store.Store, owner string) []record.Record {
+	t.Helper()
+	_, gaveUp := settleDue(t, s, owner, 0, 0)
+	return gaveUp
 }
 
 // deleteAll runs DeleteExpired until it has nothing more to do, and
@@ -188,7 +234,7 @@ func deleteAll(t *testing.T, s *store.Store, r store.Retention, limit int) []int
 func us(t time.Time) time.Time { return t.Truncate(time.Microsecond).UTC() }
 
 // readAt is r as read at now.
-func readAt(r store.Record, now time.Time) store.Record {
+func readAt(r record.Record, now time.Time) record.Record {
 	r.ReadAt = us(now)
 	return r
 }
@@ -196,14 +242,14 @@ func readAt(r store.Record, now time.Time) store.Record {
 // makeUnknown leaves c.Key OutcomeUnknown, as an unanswered attempt by
 // c.Owner at the clock's time, due for settlement settleAfter later and
 // with no quiet period.
-func makeUnknown(t *testing.T, s *store.Store, c store.Claim, settleAfter time.Duration) store.Record {
+func makeUnknown(t *testing.T, s *store.Store, c record.Claim, settleAfter time.Duration) record.Record {
 	t.Helper()
-	begin(t, s, c, store.Acquired)
-	return finish(t, s, store.Finish{Key: c.Key, Owner: c.Owner, State: store.StateOutcomeUnknown, AddAttempts: 1,
-		ProviderStatus: 503, Reply: []byte(`{"error":"unavailable"}`), LastError: "503", Code: 14, SettleAfter: settleAfter})
+	begin(t, s, c, record.Acquired)
+	return finish(t, s, c.Key, record.Outcome{Result: record.Unknown, HTTPRequests: 1, ProviderStatus: 503,
+		Reply: []byte(`{"error":"unavailable"}`), Error: "503", Code: 14, SettleAfter: settleAfter})
 }
 
-func keys(rs []store.Record) map[string]int {
+func keys(rs []record.Record) map[string]int {
 	m := map[string]int{}
 	for _, r := range rs {
 		m[r.Key]++
@@ -236,17 +282,14 @@ func testStore(t *testing.T, b backend) {
 		t.Parallel()
 		s, _ := fresh(t)
 		c := quiet(claim("k1", `{"amount":1}`, "a"), 7*time.Second)
-		got := begin(t, s, c, store.Acquired)
-		want := store.Record{
+		got := begin(t, s, c, record.Acquired)
+		want := record.Record{
 			Key: c.Key, Body: c.Body, BodySHA256: c.BodySHA256, Currency: "EUR", Amount: 1234,
-			State: store.StateInProgress, RequestID: "req-a", TraceID: "trace-a", Caller: "caller-a",
+			State: record.InProgress, RequestID: "req-a", TraceID: "trace-a", Caller: "caller-a",
 			CreatedAt: us(t0), UpdatedAt: us(t0), SettleBy: us(t0.Add(window)),
 			LeaseOwner: "a", LeaseExpiresAt: us(t0.Add(lease)),
 			QuietUntil: us(t0.Add(lease + 7*time.Second)), AttemptStartedAt: us(t0), ReadAt: us(t0),
-			AttemptSeq: 1, AttemptKind: store.AttemptCall, AttemptRequestID: "req-a",
-		}
-		if got.Prior != 0 {
-			t.Errorf("Begin(new key) Prior = %v, want 0", got.Prior)
+			AttemptSeq: 1, AttemptKind: record.ByCall, AttemptRequestID: "req-a",
 		}
 		if diff := cmp.Diff(want, got.Record); diff != "" {
 			t.Errorf("Begin(new key) record mismatch (-want +got):\n%s", diff)
@@ -265,33 +308,29 @@ func testStore(t *testing.T, b backend) {
 	t.Run("LeaseBusyExpiredAndLost", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
-		first := begin(t, s, claim("k", "body", "a"), store.Acquired)
+		first := begin(t, s, claim("k", "body", "a"), record.Acquired)
 
 		// Same body while the lease holds: Busy, nothing changed.
 		at := clk.Set(t0.Add(lease - time.Microsecond))
-		busy := begin(t, s, claim("k", "body", "b"), store.Busy)
+		busy := begin(t, s, claim("k", "body", "b"), record.Busy)
 		if diff := cmp.Diff(readAt(first.Record, at), busy.Record); diff != "" {
 			t.Errorf("Busy record changed (-before +after):\n%s", diff)
 		}
 		// Not the owner: lease lost, nothing written.
-		if _, err := s.Finish(ctx, store.Finish{Key: "k", Owner: "b", State: store.StateSucceeded}); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("Finish(wrong owner) error = %v, want ErrLeaseLost", err)
-		}
-		if _, err := s.Finish(ctx, store.Finish{Key: "nope", Owner: "a", State: store.StateSucceeded}); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("Finish(no record) error = %v, want ErrLeaseLost", err)
-		}
-		if _, err := s.Finish(ctx, store.Finish{Key: "k", Owner: "a", State: store.StateInProgress}); err == nil {
-			t.Errorf("Finish(InProgress) error = nil, want a refusal")
+		finishAs(t, s, first.Record, record.Outcome{Owner: "b", Result: record.Paid}, record.LeaseLost)
+		finishAs(t, s, record.Record{Key: "nope"}, record.Outcome{Owner: "a", Result: record.Paid}, record.LeaseLost)
+		if _, err := s.Finish(ctx, &first.Record, record.Outcome{Owner: "a"}); err == nil {
+			t.Errorf("Finish(no result) error = nil, want a refusal")
 		}
 		if diff := cmp.Diff(readAt(first.Record, at), get(t, s, "k")); diff != "" {
 			t.Errorf("refused Finishes changed the record (-before +after):\n%s", diff)
 		}
 
-		// Expired lease: taken over, Prior InProgress, window kept.
+		// Expired lease: taken over, PriorState InProgress, window kept.
 		later := clk.Set(t0.Add(lease))
-		took := begin(t, s, claim("k", "body", "b"), store.Acquired)
-		if took.Prior != store.StateInProgress || took.Record.PriorState != store.StateInProgress {
-			t.Errorf("takeover Prior = %v, PriorState %v, want InProgress", took.Prior, took.Record.PriorState)
+		took := begin(t, s, claim("k", "body", "b"), record.Acquired)
+		if took.Record.PriorState != record.InProgress {
+			t.Errorf("takeover PriorState %v, want InProgress", took.Record.PriorState)
 		}
 		if took.Record.LeaseOwner != "b" || !took.Record.LeaseExpiresAt.Equal(us(later.Add(lease))) {
 			t.Errorf("takeover lease = %s until %v, want b until %v", took.Record.LeaseOwner, took.Record.LeaseExpiresAt, us(later.Add(lease)))
@@ -305,11 +344,12 @@ func testStore(t *testing.T, b backend) {
 		if took.Record.RequestID != "req-a" {
 			t.Errorf("takeover RequestID = %q, want the creator's req-a", took.Record.RequestID)
 		}
-		// The first owner's late Finish is refused.
-		if _, err := s.Finish(ctx, store.Finish{Key: "k", Owner: "a", State: store.StateNotCreated}); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("Finish(old owner) error = %v, want ErrLeaseLost", err)
+		if diff := cmp.Diff(took.Record, get(t, s, "k")); diff != "" {
+			t.Errorf("takeover: stored record (-Begin +Get):\n%s", diff)
 		}
-		if r := get(t, s, "k"); r.State != store.StateInProgress || r.LeaseOwner != "b" {
+		// The first owner's late refusal is refused.
+		finishAs(t, s, first.Record, record.Outcome{Owner: "a", Result: record.Refused}, record.LeaseLost)
+		if r := get(t, s, "k"); r.State != record.InProgress || r.LeaseOwner != "b" {
 			t.Errorf("after refused Finish: state %v owner %q, want InProgress b", r.State, r.LeaseOwner)
 		}
 	})
@@ -318,31 +358,32 @@ func testStore(t *testing.T, b backend) {
 		t.Parallel()
 		s, clk := fresh(t)
 		c := claim("k", "body", "a")
-		begin(t, s, c, store.Acquired)
+		began := begin(t, s, c, record.Acquired)
 		now := clk.Set(t0.Add(time.Second))
-		r := finish(t, s, store.Finish{Key: "k", Owner: "a", State: store.StateSucceeded, AddAttempts: 2,
-			ProviderStatus: 201, Reply: []byte(`{"id":"p1"}`), Code: 0, SettleAfter: time.Hour})
-		want := store.Record{
+		o := record.Outcome{Owner: "a", Result: record.Paid, HTTPRequests: 2, ProviderStatus: 201, Reply: []byte(`{"id":"p1"}`), SettleAfter: time.Hour}
+		finishAs(t, s, began.Record, o, record.Written)
+		r := get(t, s, "k")
+		want := record.Record{
 			Key: "k", Body: c.Body, BodySHA256: c.BodySHA256, Currency: "EUR", Amount: 1234,
-			State: store.StateSucceeded, Attempts: 2, ProviderStatus: 201, Reply: []byte(`{"id":"p1"}`),
+			State: record.Succeeded, Attempts: 2, ProviderStatus: 201, Reply: []byte(`{"id":"p1"}`),
 			RequestID: "req-a", TraceID: "trace-a", Caller: "caller-a",
 			CreatedAt: us(t0), UpdatedAt: us(now), SettleBy: us(t0.Add(window)),
 			AttemptStartedAt: us(t0), ReadAt: us(now),
-			AttemptSeq: 1, AttemptKind: store.AttemptCall, AttemptRequestID: "req-a",
+			AttemptSeq: 1, AttemptKind: record.ByCall, AttemptRequestID: "req-a",
 		}
 		if diff := cmp.Diff(want, r); diff != "" {
-			t.Errorf("Finish(Succeeded) record mismatch (-want +got):\n%s", diff)
+			t.Errorf("Finish(Paid) record mismatch (-want +got):\n%s", diff)
 		}
-		wantAttempts := []store.Attempt{{Number: 1, Kind: store.AttemptCall, Owner: "a", RequestID: "req-a",
+		wantAttempts := []record.Attempt{{Number: 1, Kind: record.ByCall, Owner: "a", RequestID: "req-a",
 			StartedAt: us(t0), EndedAt: us(now), ProviderStatus: 201, HTTPRequests: 2, Reply: []byte(`{"id":"p1"}`),
-			State: store.StateSucceeded}}
+			State: record.Succeeded}}
 		if as, err := s.Attempts(ctx, r); err != nil || !cmp.Equal(wantAttempts, as) {
 			t.Errorf("Attempts() = %v (-want +got):\n%s", err, cmp.Diff(wantAttempts, as))
 		}
 		// Even long after the window, a success replays.
 		for _, at := range []time.Time{now, t0.Add(2 * window)} {
 			clk.Set(at)
-			rb := begin(t, s, claim("k", "body", "b"), store.Replay)
+			rb := begin(t, s, claim("k", "body", "b"), record.Replay)
 			if diff := cmp.Diff(readAt(want, at), rb.Record); diff != "" {
 				t.Errorf("Replay record mismatch (-want +got):\n%s", diff)
 			}
@@ -353,19 +394,19 @@ func testStore(t *testing.T, b backend) {
 		t.Parallel()
 		s, clk := fresh(t)
 		setups := map[string]func(key string){
-			"InProgress": func(key string) { begin(t, s, claim(key, "body", "a"), store.Acquired) },
+			"InProgress": func(key string) { begin(t, s, claim(key, "body", "a"), record.Acquired) },
 			"Succeeded": func(key string) {
-				begin(t, s, claim(key, "body", "a"), store.Acquired)
-				finish(t, s, store.Finish{Key: key, Owner: "a", State: store.StateSucceeded})
+				begin(t, s, claim(key, "body", "a"), record.Acquired)
+				finish(t, s, key, paid(200, `{}`))
 			},
 			"NotCreated": func(key string) {
-				begin(t, s, claim(key, "body", "a"), store.Acquired)
-				finish(t, s, store.Finish{Key: key, Owner: "a", State: store.StateNotCreated})
+				begin(t, s, claim(key, "body", "a"), record.Acquired)
+				finish(t, s, key, refused(400))
 			},
 			"OutcomeUnknown": func(key string) { makeUnknown(t, s, claim(key, "body", "a"), 0) },
 			"Quiet": func(key string) {
-				begin(t, s, claim(key, "body", "a"), store.Acquired)
-				finish(t, s, store.Finish{Key: key, Owner: "a", State: store.StateOutcomeUnknown, QuietFor: 3 * window})
+				begin(t, s, claim(key, "body", "a"), record.Acquired)
+				finish(t, s, key, record.Outcome{Result: record.Unknown, QuietFor: 3 * window})
 			},
 		}
 		for name, setup := range setups {
@@ -374,7 +415,7 @@ func testStore(t *testing.T, b backend) {
 			before := get(t, s, name)
 			for _, at := range []time.Time{t0, t0.Add(lease), t0.Add(2 * window)} {
 				clk.Set(at)
-				got := begin(t, s, claim(name, "other body", "b"), store.Reused)
+				got := begin(t, s, claim(name, "other body", "b"), record.Reused)
 				if diff := cmp.Diff(readAt(before, at), got.Record); diff != "" {
 					t.Errorf("%s: Reused record (-stored +got):\n%s", name, diff)
 				}
@@ -388,19 +429,41 @@ func testStore(t *testing.T, b backend) {
 	t.Run("NotCreatedStartsNewWindow", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
-		begin(t, s, claim("k", "body", "a"), store.Acquired)
-		finish(t, s, store.Finish{Key: "k", Owner: "a", State: store.StateNotCreated, AddAttempts: 1, ProviderStatus: 400})
+		begin(t, s, claim("k", "body", "a"), record.Acquired)
+		finish(t, s, "k", refused(400))
 		// Even after the first window closed.
 		later := clk.Set(t0.Add(2 * window))
-		got := begin(t, s, claim("k", "body", "b"), store.Acquired)
-		if got.Prior != store.StateNotCreated || got.Record.PriorState != store.StateNotCreated {
-			t.Errorf("Prior = %v, PriorState %v, want NotCreated", got.Prior, got.Record.PriorState)
+		got := begin(t, s, claim("k", "body", "b"), record.Acquired)
+		if got.Record.PriorState != record.NotCreated {
+			t.Errorf("PriorState %v, want NotCreated", got.Record.PriorState)
 		}
-		if !got.Record.SettleBy.Equal(us(later.Add(window))) || got.Record.State != store.StateInProgress || got.Record.LeaseOwner != "b" {
+		if !got.Record.SettleBy.Equal(us(later.Add(window))) || got.Record.State != record.InProgress || got.Record.LeaseOwner != "b" {
 			t.Errorf("record = state %v owner %q SettleBy %v, want InProgress b %v", got.Record.State, got.Record.LeaseOwner, got.Record.SettleBy, us(later.Add(window)))
 		}
 		if got.Record.Attempts != 1 {
 			t.Errorf("Attempts = %d, want 1 kept", got.Record.Attempts)
+		}
+		// Its refusal proves nothing of the attempt before it, which
+		// started the key afresh too: it is NotCreated again.
+		if r := finish(t, s, "k", refused(400)); r.State != record.NotCreated {
+			t.Errorf("refusal of a fresh attempt: %v, want NotCreated", r.State)
+		}
+	})
+
+	// A refusal proves nothing about an earlier attempt that may have
+	// created the payment: the record stays unknown.
+	t.Run("RefusalAfterUnknownStaysUnknown", func(t *testing.T) {
+		t.Parallel()
+		s, clk := fresh(t)
+		makeUnknown(t, s, claim("k", "body", "a"), 0)
+		now := clk.Add(time.Second)
+		begin(t, s, claim("k", "body", "b"), record.Acquired)
+		o := refused(400)
+		o.SettleAfter = time.Minute
+		r := finish(t, s, "k", o)
+		if r.State != record.OutcomeUnknown || !r.NextSettleAt.Equal(us(now.Add(time.Minute))) || r.ProviderStatus != 400 {
+			t.Errorf("refusal after an unknown attempt: %v, next settlement %v, status %d; want OutcomeUnknown, %v, 400",
+				r.State, r.NextSettleAt, r.ProviderStatus, us(now.Add(time.Minute)))
 		}
 	})
 
@@ -410,15 +473,15 @@ func testStore(t *testing.T, b backend) {
 		u := makeUnknown(t, s, claim("k", "body", "a"), time.Minute)
 		// Before SettleBy: acquired, window kept.
 		clk.Set(t0.Add(window - time.Microsecond))
-		got := begin(t, s, claim("k", "body", "b"), store.Acquired)
-		if got.Prior != store.StateOutcomeUnknown || !got.Record.SettleBy.Equal(u.SettleBy) {
-			t.Errorf("Prior %v SettleBy %v, want OutcomeUnknown %v", got.Prior, got.Record.SettleBy, u.SettleBy)
+		got := begin(t, s, claim("k", "body", "b"), record.Acquired)
+		if got.Record.PriorState != record.OutcomeUnknown || !got.Record.SettleBy.Equal(u.SettleBy) {
+			t.Errorf("PriorState %v SettleBy %v, want OutcomeUnknown %v", got.Record.PriorState, got.Record.SettleBy, u.SettleBy)
 		}
-		finish(t, s, store.Finish{Key: "k", Owner: "b", State: store.StateOutcomeUnknown, SettleAfter: time.Minute})
+		finish(t, s, "k", unknown(time.Minute))
 		// At or after SettleBy: past the window, left alone.
 		before := get(t, s, "k")
 		at := clk.Set(t0.Add(window))
-		pw := begin(t, s, claim("k", "body", "c"), store.PastWindow)
+		pw := begin(t, s, claim("k", "body", "c"), record.PastWindow)
 		if diff := cmp.Diff(readAt(before, at), pw.Record); diff != "" {
 			t.Errorf("PastWindow record (-before +after):\n%s", diff)
 		}
@@ -428,22 +491,20 @@ func testStore(t *testing.T, b backend) {
 
 		// An expired InProgress record past the window becomes OutcomeUnknown.
 		clk.Set(t0)
-		begin(t, s, claim("ip", "body", "a"), store.Acquired)
+		ip := begin(t, s, claim("ip", "body", "a"), record.Acquired)
 		clk.Set(t0.Add(window))
-		pw = begin(t, s, claim("ip", "body", "b"), store.PastWindow)
-		if pw.Record.State != store.StateOutcomeUnknown || pw.Record.LeaseOwner != "" {
+		pw = begin(t, s, claim("ip", "body", "b"), record.PastWindow)
+		if pw.Record.State != record.OutcomeUnknown || pw.Record.LeaseOwner != "" {
 			t.Errorf("expired InProgress past window: state %v owner %q, want OutcomeUnknown and no lease", pw.Record.State, pw.Record.LeaseOwner)
 		}
-		if r := get(t, s, "ip"); r.State != store.StateOutcomeUnknown {
-			t.Errorf("stored state %v, want OutcomeUnknown", r.State)
+		if diff := cmp.Diff(pw.Record, get(t, s, "ip")); diff != "" {
+			t.Errorf("PastWindow: stored record (-Begin +Get):\n%s", diff)
 		}
 		// Its old owner can't finish it any more.
-		if _, err := s.Finish(ctx, store.Finish{Key: "ip", Owner: "a", State: store.StateNotCreated}); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("Finish after PastWindow error = %v, want ErrLeaseLost", err)
-		}
+		finishAs(t, s, ip.Record, record.Outcome{Owner: "a", Result: record.Refused}, record.LeaseLost)
 	})
 
-	t.Run("ClaimDue", func(t *testing.T) {
+	t.Run("SettleDue", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
 		now := t0.Add(time.Hour)
@@ -452,55 +513,65 @@ func testStore(t *testing.T, b backend) {
 		clk.Set(now.Add(-window))
 		makeUnknown(t, s, claim("closed", "body", "a"), window) // window closed at now
 		clk.Set(now.Add(-lease))
-		begin(t, s, claim("expired", "body", "a"), store.Acquired) // lease ended at now
+		begin(t, s, claim("expired", "body", "a"), record.Acquired) // lease ended at now
 		clk.Set(now)
-		begin(t, s, claim("leased", "body", "a"), store.Acquired) // lease holds
+		begin(t, s, claim("leased", "body", "a"), record.Acquired) // lease holds
 		clk.Set(t0)
-		begin(t, s, claim("done", "body", "a"), store.Acquired)
-		finish(t, s, store.Finish{Key: "done", Owner: "a", State: store.StateSucceeded}) // nothing to settle
+		begin(t, s, claim("done", "body", "a"), record.Acquired)
+		finish(t, s, "done", paid(200, `{}`)) // nothing to settle
 
 		clk.Set(now)
 		const q = 5 * time.Second
-		got := claimDue(t, s, "settler", q, 10)
+		got, gave := settleDue(t, s, "settler", q, 10)
 		if diff := cmp.Diff(map[string]int{"due": 1, "expired": 1}, keys(got)); diff != "" {
-			t.Errorf("ClaimDue() keys (-want +got):\n%s", diff)
+			t.Errorf("SettleDue() acquired (-want +got):\n%s", diff)
 		}
-		prior := map[string]store.State{"due": store.StateOutcomeUnknown, "expired": store.StateInProgress}
+		if diff := cmp.Diff(map[string]int{"closed": 1}, keys(gave)); diff != "" {
+			t.Errorf("SettleDue() gave up (-want +got):\n%s", diff)
+		}
+		prior := map[string]record.State{"due": record.OutcomeUnknown, "expired": record.InProgress}
 		for _, r := range got {
-			if r.State != store.StateInProgress || r.LeaseOwner != "settler" || !r.LeaseExpiresAt.Equal(us(now.Add(lease))) {
-				t.Errorf("claimed %q: state %v lease %q until %v, want InProgress settler until %v", r.Key, r.State, r.LeaseOwner, r.LeaseExpiresAt, us(now.Add(lease)))
+			if r.State != record.InProgress || r.LeaseOwner != "settler" || !r.LeaseExpiresAt.Equal(us(now.Add(lease))) || r.AttemptKind != record.BySettlement {
+				t.Errorf("acquired %q: state %v lease %q until %v kind %v, want InProgress settler until %v, settlement", r.Key, r.State, r.LeaseOwner, r.LeaseExpiresAt, r.AttemptKind, us(now.Add(lease)))
 			}
 			if !r.QuietUntil.Equal(us(now.Add(lease+q))) || !r.AttemptStartedAt.Equal(us(now)) || r.PriorState != prior[r.Key] || !r.ReadAt.Equal(us(now)) {
-				t.Errorf("claimed %q: QuietUntil %v AttemptStartedAt %v PriorState %v ReadAt %v, want %v %v %v %v", r.Key,
+				t.Errorf("acquired %q: QuietUntil %v AttemptStartedAt %v PriorState %v ReadAt %v, want %v %v %v %v", r.Key,
 					r.QuietUntil, r.AttemptStartedAt, r.PriorState, r.ReadAt, us(now.Add(lease+q)), us(now), prior[r.Key], us(now))
 			}
 			if diff := cmp.Diff(r, get(t, s, r.Key)); diff != "" {
-				t.Errorf("claimed %q: stored record (-returned +stored):\n%s", r.Key, diff)
+				t.Errorf("acquired %q: stored record (-returned +stored):\n%s", r.Key, diff)
 			}
 		}
-		if again := claimDue(t, s, "other", 0, 10); len(again) != 0 {
-			t.Errorf("second ClaimDue() = %v; want nothing (leased)", keys(again))
+		for _, r := range gave {
+			if diff := cmp.Diff(r, get(t, s, r.Key)); diff != "" {
+				t.Errorf("gave up %q: stored record (-returned +stored):\n%s", r.Key, diff)
+			}
+		}
+		if again, gave := settleDue(t, s, "other", 0, 10); len(again)+len(gave) != 0 {
+			t.Errorf("second SettleDue() = %v, %v; want nothing (leased, given up)", keys(again), keys(gave))
 		}
 		// The settler finishes: SettleAttempts counts it.
-		r := finish(t, s, store.Finish{Key: "due", Owner: "settler", State: store.StateOutcomeUnknown, AddAttempts: 1, SettleAfter: time.Minute, Settlement: true})
+		o := unknown(time.Minute)
+		o.HTTPRequests = 1
+		r := finish(t, s, "due", o)
 		if r.SettleAttempts != 1 || r.Attempts != 2 || !r.NextSettleAt.Equal(us(now.Add(time.Minute))) {
 			t.Errorf("after settlement: SettleAttempts %d Attempts %d NextSettleAt %v, want 1, 2, %v", r.SettleAttempts, r.Attempts, r.NextSettleAt, us(now.Add(time.Minute)))
 		}
-		// limit is honoured.
+		// acquire is honoured.
 		clk.Set(t0)
 		for i := range 5 {
 			makeUnknown(t, s, claim(fmt.Sprintf("many%d", i), "body", "a"), 0)
 		}
 		clk.Set(now)
-		if got, err := s.ClaimDue(ctx, "settler", lease, 0, 3); err != nil || len(got) != 3 {
-			t.Errorf("ClaimDue(limit 3) = %d records, %v; want 3", len(got), err)
+		if got := claimDue(t, s, "settler", 0, 3); len(got) != 3 {
+			t.Errorf("SettleDue(acquire 3) = %d records; want 3", len(got))
 		}
-		if got, err := s.ClaimDue(ctx, "settler", lease, 0, 0); err != nil || len(got) != 0 {
-			t.Errorf("ClaimDue(limit 0) = %d records, %v; want none", len(got), err)
+		if got := claimDue(t, s, "settler", 0, 0); len(got) != 0 {
+			t.Errorf("SettleDue(acquire 0) = %d records; want none", len(got))
 		}
 	})
 
-	t.Run("ClaimDueConcurrentClaimers", func(t *testing.T) {
+	t.Run("SettleDueConcurrentClaimers", func(t *testing.T) {
 		t.Parallel()
 		url := b.url(t)
 		clk := newClock(t0)
@@ -523,10 +594,10 @@ func testStore(t *testing.T, b backend) {
 			stores = []*store.Store{s, s2, s, s2}
 		)
 		for w, st := range stores {
-			owner := fmt.Sprintf("replica%d", w)
+			owner := fmt.Sprintf("replica%d/1", w)
 			wg.Go(func() {
 				for {
-					got, err := st.ClaimDue(ctx, owner, lease, 0, 3)
+					got, _, err := st.SettleDue(ctx, record.Settle{Owner: owner, LeaseTTL: lease}, nil, 3)
 					if err != nil {
 						errs <- err
 						return
@@ -537,7 +608,7 @@ func testStore(t *testing.T, b backend) {
 					mu.Lock()
 					for _, r := range got {
 						if prev, ok := seen[r.Key]; ok {
-							errs <- fmt.Errorf("%s claimed by %s and %s", r.Key, prev, owner)
+							errs <- fmt.Errorf("%s acquired by %s and %s", r.Key, prev, owner)
 						}
 						seen[r.Key] = owner
 					}
@@ -551,7 +622,41 @@ func testStore(t *testing.T, b backend) {
 			t.Error(err)
 		}
 		if len(seen) != n {
-			t.Errorf("claimed %d records, want %d", len(seen), n)
+			t.Errorf("acquired %d records, want %d", len(seen), n)
+		}
+	})
+
+	// Candidates that Step leaves alone (a quiet period, a lease of the
+	// settler's own process, a key its outbox holds) never keep settlement
+	// from the one that is due behind them.
+	t.Run("SettleDueNotStarved", func(t *testing.T) {
+		t.Parallel()
+		s, clk := fresh(t)
+		const n = 80
+		for i := range n {
+			k := fmt.Sprintf("quiet%02d", i)
+			begin(t, s, claim(k, "body", "a"), record.Acquired)
+			finish(t, s, k, record.Outcome{Result: record.Unknown, QuietFor: time.Hour})
+			k = fmt.Sprintf("own%02d", i)
+			begin(t, s, claim(k, "body", "p/"+k), record.Acquired)
+			k = fmt.Sprintf("pending%02d", i)
+			makeUnknown(t, s, claim(k, "body", "a"), 0)
+		}
+		clk.Add(time.Second)
+		makeUnknown(t, s, claim("due", "body", "a"), 0)
+		begin(t, s, claim("expired", "body", "q/1"), record.Acquired)
+		clk.Add(lease)
+		pending := func(key string) bool { return strings.HasPrefix(key, "pending") }
+		got, gave, err := s.SettleDue(ctx, record.Settle{Owner: "p/settler", LeaseTTL: lease}, pending, 1)
+		if err != nil || len(got) != 1 || len(gave) != 0 {
+			t.Fatalf("SettleDue() = %v, %v, %v; want one record", keys(got), keys(gave), err)
+		}
+		got2, _, err := s.SettleDue(ctx, record.Settle{Owner: "p/settler", LeaseTTL: lease}, pending, 1)
+		if err != nil || len(got2) != 1 {
+			t.Fatalf("second SettleDue() = %v, %v; want one record", keys(got2), err)
+		}
+		if diff := cmp.Diff(map[string]int{"due": 1, "expired": 1}, keys(append(got, got2...))); diff != "" {
+			t.Errorf("SettleDue() past what it leaves (-want +got):\n%s", diff)
 		}
 	})
 
@@ -559,42 +664,36 @@ func testStore(t *testing.T, b backend) {
 		t.Parallel()
 		s, clk := fresh(t)
 		end := t0.Add(window)
-		makeUnknown(t, s, claim("unknown", "body", "a"), 0)        // window closed at end
-		begin(t, s, claim("expired", "body", "a"), store.Acquired) // lease long gone
-		begin(t, s, claim("leased", "body", "a"), store.Acquired)  //
+		makeUnknown(t, s, claim("unknown", "body", "a"), 0)         // window closed at end
+		begin(t, s, claim("expired", "body", "a"), record.Acquired) // lease long gone
+		begin(t, s, claim("leased", "body", "a"), record.Acquired)  //
 		clk.Set(t0.Add(time.Hour))
-		begin(t, s, claim("open", "body", "a"), store.Acquired) // window still open at end
-		finish(t, s, store.Finish{Key: "open", Owner: "a", State: store.StateOutcomeUnknown})
+		begin(t, s, claim("open", "body", "a"), record.Acquired) // window still open at end
+		finish(t, s, "open", unknown(0))
 		clk.Set(t0)
-		begin(t, s, claim("notcreated", "body", "a"), store.Acquired)
-		finish(t, s, store.Finish{Key: "notcreated", Owner: "a", State: store.StateNotCreated})
+		begin(t, s, claim("notcreated", "body", "a"), record.Acquired)
+		finish(t, s, "notcreated", refused(400))
 		// "leased" renews its lease past the window's end.
 		clk.Set(end.Add(-time.Second))
-		begin(t, s, claim("leased", "body", "a"), store.Acquired)
+		begin(t, s, claim("leased", "body", "a"), record.Acquired)
 
 		clk.Set(end)
-		got, err := s.GiveUp(ctx, "", 10)
-		if err != nil {
-			t.Fatalf("GiveUp() error = %v", err)
-		}
+		got := giveUp(t, s, "settler/1")
 		if diff := cmp.Diff(map[string]int{"unknown": 1, "expired": 1}, keys(got)); diff != "" {
-			t.Errorf("GiveUp() keys (-want +got):\n%s", diff)
+			t.Errorf("SettleDue(acquire 0) gave up (-want +got):\n%s", diff)
 		}
 		for _, r := range got {
-			if r.State != store.StateOutcomeUnknown || !r.GaveUp || r.LeaseOwner != "" || !r.UpdatedAt.Equal(us(end)) || !r.ReadAt.Equal(us(end)) {
+			if r.State != record.OutcomeUnknown || !r.GaveUp || r.LeaseOwner != "" || !r.UpdatedAt.Equal(us(end)) || !r.ReadAt.Equal(us(end)) {
 				t.Errorf("gave up %q: state %v GaveUp %v owner %q UpdatedAt %v ReadAt %v, want OutcomeUnknown, true, none, %v, %v",
 					r.Key, r.State, r.GaveUp, r.LeaseOwner, r.UpdatedAt, r.ReadAt, us(end), us(end))
 			}
 		}
-		if again, err := s.GiveUp(ctx, "", 10); err != nil || len(again) != 0 {
-			t.Errorf("second GiveUp() = %v, %v; want nothing (each once ever)", keys(again), err)
-		}
-		if none, err := s.GiveUp(ctx, "", 0); err != nil || len(none) != 0 {
-			t.Errorf("GiveUp(limit 0) = %v, %v; want nothing", keys(none), err)
+		if again := giveUp(t, s, "settler/1"); len(again) != 0 {
+			t.Errorf("second give-up pass = %v; want nothing (each once ever)", keys(again))
 		}
 		// Given up is past the window: only "open" may still be settled.
-		if got := claimDue(t, s, "settler", 0, 10); !cmp.Equal(keys(got), map[string]int{"open": 1}) {
-			t.Errorf("ClaimDue after GiveUp = %v; want open only", keys(got))
+		if got, gave := settleDue(t, s, "settler/2", 0, 10); !cmp.Equal(keys(got), map[string]int{"open": 1}) || len(gave) != 0 {
+			t.Errorf("SettleDue after giving up = %v, %v; want open only", keys(got), keys(gave))
 		}
 		st, err := s.Stats(ctx)
 		if err != nil {
@@ -605,71 +704,256 @@ func testStore(t *testing.T, b backend) {
 		}
 	})
 
+	// Release ends claims whose commit was unknown to their claimant,
+	// which sent nothing: a fresh key is NotCreated, one an earlier
+	// attempt may have paid is unknown again, due for settlement. Neither
+	// leaves a journal row: no request was sent.
+	t.Run("Release", func(t *testing.T) {
+		t.Parallel()
+		s, clk := fresh(t)
+		begin(t, s, claim("fresh", "body", "p/1"), record.Acquired)
+		makeUnknown(t, s, claim("again", "body", "a"), 0)
+		begin(t, s, claim("again", "body", "p/1"), record.Acquired)
+		begin(t, s, claim("other", "body", "p/2"), record.Acquired)
+		now := clk.Add(time.Second)
+		if n, err := s.Release(ctx, "p/1", time.Minute); err != nil || n != 2 {
+			t.Fatalf("Release(p/1) = %d, %v; want 2", n, err)
+		}
+		if r := get(t, s, "fresh"); r.State != record.NotCreated || r.LeaseOwner != "" || r.AttemptSeq != 0 {
+			t.Errorf("released fresh = %v held by %q, attempt %d; want NotCreated, unheld, no attempt", r.State, r.LeaseOwner, r.AttemptSeq)
+		}
+		r := get(t, s, "again")
+		if r.State != record.OutcomeUnknown || r.LeaseOwner != "" || !r.NextSettleAt.Equal(us(now.Add(time.Minute))) || r.AttemptSeq != 1 {
+			t.Errorf("released again = %v held by %q, next settlement %v, attempt %d; want OutcomeUnknown, unheld, %v, 1",
+				r.State, r.LeaseOwner, r.NextSettleAt, r.AttemptSeq, us(now.Add(time.Minute)))
+		}
+		if as, err := s.Attempts(ctx, r); err != nil || len(as) != 1 || as[0].Owner != "a" {
+			t.Errorf("attempts of again = %+v, %v; want a's only", as, err)
+		}
+		if r := get(t, s, "other"); r.State != record.InProgress || r.LeaseOwner != "p/2" {
+			t.Errorf("other = %v held by %q, want p/2's", r.State, r.LeaseOwner)
+		}
+		if n, err := s.Release(ctx, "p/1", time.Minute); err != nil || n != 0 {
+			t.Errorf("Release(p/1) again = %d, %v; want 0", n, err)
+		}
+	})
+
+	// Every write is the record Step returned, and leaves the journal rows
+	// Step's effect names: the record a Get reads and the attempts it
+	// lists are what record.Step says, for each kind of write.
+	t.Run("WritesAreStepsEffect", func(t *testing.T) {
+		t.Parallel()
+		s, clk := fresh(t)
+		// check compares key's record with n, and its attempts with what
+		// they were (before) changed by eff.
+		check := func(what, key string, n record.Record, eff record.Effect, before []record.Attempt) {
+			t.Helper()
+			got := get(t, s, key)
+			if diff := cmp.Diff(readAt(n, clk.Now()), got); diff != "" {
+				t.Errorf("%s (%v): stored record (-Step +Get):\n%s", what, eff.Write, diff)
+			}
+			var want []record.Attempt
+			for _, a := range before {
+				if a.InFlight {
+					continue
+				}
+				if r := eff.Rewritten; r != nil && a.Owner == r.Owner && a.Number == r.Number {
+					a = *r
+				}
+				want = append(want, a)
+			}
+			if eff.Ended != nil {
+				want = append(want, *eff.Ended)
+			}
+			if n.State == record.InProgress {
+				want = append(want, n.InFlight())
+			}
+			as, err := s.Attempts(ctx, got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, as, cmp.Comparer(func(a, b []byte) bool { return string(a) == string(b) })); diff != "" {
+				t.Errorf("%s (%v): journal (-Step +stored):\n%s", what, eff.Write, diff)
+			}
+		}
+		journal := func(key string) []record.Attempt {
+			r, err := s.Get(ctx, key)
+			if errors.Is(err, store.ErrNotFound) {
+				return nil
+			}
+			as, err := s.Attempts(ctx, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return as
+		}
+		step := func(r *record.Record, ev record.Event) (record.Record, record.Effect) {
+			return record.Step(r, ev, clk.Now())
+		}
+
+		// WriteInsert.
+		c := claim("k", "body", "p/1")
+		n, eff := step(nil, c)
+		b := begin(t, s, c, record.Acquired)
+		if diff := cmp.Diff(n, b.Record); diff != "" {
+			t.Errorf("Begin(new key) record (-Step +Begin):\n%s", diff)
+		}
+		check("a new key", "k", n, eff, nil)
+
+		// WriteFinish, an unknown outcome.
+		clk.Add(time.Second)
+		o := record.Outcome{Owner: "p/1", Result: record.Unknown, HTTPRequests: 2, ProviderStatus: 503, Reply: []byte(`{"e":1}`),
+			Error: "503", Code: 14, SettleAfter: time.Second}
+		before := journal("k")
+		n, eff = step(&b.Record, o)
+		finishAs(t, s, b.Record, o, record.Written)
+		check("an unknown outcome", "k", n, eff, before)
+
+		// WriteAcquire, by settlement.
+		clk.Add(time.Second)
+		r, before := get(t, s, "k"), journal("k")
+		n, eff = step(&r, record.Settle{Owner: "q/1", LeaseTTL: lease, Quiet: time.Second, Settled: true})
+		settled := claimDue(t, s, "q/1", time.Second, 1)
+		if len(settled) != 1 || !cmp.Equal(n, settled[0]) {
+			t.Fatalf("SettleDue() = %+v, want Step's %+v", settled, n)
+		}
+		check("settlement's claim", "k", n, eff, before)
+
+		// WriteTakeOver.
+		clk.Add(lease + time.Second)
+		r, before = get(t, s, "k"), journal("k")
+		c = claim("k", "body", "r/1")
+		c.Settled = true
+		n, eff = step(&r, c)
+		begin(t, s, c, record.Acquired)
+		check("a takeover", "k", n, eff, before)
+
+		// WriteLate: settlement's 2xx after its lease, with r/1 in flight.
+		clk.Add(time.Second)
+		r, before = get(t, s, "k"), journal("k")
+		o = paid(201, `{"id":"late"}`)
+		o.Owner = "q/1"
+		for _, a := range before {
+			if a.Owner == "q/1" {
+				o.Row = &a
+			}
+		}
+		n, eff = step(&r, o)
+		o.Row = nil
+		finishAs(t, s, settled[0], o, record.Late)
+		check("a late 2xx", "k", n, eff, before)
+		// Then r/1's refusal: nothing is written.
+		r, before = get(t, s, "k"), journal("k")
+		finishAs(t, s, r, record.Outcome{Owner: "r/1", Result: record.Refused}, record.LeaseLost)
+		check("a refusal after the lease", "k", r, record.Effect{}, before)
+
+		// WriteFinish, nothing sent: no row.
+		b = begin(t, s, claim("n", "body", "p/2"), record.Acquired)
+		clk.Add(time.Second)
+		o = record.Outcome{Owner: "p/2", Result: record.NothingSent, Error: "too busy", Code: 8}
+		n, eff = step(&b.Record, o)
+		finishAs(t, s, b.Record, o, record.Written)
+		check("nothing sent", "n", n, eff, journal("n"))
+
+		// WriteAbandon, by a claim past the window.
+		c = claim("w", "body", "p/3")
+		c.Window = lease + time.Second
+		begin(t, s, c, record.Acquired)
+		clk.Add(lease + time.Second)
+		r, before = get(t, s, "w"), journal("w")
+		c = claim("w", "body", "s/1")
+		c.Settled = true
+		n, eff = step(&r, c)
+		begin(t, s, c, record.PastWindow)
+		check("a claim past the window", "w", n, eff, before)
+
+		// WriteGiveUp.
+		clk.Add(time.Second)
+		r, before = get(t, s, "w"), journal("w")
+		n, eff = step(&r, record.Settle{Owner: "q/2", LeaseTTL: lease, Settled: true})
+		if gave := giveUp(t, s, "q/2"); len(gave) != 1 || !cmp.Equal(n, gave[0]) {
+			t.Errorf("give-up pass = %+v, want Step's %+v", gave, n)
+		}
+		check("giving up", "w", n, eff, before)
+
+		// WriteResolve.
+		clk.Add(time.Second)
+		r, before = get(t, s, "w"), journal("w")
+		res := record.Resolve{To: record.Succeeded, Reply: []byte(`{"id":"found"}`), UnchangedSince: r.UpdatedAt}
+		n, eff = step(&r, res)
+		got, err := s.Resolve(ctx, "w", res, store.AuditInfo{Actor: "a", Evidence: "e"})
+		if err != nil || !cmp.Equal(n, got.Record) {
+			t.Errorf("Resolve() = %+v, %v; want Step's %+v", got.Record, err, n)
+		}
+		check("a resolution", "w", n, eff, before)
+	})
+
 	t.Run("ConcurrentBeginOneKey", func(t *testing.T) {
 		t.Parallel()
 		s, _ := fresh(t)
 		const n = 16
-		outcomes := make(chan store.Outcome, n)
+		verdicts := make(chan record.Verdict, n)
 		errs := make(chan error, n)
 		var wg sync.WaitGroup
 		for i := range n {
 			wg.Go(func() {
-				b, err := s.Begin(ctx, claim("one", "body", fmt.Sprintf("o%d", i)))
+				b, err := s.Begin(ctx, claim("one", "body", fmt.Sprintf("o%d", i)), nil)
 				if err != nil {
 					errs <- err
 					return
 				}
-				outcomes <- b.Outcome
+				verdicts <- b.Verdict
 			})
 		}
 		wg.Wait()
-		close(outcomes)
+		close(verdicts)
 		close(errs)
 		for err := range errs {
 			t.Errorf("Begin error = %v", err)
 		}
-		count := map[store.Outcome]int{}
-		for o := range outcomes {
-			count[o]++
+		count := map[record.Verdict]int{}
+		for v := range verdicts {
+			count[v]++
 		}
-		if diff := cmp.Diff(map[store.Outcome]int{store.Acquired: 1, store.Busy: n - 1}, count); diff != "" {
-			t.Errorf("outcomes (-want +got):\n%s", diff)
+		if diff := cmp.Diff(map[record.Verdict]int{record.Acquired: 1, record.Busy: n - 1}, count); diff != "" {
+			t.Errorf("verdicts (-want +got):\n%s", diff)
 		}
 	})
 
 	// Concurrent writes are committed together (group commit in SQLite):
-	// each still gets its own outcome, a lost lease fails only its own
-	// Finish, and every acquired record is there once Begin returns.
+	// each still gets its own verdict, a lost lease is only its own
+	// Finish's, and every acquired record is there once Begin returns.
 	t.Run("ConcurrentBeginsAndFinishesDistinctKeys", func(t *testing.T) {
 		t.Parallel()
 		s, _ := fresh(t)
 		const n = 24
+		pre := make([]record.Record, n)
 		for i := range n {
-			begin(t, s, claim(fmt.Sprintf("pre%d", i), "body", "a"), store.Acquired)
+			pre[i] = begin(t, s, claim(fmt.Sprintf("pre%d", i), "body", "a"), record.Acquired).Record
 		}
 		var wg sync.WaitGroup
 		errs := make(chan error, 3*n)
 		for i := range n {
 			wg.Go(func() {
 				key := fmt.Sprintf("new%d", i)
-				b, err := s.Begin(ctx, claim(key, "body", "b"))
-				if err != nil || b.Outcome != store.Acquired || b.Record.Key != key || b.Record.State != store.StateInProgress {
-					errs <- fmt.Errorf("Begin(%q) = %v %q %v, %v; want Acquired InProgress", key, b.Outcome, b.Record.Key, b.Record.State, err)
+				b, err := s.Begin(ctx, claim(key, "body", "b"), nil)
+				if err != nil || b.Verdict != record.Acquired || b.Record.Key != key || b.Record.State != record.InProgress {
+					errs <- fmt.Errorf("Begin(%q) = %v %q %v, %v; want Acquired InProgress", key, b.Verdict, b.Record.Key, b.Record.State, err)
 				}
 			})
 			wg.Go(func() {
-				key := fmt.Sprintf("pre%d", i)
 				owner := "a"
 				if i%3 == 0 {
 					owner = "not-the-owner"
 				}
-				r, err := s.Finish(ctx, store.Finish{Key: key, Owner: owner, State: store.StateSucceeded, AddAttempts: 1,
-					ProviderStatus: 200, Reply: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+				o := paid(200, fmt.Sprintf(`{"n":%d}`, i))
+				o.Owner = owner
+				v, err := s.Finish(ctx, &pre[i], o)
 				switch {
-				case owner != "a" && !errors.Is(err, store.ErrLeaseLost):
-					errs <- fmt.Errorf("Finish(%q, wrong owner) error = %v, want ErrLeaseLost", key, err)
-				case owner == "a" && (err != nil || string(r.Reply) != fmt.Sprintf(`{"n":%d}`, i)):
-					errs <- fmt.Errorf("Finish(%q) = %s, %v; want its own reply", key, r.Reply, err)
+				case owner != "a" && (err != nil || v != record.LeaseLost):
+					errs <- fmt.Errorf("Finish(%q, wrong owner) = %v, %v; want LeaseLost", pre[i].Key, v, err)
+				case owner == "a" && (err != nil || v != record.Written):
+					errs <- fmt.Errorf("Finish(%q) = %v, %v; want Written", pre[i].Key, v, err)
 				}
 			})
 		}
@@ -679,15 +963,15 @@ func testStore(t *testing.T, b backend) {
 			t.Error(err)
 		}
 		for i := range n {
-			if r := get(t, s, fmt.Sprintf("new%d", i)); r.State != store.StateInProgress || r.LeaseOwner != "b" {
+			if r := get(t, s, fmt.Sprintf("new%d", i)); r.State != record.InProgress || r.LeaseOwner != "b" {
 				t.Errorf("record new%d = %v owned by %q, want InProgress owned by b", i, r.State, r.LeaseOwner)
 			}
-			want := store.StateSucceeded
-			if i%3 == 0 {
-				want = store.StateInProgress
-			}
-			if r := get(t, s, fmt.Sprintf("pre%d", i)); r.State != want {
-				t.Errorf("record pre%d = %v, want %v", i, r.State, want)
+			r := get(t, s, fmt.Sprintf("pre%d", i))
+			switch {
+			case i%3 == 0 && r.State != record.InProgress:
+				t.Errorf("record pre%d = %v, want InProgress", i, r.State)
+			case i%3 != 0 && (r.State != record.Succeeded || string(r.Reply) != fmt.Sprintf(`{"n":%d}`, i)):
+				t.Errorf("record pre%d = %v %s, want Succeeded with its own reply", i, r.State, r.Reply)
 			}
 		}
 		if s.Commits() == 0 {
@@ -695,8 +979,8 @@ func testStore(t *testing.T, b backend) {
 		}
 	})
 
-	// FinishWrite's outcome is durable when it returns, with its attempt.
-	t.Run("FinishWrite", func(t *testing.T) {
+	// Finish's outcome is durable when it returns, with its journal row.
+	t.Run("FinishDurable", func(t *testing.T) {
 		t.Parallel()
 		url := b.url(t)
 		clk := newClock(t0)
@@ -705,22 +989,27 @@ func testStore(t *testing.T, b backend) {
 			t.Fatal(err)
 		}
 		const n = 8
+		claimed := make([]record.Record, n)
 		for i := range n {
-			begin(t, s, claim(fmt.Sprintf("k%d", i), "body", "a"), store.Acquired)
+			claimed[i] = begin(t, s, claim(fmt.Sprintf("k%d", i), "body", "a"), record.Acquired).Record
 		}
 		clk.Set(t0.Add(time.Second))
 		var wg sync.WaitGroup
 		errs := make([]error, n)
 		for i := range n {
 			wg.Go(func() {
-				_, errs[i] = s.FinishWrite(ctx, store.Finish{Key: fmt.Sprintf("k%d", i), Owner: "a", State: store.StateSucceeded,
-					AddAttempts: 1, ProviderStatus: 200, Reply: []byte(`{}`)})
+				o := paid(200, `{}`)
+				o.Owner = "a"
+				var v record.Verdict
+				if v, errs[i] = s.Finish(ctx, &claimed[i], o); errs[i] == nil && v != record.Written {
+					errs[i] = fmt.Errorf("verdict %v, want Written", v)
+				}
 			})
 		}
 		wg.Wait()
 		for i, err := range errs {
 			if err != nil {
-				t.Errorf("FinishWrite(k%d) error = %v", i, err)
+				t.Errorf("Finish(k%d) error = %v", i, err)
 			}
 		}
 		if err := s.Close(); err != nil {
@@ -732,7 +1021,7 @@ func testStore(t *testing.T, b backend) {
 		s = openStore(t, url, "sandbox", clk)
 		for i := range n {
 			r := get(t, s, fmt.Sprintf("k%d", i))
-			if r.State != store.StateSucceeded || !r.UpdatedAt.Equal(us(t0.Add(time.Second))) {
+			if r.State != record.Succeeded || !r.UpdatedAt.Equal(us(t0.Add(time.Second))) {
 				t.Errorf("after reopening, record k%d = %v updated %v, want Succeeded updated %v", i, r.State, r.UpdatedAt, us(t0.Add(time.Second)))
 			}
 			as, err := s.Attempts(ctx, r)
@@ -752,7 +1041,7 @@ func testStore(t *testing.T, b backend) {
 		ks := []string{base64.StdEncoding.EncodeToString(random), "abc", "ABC", "abc ", " abc", "abc  ", "é", "e\u0301", "日本語", "ß", "ss", "İ", "i", "😀",
 			strings.Repeat("k", 10<<10), strings.Repeat("k", 10<<10) + " ", `quote'"\`}
 		for i, k := range ks {
-			begin(t, s, claim(k, fmt.Sprintf("body%d", i), "a"), store.Acquired)
+			begin(t, s, claim(k, fmt.Sprintf("body%d", i), "a"), record.Acquired)
 		}
 		for i, k := range ks {
 			r := get(t, s, k)
@@ -760,20 +1049,20 @@ func testStore(t *testing.T, b backend) {
 				t.Errorf("Get(key %d) = key %.20q body %q, want %.20q body%d", i, r.Key, r.Body, k, i)
 			}
 			// The same key again finds its own record.
-			begin(t, s, claim(k, fmt.Sprintf("body%d", i), "b"), store.Busy)
+			begin(t, s, claim(k, fmt.Sprintf("body%d", i), "b"), record.Busy)
 		}
 		// A NUL byte: stored exactly, or refused with ErrKeyNotStorable
 		// (always in PostgreSQL, whose text can't hold it).
 		for _, k := range []string{"a\x00b", "a\x00c"} {
-			bg, err := s.Begin(ctx, claim(k, "nul "+k, "a"))
+			bg, err := s.Begin(ctx, claim(k, "nul "+k, "a"), nil)
 			switch {
 			case errors.Is(err, store.ErrKeyNotStorable):
 			case err != nil:
 				t.Errorf("Begin(NUL key) error = %v, want nil or ErrKeyNotStorable", err)
 			case b.name == "postgres":
-				t.Errorf("Begin(NUL key) on PostgreSQL = %v, want ErrKeyNotStorable", bg.Outcome)
-			case bg.Outcome != store.Acquired:
-				t.Errorf("Begin(NUL key %q) = %v, want Acquired", k, bg.Outcome)
+				t.Errorf("Begin(NUL key) on PostgreSQL = %v, want ErrKeyNotStorable", bg.Verdict)
+			case bg.Verdict != record.Acquired:
+				t.Errorf("Begin(NUL key %q) = %v, want Acquired", k, bg.Verdict)
 			default:
 				if r := get(t, s, k); r.Key != k || string(r.Body) != "nul "+k {
 					t.Errorf("Get(NUL key %q) = key %q body %q", k, r.Key, r.Body)
@@ -781,21 +1070,23 @@ func testStore(t *testing.T, b backend) {
 				ks = append(ks, k)
 			}
 		}
-		// Each key's tombstone refuses that key and no other.
-		for _, k := range ks {
-			if _, err := s.Finish(ctx, store.Finish{Key: k, Owner: "a", State: store.StateSucceeded}); err != nil {
-				t.Fatalf("Finish(%.20q) error = %v", k, err)
+		// Each key's journal row is its own, and its tombstone refuses
+		// that key and no other.
+		for i, k := range ks {
+			r := finish(t, s, k, paid(200, fmt.Sprintf(`{"n":%d}`, i)))
+			if as, err := s.Attempts(ctx, r); err != nil || len(as) != 1 || string(as[0].Reply) != fmt.Sprintf(`{"n":%d}`, i) {
+				t.Errorf("Attempts(key %d) = %+v, %v; want its one row", i, as, err)
 			}
 		}
 		clk.Set(t0.Add(keep + time.Second))
 		deleteAll(t, s, store.Retention{Records: keep, Tombstones: keepTombstones}, 10)
 		for i, k := range ks {
 			want := sha256.Sum256([]byte(k))
-			if got := begin(t, s, claim(k, "other body", "b"), store.Expired); got.Tombstone.KeySHA256 != want {
+			if got := begin(t, s, claim(k, "other body", "b"), record.Expired); got.Tombstone.KeySHA256 != want {
 				t.Errorf("Begin(key %d) after retention: tombstone of another key", i)
 			}
 		}
-		begin(t, s, claim("abcd", "body", "b"), store.Acquired) // a key never used
+		begin(t, s, claim("abcd", "body", "b"), record.Acquired) // a key never used
 	})
 
 	t.Run("EnvironmentStamp", func(t *testing.T) {
@@ -855,9 +1146,9 @@ func testStore(t *testing.T, b backend) {
 		url := b.url(t)
 		clk := newClock(t0)
 		s := openStore(t, url, "sandbox", clk)
-		begin(t, s, quiet(claim("k", "body", "a"), time.Minute), store.Acquired)
-		want := finish(t, s, store.Finish{Key: "k", Owner: "a", State: store.StateOutcomeUnknown, ProviderStatus: 503,
-			Reply: []byte("{}"), SettleAfter: time.Second, QuietFor: time.Minute})
+		begin(t, s, quiet(claim("k", "body", "a"), time.Minute), record.Acquired)
+		want := finish(t, s, "k", record.Outcome{Result: record.Unknown, ProviderStatus: 503, Reply: []byte("{}"),
+			SettleAfter: time.Second, QuietFor: time.Minute})
 		e, err := s.AppendEvent(ctx, store.Event{ReceivedAt: t0, Body: []byte("x"), BodySHA256: sha256.Sum256([]byte("x"))})
 		if err != nil {
 			t.Fatal(err)
@@ -1009,11 +1300,11 @@ func testStore(t *testing.T, b backend) {
 	t.Run("Stats", func(t *testing.T) {
 		t.Parallel()
 		s, _ := fresh(t)
-		begin(t, s, claim("ip", "body", "a"), store.Acquired)
-		for i, st := range []store.State{store.StateSucceeded, store.StateNotCreated, store.StateOutcomeUnknown, store.StateOutcomeUnknown} {
+		begin(t, s, claim("ip", "body", "a"), record.Acquired)
+		for i, st := range []record.State{record.Succeeded, record.NotCreated, record.OutcomeUnknown, record.OutcomeUnknown} {
 			k := fmt.Sprintf("%v-%d", st, i)
-			begin(t, s, claim(k, "body", "a"), store.Acquired)
-			finish(t, s, store.Finish{Key: k, Owner: "a", State: st})
+			begin(t, s, claim(k, "body", "a"), record.Acquired)
+			finish(t, s, k, record.Outcome{Result: resultOf(st)})
 		}
 		if _, err := s.AppendEvent(ctx, store.Event{ReceivedAt: t0, BodySHA256: sha256.Sum256(nil)}); err != nil {
 			t.Fatal(err)
@@ -1022,8 +1313,8 @@ func testStore(t *testing.T, b backend) {
 		if err != nil {
 			t.Fatalf("Stats() error = %v", err)
 		}
-		want := store.Stats{ByState: map[store.State]int64{
-			store.StateInProgress: 1, store.StateSucceeded: 1, store.StateNotCreated: 1, store.StateOutcomeUnknown: 2,
+		want := store.Stats{ByState: map[record.State]int64{
+			record.InProgress: 1, record.Succeeded: 1, record.NotCreated: 1, record.OutcomeUnknown: 2,
 		}, Events: 1}
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("Stats() (-want +got):\n%s", diff)
@@ -1041,38 +1332,36 @@ func testStore(t *testing.T, b backend) {
 // testQuiet checks the provider quiet period: nothing is sent with a key
 // while an earlier request with it may still be at the provider.
 func testQuiet(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
-	ctx := context.Background()
-
 	// An attempt that ended without the provider's answer leaves the key
 	// quiet for Finish.QuietFor: Begin answers Quiet and changes nothing,
 	// settlement leaves it alone, and both go on once it has passed.
 	t.Run("QuietAfterUnansweredAttempt", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
-		begin(t, s, claim("k", "body", "a"), store.Acquired)
+		begin(t, s, claim("k", "body", "a"), record.Acquired)
 		done := clk.Set(t0.Add(time.Second))
-		u := finish(t, s, store.Finish{Key: "k", Owner: "a", State: store.StateOutcomeUnknown, AddAttempts: 1, QuietFor: 20 * time.Second})
+		u := finish(t, s, "k", record.Outcome{Result: record.Unknown, HTTPRequests: 1, QuietFor: 20 * time.Second})
 		end := done.Add(20 * time.Second)
 		if !u.QuietUntil.Equal(us(end)) || !u.NextSettleAt.Equal(us(done)) || u.LeaseOwner != "" {
 			t.Errorf("Finish(QuietFor 20s): QuietUntil %v NextSettleAt %v owner %q, want %v, %v, none", u.QuietUntil, u.NextSettleAt, u.LeaseOwner, us(end), us(done))
 		}
 		for _, at := range []time.Time{done, end.Add(-time.Microsecond)} {
 			clk.Set(at)
-			q := begin(t, s, claim("k", "body", "b"), store.Quiet)
+			q := begin(t, s, claim("k", "body", "b"), record.Quiet)
 			if diff := cmp.Diff(readAt(u, at), q.Record); diff != "" {
 				t.Errorf("Quiet record at %v (-stored +got):\n%s", at, diff)
 			}
 			if got := claimDue(t, s, "settler", 0, 10); len(got) != 0 {
-				t.Errorf("ClaimDue at %v while quiet = %v, want nothing", at, keys(got))
+				t.Errorf("SettleDue at %v while quiet = %v, want nothing", at, keys(got))
 			}
 		}
 		if diff := cmp.Diff(readAt(u, clk.Now()), get(t, s, "k")); diff != "" {
 			t.Errorf("Quiet changed the record (-before +after):\n%s", diff)
 		}
 		clk.Set(end)
-		got := begin(t, s, claim("k", "body", "b"), store.Acquired)
-		if got.Prior != store.StateOutcomeUnknown || got.Record.LeaseOwner != "b" || !got.Record.QuietUntil.Equal(us(end.Add(lease))) {
-			t.Errorf("Begin once quiet passed: Prior %v owner %q QuietUntil %v, want OutcomeUnknown, b, %v", got.Prior, got.Record.LeaseOwner, got.Record.QuietUntil, us(end.Add(lease)))
+		got := begin(t, s, claim("k", "body", "b"), record.Acquired)
+		if got.Record.PriorState != record.OutcomeUnknown || got.Record.LeaseOwner != "b" || !got.Record.QuietUntil.Equal(us(end.Add(lease))) {
+			t.Errorf("Begin once quiet passed: PriorState %v owner %q QuietUntil %v, want OutcomeUnknown, b, %v", got.Record.PriorState, got.Record.LeaseOwner, got.Record.QuietUntil, us(end.Add(lease)))
 		}
 	})
 
@@ -1082,29 +1371,24 @@ func testQuiet(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		t.Parallel()
 		s, clk := fresh(t)
 		const q = 10 * time.Second
-		first := begin(t, s, quiet(claim("k", "body", "a"), q), store.Acquired)
+		first := begin(t, s, quiet(claim("k", "body", "a"), q), record.Acquired)
 		end := t0.Add(lease + q)
 		for _, at := range []time.Time{t0.Add(lease), end.Add(-time.Microsecond)} {
 			clk.Set(at)
-			got := begin(t, s, claim("k", "body", "b"), store.Quiet)
+			got := begin(t, s, claim("k", "body", "b"), record.Quiet)
 			if diff := cmp.Diff(readAt(first.Record, at), got.Record); diff != "" {
 				t.Errorf("Quiet record at %v (-stored +got):\n%s", at, diff)
 			}
-			if got := claimDue(t, s, "settler", 0, 10); len(got) != 0 {
-				t.Errorf("ClaimDue at %v while quiet = %v, want nothing", at, keys(got))
-			}
-			if got, err := s.GiveUp(ctx, "", 10); err != nil || len(got) != 0 {
-				t.Errorf("GiveUp at %v = %v, %v; want nothing (window open)", at, keys(got), err)
+			if got, gave := settleDue(t, s, "settler", 0, 10); len(got)+len(gave) != 0 {
+				t.Errorf("SettleDue at %v while quiet = %v, %v; want nothing (window open)", at, keys(got), keys(gave))
 			}
 		}
 		clk.Set(end)
-		took := begin(t, s, claim("k", "body", "b"), store.Acquired)
-		if took.Prior != store.StateInProgress || took.Record.LeaseOwner != "b" {
-			t.Errorf("Begin once quiet passed: Prior %v owner %q, want InProgress, b", took.Prior, took.Record.LeaseOwner)
+		took := begin(t, s, claim("k", "body", "b"), record.Acquired)
+		if took.Record.PriorState != record.InProgress || took.Record.LeaseOwner != "b" {
+			t.Errorf("Begin once quiet passed: PriorState %v owner %q, want InProgress, b", took.Record.PriorState, took.Record.LeaseOwner)
 		}
-		if _, err := s.Finish(ctx, store.Finish{Key: "k", Owner: "a", State: store.StateNotCreated}); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("Finish(dead holder, not created) error = %v, want ErrLeaseLost", err)
-		}
+		finishAs(t, s, first.Record, record.Outcome{Owner: "a", Result: record.Refused}, record.LeaseLost)
 	})
 
 	// Finish sets QuietUntil from QuietFor, or clears what Begin presumed.
@@ -1113,21 +1397,21 @@ func testQuiet(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 		s, clk := fresh(t)
 		for _, tc := range []struct {
 			name     string
-			state    store.State
+			state    record.State
 			quietFor time.Duration
 			want     time.Duration // 0: no quiet period
-			then     store.Outcome
+			then     record.Verdict
 		}{
-			{"answered", store.StateOutcomeUnknown, 0, 0, store.Acquired},
-			{"negative", store.StateOutcomeUnknown, -time.Second, 0, store.Acquired},
-			{"unanswered", store.StateOutcomeUnknown, 15 * time.Second, 15 * time.Second, store.Quiet},
+			{"answered", record.OutcomeUnknown, 0, 0, record.Acquired},
+			{"negative", record.OutcomeUnknown, -time.Second, 0, record.Acquired},
+			{"unanswered", record.OutcomeUnknown, 15 * time.Second, 15 * time.Second, record.Quiet},
 			// NotCreated starts the key afresh, whatever QuietUntil says.
-			{"not created", store.StateNotCreated, 15 * time.Second, 15 * time.Second, store.Acquired},
-			{"succeeded", store.StateSucceeded, 15 * time.Second, 15 * time.Second, store.Replay},
+			{"not created", record.NotCreated, 15 * time.Second, 15 * time.Second, record.Acquired},
+			{"succeeded", record.Succeeded, 15 * time.Second, 15 * time.Second, record.Replay},
 		} {
 			now := clk.Set(t0)
-			begin(t, s, quiet(claim(tc.name, "body", "a"), time.Hour), store.Acquired)
-			r := finish(t, s, store.Finish{Key: tc.name, Owner: "a", State: tc.state, QuietFor: tc.quietFor})
+			begin(t, s, quiet(claim(tc.name, "body", "a"), time.Hour), record.Acquired)
+			r := finish(t, s, tc.name, record.Outcome{Result: resultOf(tc.state), QuietFor: tc.quietFor})
 			want := time.Time{}
 			if tc.want > 0 {
 				want = us(now.Add(tc.want))
@@ -1136,20 +1420,20 @@ func testQuiet(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 				t.Errorf("%s: Finish(QuietFor %v) QuietUntil = %v, want %v", tc.name, tc.quietFor, r.QuietUntil, want)
 			}
 			got := begin(t, s, claim(tc.name, "body", "b"), tc.then)
-			if tc.then == store.Acquired && !got.Record.QuietUntil.Equal(us(now.Add(lease))) {
+			if tc.then == record.Acquired && !got.Record.QuietUntil.Equal(us(now.Add(lease))) {
 				t.Errorf("%s: reacquired QuietUntil = %v, want %v", tc.name, got.Record.QuietUntil, us(now.Add(lease)))
 			}
 		}
 	})
 
-	t.Run("ClaimDueSkipsQuiet", func(t *testing.T) {
+	t.Run("SettleDueSkipsQuiet", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
 		const q = 10 * time.Second
 		makeUnknown(t, s, claim("loud", "body", "a"), 0)
-		begin(t, s, claim("quiet", "body", "a"), store.Acquired)
-		finish(t, s, store.Finish{Key: "quiet", Owner: "a", State: store.StateOutcomeUnknown, QuietFor: time.Minute})
-		begin(t, s, quiet(claim("held", "body", "a"), time.Minute), store.Acquired) // its holder dies
+		begin(t, s, claim("quiet", "body", "a"), record.Acquired)
+		finish(t, s, "quiet", record.Outcome{Result: record.Unknown, QuietFor: time.Minute})
+		begin(t, s, quiet(claim("held", "body", "a"), time.Minute), record.Acquired) // its holder dies
 
 		for _, step := range []struct {
 			at   time.Duration
@@ -1163,34 +1447,34 @@ func testQuiet(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 			now := clk.Set(t0.Add(step.at))
 			got := claimDue(t, s, "settler", q, 10)
 			if diff := cmp.Diff(step.want, keys(got)); diff != "" {
-				t.Errorf("ClaimDue at t0+%v keys (-want +got):\n%s", step.at, diff)
+				t.Errorf("SettleDue at t0+%v keys (-want +got):\n%s", step.at, diff)
 			}
 			for _, r := range got {
 				if !r.QuietUntil.Equal(us(now.Add(lease + q))) {
-					t.Errorf("ClaimDue at t0+%v: %s QuietUntil %v, want %v", step.at, r.Key, r.QuietUntil, us(now.Add(lease+q)))
+					t.Errorf("SettleDue at t0+%v: %s QuietUntil %v, want %v", step.at, r.Key, r.QuietUntil, us(now.Add(lease+q)))
 				}
 			}
 		}
 		// A settler that died leaves the key quiet for Begin too.
 		clk.Set(t0.Add(lease + time.Minute + lease))
-		begin(t, s, claim("held", "body", "b"), store.Quiet)
+		begin(t, s, claim("held", "body", "b"), record.Quiet)
 		clk.Set(t0.Add(lease + time.Minute + lease + q))
-		begin(t, s, claim("held", "body", "b"), store.Acquired)
+		begin(t, s, claim("held", "body", "b"), record.Acquired)
 	})
 
 	t.Run("PastWindowWinsOverQuiet", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
-		begin(t, s, claim("unknown", "body", "a"), store.Acquired)
-		begin(t, s, quiet(claim("ip", "body", "a"), 2*window), store.Acquired)
+		begin(t, s, claim("unknown", "body", "a"), record.Acquired)
+		begin(t, s, quiet(claim("ip", "body", "a"), 2*window), record.Acquired)
 		clk.Set(t0.Add(window - time.Second))
-		u := finish(t, s, store.Finish{Key: "unknown", Owner: "a", State: store.StateOutcomeUnknown, QuietFor: time.Hour})
+		u := finish(t, s, "unknown", record.Outcome{Result: record.Unknown, QuietFor: time.Hour})
 		end := clk.Set(t0.Add(window))
-		if got := begin(t, s, claim("unknown", "body", "b"), store.PastWindow); !cmp.Equal(readAt(u, end), got.Record) {
+		if got := begin(t, s, claim("unknown", "body", "b"), record.PastWindow); !cmp.Equal(readAt(u, end), got.Record) {
 			t.Errorf("PastWindow record = %+v, want unchanged %+v", got.Record, u)
 		}
-		got := begin(t, s, claim("ip", "body", "b"), store.PastWindow)
-		if got.Record.State != store.StateOutcomeUnknown || got.Record.LeaseOwner != "" {
+		got := begin(t, s, claim("ip", "body", "b"), record.PastWindow)
+		if got.Record.State != record.OutcomeUnknown || got.Record.LeaseOwner != "" {
 			t.Errorf("expired InProgress past window while quiet: state %v owner %q, want OutcomeUnknown, no lease", got.Record.State, got.Record.LeaseOwner)
 		}
 	})
@@ -1204,84 +1488,86 @@ func testClockAndReads(t *testing.T, fresh func(*testing.T) (*store.Store, *cloc
 	t.Run("ReadAt", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
-		check := func(what string, r store.Record) {
+		check := func(what string, r record.Record) {
 			t.Helper()
 			if want := us(clk.Now()); !r.ReadAt.Equal(want) || r.ReadAt.Location() != time.UTC {
 				t.Errorf("%s: ReadAt = %v, want %v", what, r.ReadAt, want)
 			}
 		}
 		step := func() { clk.Add(time.Second + 7*time.Nanosecond) }
-		check("Begin Acquired", begin(t, s, claim("k", "body", "a"), store.Acquired).Record)
+		check("Begin Acquired", begin(t, s, claim("k", "body", "a"), record.Acquired).Record)
 		step()
-		check("Begin Busy", begin(t, s, claim("k", "body", "b"), store.Busy).Record)
-		check("Begin Reused", begin(t, s, claim("k", "other", "b"), store.Reused).Record)
+		check("Begin Busy", begin(t, s, claim("k", "body", "b"), record.Busy).Record)
+		check("Begin Reused", begin(t, s, claim("k", "other", "b"), record.Reused).Record)
 		check("Get", get(t, s, "k"))
 		step()
-		check("Finish", finish(t, s, store.Finish{Key: "k", Owner: "a", State: store.StateOutcomeUnknown, QuietFor: 10 * time.Second}))
+		check("Finish", finish(t, s, "k", record.Outcome{Result: record.Unknown, QuietFor: 10 * time.Second}))
 		step()
-		check("Begin Quiet", begin(t, s, claim("k", "body", "b"), store.Quiet).Record)
+		check("Begin Quiet", begin(t, s, claim("k", "body", "b"), record.Quiet).Record)
 		clk.Add(10 * time.Second)
 		got := claimDue(t, s, "settler", 0, 10)
 		if len(got) != 1 {
-			t.Fatalf("ClaimDue = %v, want k", keys(got))
+			t.Fatalf("SettleDue = %v, want k", keys(got))
 		}
-		check("ClaimDue", got[0])
-		finish(t, s, store.Finish{Key: "k", Owner: "settler", State: store.StateOutcomeUnknown})
+		check("SettleDue", got[0])
+		finish(t, s, "k", record.Outcome{Result: record.Unknown})
 		clk.Set(t0.Add(window))
-		check("Begin PastWindow", begin(t, s, claim("k", "body", "b"), store.PastWindow).Record)
-		gave, err := s.GiveUp(ctx, "", 10)
-		if err != nil || len(gave) != 1 {
-			t.Fatalf("GiveUp = %v, %v; want k", keys(gave), err)
+		check("Begin PastWindow", begin(t, s, claim("k", "body", "b"), record.PastWindow).Record)
+		gave := giveUp(t, s, "settler/1")
+		if len(gave) != 1 {
+			t.Fatalf("give-up pass = %v; want k", keys(gave))
 		}
-		check("GiveUp", gave[0])
-		begin(t, s, claim("s", "body", "a"), store.Acquired)
-		finish(t, s, store.Finish{Key: "s", Owner: "a", State: store.StateSucceeded})
+		check("SettleDue GaveUp", gave[0])
+		begin(t, s, claim("s", "body", "a"), record.Acquired)
+		finish(t, s, "s", record.Outcome{Result: record.Paid})
 		step()
-		check("Begin Replay", begin(t, s, claim("s", "body", "b"), store.Replay).Record)
+		check("Begin Replay", begin(t, s, claim("s", "body", "b"), record.Replay).Record)
 		// Acquiring an existing record, and closing an abandoned one.
-		begin(t, s, claim("n", "body", "a"), store.Acquired)
-		finish(t, s, store.Finish{Key: "n", Owner: "a", State: store.StateNotCreated})
+		begin(t, s, claim("n", "body", "a"), record.Acquired)
+		finish(t, s, "n", record.Outcome{Result: record.Refused})
 		step()
-		check("Begin Acquired (NotCreated)", begin(t, s, claim("n", "body", "b"), store.Acquired).Record)
+		check("Begin Acquired (NotCreated)", begin(t, s, claim("n", "body", "b"), record.Acquired).Record)
 		clk.Add(window)
-		check("Begin PastWindow (abandoned)", begin(t, s, claim("n", "body", "c"), store.PastWindow).Record)
+		check("Begin PastWindow (abandoned)", begin(t, s, claim("n", "body", "c"), record.PastWindow).Record)
 	})
 
 	t.Run("PriorStateAndAttemptStartedAt", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
-		check := func(what string, b store.Began, prior store.State, started time.Time) {
+		check := func(what string, b store.Began, prior record.State, started time.Time) {
 			t.Helper()
-			if b.Prior != prior || b.Record.PriorState != prior || !b.Record.AttemptStartedAt.Equal(us(started)) {
-				t.Errorf("%s: Prior %v PriorState %v AttemptStartedAt %v, want %v, %v, %v", what, b.Prior, b.Record.PriorState, b.Record.AttemptStartedAt, prior, prior, us(started))
+			if b.Record.PriorState != prior || !b.Record.AttemptStartedAt.Equal(us(started)) {
+				t.Errorf("%s: PriorState %v AttemptStartedAt %v, want %v, %v", what, b.Record.PriorState, b.Record.AttemptStartedAt, prior, us(started))
 			}
 		}
-		check("new key", begin(t, s, claim("k", "body", "a"), store.Acquired), 0, t0)
+		check("new key", begin(t, s, claim("k", "body", "a"), record.Acquired), 0, t0)
 		clk.Add(time.Second)
 		// Finish keeps both.
-		r := finish(t, s, store.Finish{Key: "k", Owner: "a", State: store.StateOutcomeUnknown})
+		r := finish(t, s, "k", record.Outcome{Result: record.Unknown})
 		if r.PriorState != 0 || !r.AttemptStartedAt.Equal(us(t0)) {
 			t.Errorf("after Finish: PriorState %v AttemptStartedAt %v, want 0, %v", r.PriorState, r.AttemptStartedAt, us(t0))
 		}
 		now := clk.Add(time.Second)
-		check("from OutcomeUnknown", begin(t, s, claim("k", "body", "b"), store.Acquired), store.StateOutcomeUnknown, now)
-		finish(t, s, store.Finish{Key: "k", Owner: "b", State: store.StateNotCreated})
-		now = clk.Add(time.Second)
-		check("from NotCreated", begin(t, s, claim("k", "body", "c"), store.Acquired), store.StateNotCreated, now)
+		check("from OutcomeUnknown", begin(t, s, claim("k", "body", "b"), record.Acquired), record.OutcomeUnknown, now)
 		now = clk.Add(lease)
-		check("from expired InProgress", begin(t, s, claim("k", "body", "d"), store.Acquired), store.StateInProgress, now)
+		check("from expired InProgress", begin(t, s, claim("k", "body", "d"), record.Acquired), record.InProgress, now)
 		// Outcomes that acquire nothing change neither.
 		clk.Add(time.Second)
-		if b := begin(t, s, claim("k", "body", "e"), store.Busy); !b.Record.AttemptStartedAt.Equal(us(now)) || b.Record.PriorState != store.StateInProgress || b.Prior != 0 {
-			t.Errorf("Busy: Prior %v PriorState %v AttemptStartedAt %v, want 0, InProgress, %v", b.Prior, b.Record.PriorState, b.Record.AttemptStartedAt, us(now))
+		if b := begin(t, s, claim("k", "body", "e"), record.Busy); !b.Record.AttemptStartedAt.Equal(us(now)) || b.Record.PriorState != record.InProgress {
+			t.Errorf("Busy: PriorState %v AttemptStartedAt %v, want InProgress, %v", b.Record.PriorState, b.Record.AttemptStartedAt, us(now))
 		}
-		// ClaimDue sets both, too.
-		finish(t, s, store.Finish{Key: "k", Owner: "d", State: store.StateOutcomeUnknown})
+		// SettleDue sets both, too.
+		finish(t, s, "k", record.Outcome{Result: record.Unknown})
 		now = clk.Add(time.Second)
 		got := claimDue(t, s, "settler", 0, 10)
-		if len(got) != 1 || got[0].PriorState != store.StateOutcomeUnknown || !got[0].AttemptStartedAt.Equal(us(now)) {
-			t.Errorf("ClaimDue = %+v, want k with PriorState OutcomeUnknown, AttemptStartedAt %v", got, us(now))
+		if len(got) != 1 || got[0].PriorState != record.OutcomeUnknown || !got[0].AttemptStartedAt.Equal(us(now)) {
+			t.Errorf("SettleDue = %+v, want k with PriorState OutcomeUnknown, AttemptStartedAt %v", got, us(now))
 		}
+		// A key started afresh.
+		begin(t, s, claim("n", "body", "a"), record.Acquired)
+		finish(t, s, "n", refused(400))
+		now = clk.Add(time.Second)
+		check("from NotCreated", begin(t, s, claim("n", "body", "c"), record.Acquired), record.NotCreated, now)
 	})
 
 	// A store with a clock of its own (here Options.Now) compares the
@@ -1319,13 +1605,13 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 		s, clk := fresh(t)
 		for i := range 5 {
 			k := fmt.Sprintf("old%d", i)
-			begin(t, s, claim(k, "body", "a"), store.Acquired)
-			finish(t, s, store.Finish{Key: k, Owner: "a", State: store.StateSucceeded})
+			begin(t, s, claim(k, "body", "a"), record.Acquired)
+			finish(t, s, k, record.Outcome{Result: record.Paid})
 		}
-		begin(t, s, claim("old-inprogress", "body", "a"), store.Acquired)
+		begin(t, s, claim("old-inprogress", "body", "a"), record.Acquired)
 		cut := clk.Set(t0.Add(keep + time.Second))
-		begin(t, s, claim("new", "body", "a"), store.Acquired)
-		finish(t, s, store.Finish{Key: "new", Owner: "a", State: store.StateNotCreated})
+		begin(t, s, claim("new", "body", "a"), record.Acquired)
+		finish(t, s, "new", record.Outcome{Result: record.Refused})
 		for i := range 3 {
 			body := fmt.Sprint(i)
 			at := t0
@@ -1359,7 +1645,7 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 			if _, err := s.Get(ctx, k); !errors.Is(err, store.ErrNotFound) {
 				t.Errorf("Get(%s) after DeleteExpired error = %v, want ErrNotFound", k, err)
 			}
-			begin(t, s, claim(k, "body", "b"), store.Expired)
+			begin(t, s, claim(k, "body", "b"), record.Expired)
 		}
 		if got, err := s.ListEvents(ctx, store.EventQuery{After: 0, Limit: 10}); err != nil || len(got) != 1 || got[0].Sequence != 3 {
 			t.Errorf("ListEvents after DeleteExpired = %+v, %v; want sequence 3 only", got, err)
@@ -1379,25 +1665,25 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 	t.Run("ExpiredKey", func(t *testing.T) {
 		t.Parallel()
 		for _, tc := range []struct {
-			state  store.State
+			state  record.State
 			gaveUp bool
 		}{
-			{store.StateSucceeded, false},
-			{store.StateNotCreated, false},
-			{store.StateOutcomeUnknown, true},
+			{record.Succeeded, false},
+			{record.NotCreated, false},
+			{record.OutcomeUnknown, true},
 		} {
 			t.Run(tc.state.String(), func(t *testing.T) {
 				t.Parallel()
 				s, clk := fresh(t)
 				c := claim("k", `{"amount":1}`, "a")
-				begin(t, s, c, store.Acquired)
+				begin(t, s, c, record.Acquired)
 				clk.Set(t0.Add(time.Second))
-				last := finish(t, s, store.Finish{Key: "k", Owner: "a", State: tc.state})
+				last := finish(t, s, "k", record.Outcome{Result: resultOf(tc.state)})
 				if tc.gaveUp {
 					clk.Set(t0.Add(window))
-					gave, err := s.GiveUp(ctx, "", 10)
-					if err != nil || len(gave) != 1 {
-						t.Fatalf("GiveUp = %v, %v; want k", keys(gave), err)
+					gave := giveUp(t, s, "settler/1")
+					if len(gave) != 1 {
+						t.Fatalf("give-up pass = %v; want k", keys(gave))
 					}
 					last = gave[0]
 				}
@@ -1425,16 +1711,13 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 						t.Errorf("%s: Tombstone = %+v, %v; want %+v", when, got, err, want)
 					}
 					for _, body := range []string{`{"amount":1}`, `{"amount":99999}`} {
-						got := begin(t, s, claim("k", body, "b"), store.Expired)
+						got := begin(t, s, claim("k", body, "b"), record.Expired)
 						if diff := cmp.Diff(want, got.Tombstone); diff != "" {
 							t.Errorf("%s: Begin(%s) Tombstone (-want +got):\n%s", when, body, diff)
 						}
 					}
-					if got := claimDue(t, s, "settler", 0, 10); len(got) != 0 {
-						t.Errorf("%s: ClaimDue = %v, want nothing", when, keys(got))
-					}
-					if got, err := s.GiveUp(ctx, "", 10); err != nil || len(got) != 0 {
-						t.Errorf("%s: GiveUp = %v, %v, want nothing", when, keys(got), err)
+					if got, gave := settleDue(t, s, "settler", 0, 10); len(got)+len(gave) != 0 {
+						t.Errorf("%s: SettleDue = %v, %v; want nothing", when, keys(got), keys(gave))
 					}
 					if _, err := s.Tombstone(ctx, "other"); !errors.Is(err, store.ErrNotFound) {
 						t.Errorf("Tombstone(unknown key) error = %v, want ErrNotFound", err)
@@ -1471,23 +1754,25 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 		s, clk := fresh(t)
 		c := claim("k", "body", "a")
 		c.Window = 3 * keep
-		makeUnknown(t, s, c, 0)
-		marked := clk.Set(t0.Add(keep + time.Second))
+		first := begin(t, s, c, record.Acquired).Record
+		clk.Add(lease)
+		begin(t, s, claim("k", "body", "b"), record.Acquired) // a's attempt abandoned
+		finish(t, s, "k", record.Outcome{Result: record.Unknown, HTTPRequests: 1})
+		marked := clk.Set(t0.Add(lease + keep + time.Second))
 		if diff := cmp.Diff([]int{1}, deleteAll(t, s, retention, 10)); diff != "" {
 			t.Errorf("DeleteExpired (-want +got):\n%s", diff)
 		}
-		begin(t, s, claim("k", "body", "b"), store.Expired)
-		if got := claimDue(t, s, "settler", 0, 10); len(got) != 0 {
-			t.Errorf("ClaimDue = %v, want nothing", keys(got))
+		begin(t, s, claim("k", "body", "b"), record.Expired)
+		if got, gave := settleDue(t, s, "settler", 0, 10); len(got)+len(gave) != 0 {
+			t.Errorf("SettleDue = %v, %v; want nothing", keys(got), keys(gave))
 		}
-		if _, err := s.Finish(ctx, store.Finish{Key: "k", Owner: "a", State: store.StateSucceeded}); !errors.Is(err, store.ErrLeaseLost) {
-			t.Errorf("Finish error = %v, want ErrLeaseLost", err)
-		}
+		// Even a late 2xx: the key has expired.
+		finishAs(t, s, first, record.Outcome{Owner: "a", Result: record.Paid}, record.LeaseLost)
 		clk.Set(marked.Add(store.TombstoneGrace))
 		if diff := cmp.Diff([]int{1}, deleteAll(t, s, retention, 10)); diff != "" {
 			t.Errorf("DeleteExpired after the grace period (-want +got):\n%s", diff)
 		}
-		begin(t, s, claim("k", "body", "b"), store.Expired)
+		begin(t, s, claim("k", "body", "b"), record.Expired)
 	})
 
 	// Retention never tombstones an InProgress record, however old: its
@@ -1496,25 +1781,23 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 	t.Run("InProgressNeverTombstoned", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
-		begin(t, s, claim("k", "body", "a"), store.Acquired)
+		begin(t, s, claim("k", "body", "a"), record.Acquired)
 		clk.Set(t0.Add(10 * keep))
 		if got := deleteAll(t, s, retention, 10); len(got) != 0 {
 			t.Errorf("DeleteExpired = %v, want nothing", got)
 		}
-		if r := get(t, s, "k"); r.State != store.StateInProgress {
+		if r := get(t, s, "k"); r.State != record.InProgress {
 			t.Errorf("state = %v, want InProgress", r.State)
 		}
-		if _, err := s.GiveUp(ctx, "", 10); err != nil {
-			t.Fatal(err)
-		}
+		giveUp(t, s, "settler/1")
 		if got := deleteAll(t, s, retention, 10); len(got) != 0 {
-			t.Errorf("DeleteExpired just after GiveUp = %v, want nothing", got)
+			t.Errorf("DeleteExpired just after giving up = %v, want nothing", got)
 		}
 		clk.Add(keep + time.Microsecond)
 		if diff := cmp.Diff([]int{1}, deleteAll(t, s, retention, 10)); diff != "" {
-			t.Errorf("DeleteExpired a retention after GiveUp (-want +got):\n%s", diff)
+			t.Errorf("DeleteExpired a retention after giving up (-want +got):\n%s", diff)
 		}
-		if ts, err := s.Tombstone(ctx, "k"); err != nil || ts.State != store.StateOutcomeUnknown || !ts.GaveUp {
+		if ts, err := s.Tombstone(ctx, "k"); err != nil || ts.State != record.OutcomeUnknown || !ts.GaveUp {
 			t.Errorf("Tombstone = %+v, %v; want OutcomeUnknown, given up", ts, err)
 		}
 	})
@@ -1522,15 +1805,15 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 	t.Run("TombstonesExpire", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
-		begin(t, s, claim("k", "body", "a"), store.Acquired)
-		finish(t, s, store.Finish{Key: "k", Owner: "a", State: store.StateSucceeded})
+		begin(t, s, claim("k", "body", "a"), record.Acquired)
+		finish(t, s, "k", record.Outcome{Result: record.Paid})
 		marked := clk.Set(t0.Add(keep + time.Microsecond))
 		deleteAll(t, s, retention, 10)
 		clk.Set(marked.Add(keepTombstones))
 		if diff := cmp.Diff([]int{1}, deleteAll(t, s, retention, 10)); diff != "" { // the record
 			t.Errorf("DeleteExpired at the end of tombstone retention (-want +got):\n%s", diff)
 		}
-		begin(t, s, claim("k", "body", "b"), store.Expired)
+		begin(t, s, claim("k", "body", "b"), record.Expired)
 		now := clk.Set(marked.Add(keepTombstones + time.Microsecond))
 		if diff := cmp.Diff([]int{1}, deleteAll(t, s, retention, 10)); diff != "" {
 			t.Errorf("DeleteExpired past tombstone retention (-want +got):\n%s", diff)
@@ -1539,9 +1822,9 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 			t.Errorf("Tombstone after it expired: error = %v, want ErrNotFound", err)
 		}
 		// The key is forgotten: it starts afresh, with any body.
-		got := begin(t, s, claim("k", "another body", "b"), store.Acquired)
-		if got.Prior != 0 || !got.Record.CreatedAt.Equal(us(now)) || got.Record.Attempts != 0 {
-			t.Errorf("Begin after the tombstone expired: Prior %v CreatedAt %v Attempts %d, want a new record", got.Prior, got.Record.CreatedAt, got.Record.Attempts)
+		got := begin(t, s, claim("k", "another body", "b"), record.Acquired)
+		if got.Record.PriorState != 0 || !got.Record.CreatedAt.Equal(us(now)) || got.Record.Attempts != 0 {
+			t.Errorf("Begin after the tombstone expired: PriorState %v CreatedAt %v Attempts %d, want a new record", got.Record.PriorState, got.Record.CreatedAt, got.Record.Attempts)
 		}
 	})
 
@@ -1570,8 +1853,8 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 	t.Run("ZeroRetentionKeeps", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
-		begin(t, s, claim("old", "body", "a"), store.Acquired)
-		finish(t, s, store.Finish{Key: "old", Owner: "a", State: store.StateSucceeded})
+		begin(t, s, claim("old", "body", "a"), record.Acquired)
+		finish(t, s, "old", record.Outcome{Result: record.Paid})
 		if _, err := s.AppendEvent(ctx, store.Event{ReceivedAt: t0, BodySHA256: sha256.Sum256(nil)}); err != nil {
 			t.Fatal(err)
 		}
@@ -1596,7 +1879,7 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 		if _, err := s.Tombstone(ctx, "old"); err != nil {
 			t.Errorf("Tombstone(old) error = %v, want it kept", err)
 		}
-		begin(t, s, claim("old", "body", "b"), store.Expired)
+		begin(t, s, claim("old", "body", "b"), record.Expired)
 	})
 
 	// A tombstone retention shorter than the grace period must not leave a
@@ -1606,18 +1889,18 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 		t.Parallel()
 		s, clk := fresh(t)
 		r := store.Retention{Records: keep, Tombstones: time.Minute}
-		begin(t, s, claim("k", "body", "a"), store.Acquired)
-		finish(t, s, store.Finish{Key: "k", Owner: "a", State: store.StateSucceeded})
+		begin(t, s, claim("k", "body", "a"), record.Acquired)
+		finish(t, s, "k", record.Outcome{Result: record.Paid})
 		marked := clk.Set(t0.Add(keep + time.Microsecond))
 		deleteAll(t, s, r, 10)
 		clk.Set(marked.Add(r.Tombstones + time.Second))
 		deleteAll(t, s, r, 10)
-		if got, err := s.Begin(ctx, claim("k", "body", "b")); err != nil || got.Outcome != store.Expired {
-			t.Errorf("Begin(key tombstoned %v ago, tombstones kept %v) = %v, %v; want Expired", r.Tombstones+time.Second, r.Tombstones, got.Outcome, err)
+		if got, err := s.Begin(ctx, claim("k", "body", "b"), nil); err != nil || got.Verdict != record.Expired {
+			t.Errorf("Begin(key tombstoned %v ago, tombstones kept %v) = %v, %v; want Expired", r.Tombstones+time.Second, r.Tombstones, got.Verdict, err)
 		}
 		clk.Set(marked.Add(store.TombstoneGrace + r.Tombstones + time.Second))
 		deleteAll(t, s, r, 10)
-		begin(t, s, claim("k", "body", "b"), store.Acquired)
+		begin(t, s, claim("k", "body", "b"), record.Acquired)
 	})
 
 	// Retention on one replica races Begins on another: each Begin either
@@ -1639,16 +1922,16 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 			makeUnknown(t, s, c, 0)
 		}
 		clk.Set(t0.Add(keep + time.Second))
-		outcomes := make([]store.Outcome, n)
+		outcomes := make([]store.Began, n)
 		var wg sync.WaitGroup
 		errs := make(chan error, n+1)
 		for i := range n {
 			wg.Go(func() {
-				b, err := s.Begin(ctx, claim(fmt.Sprintf("k%02d", i), "body", "b"))
+				b, err := s.Begin(ctx, claim(fmt.Sprintf("k%02d", i), "body", "b"), nil)
 				if err != nil {
 					errs <- err
 				}
-				outcomes[i] = b.Outcome
+				outcomes[i] = b
 			})
 		}
 		wg.Go(func() {
@@ -1669,26 +1952,38 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 		}
 		clk.Add(store.TombstoneGrace)
 		deleteAll(t, s2, retention, 10)
-		count := map[store.Outcome]int{}
+		count := map[record.Verdict]int{}
 		for i, o := range outcomes {
-			count[o]++
+			count[o.Verdict]++
 			k := fmt.Sprintf("k%02d", i)
 			_, gerr := s.Get(ctx, k)
 			_, terr := s.Tombstone(ctx, k)
-			switch o {
-			case store.Acquired:
+			switch o.Verdict {
+			case record.Acquired:
 				if gerr != nil || !errors.Is(terr, store.ErrNotFound) {
 					t.Errorf("%s acquired: Get error %v, Tombstone error %v; want the record and no tombstone", k, gerr, terr)
 				}
-				finish(t, s, store.Finish{Key: k, Owner: "b", State: store.StateSucceeded})
-			case store.Expired:
+				finishAs(t, s, o.Record, record.Outcome{Owner: "b", Result: record.Paid}, record.Written)
+			case record.Expired:
 				if !errors.Is(gerr, store.ErrNotFound) || terr != nil {
 					t.Errorf("%s expired: Get error %v, Tombstone error %v; want no record and a tombstone", k, gerr, terr)
 				}
 			default:
-				t.Errorf("Begin(%s) = %v, want Acquired or Expired", k, o)
+				t.Errorf("Begin(%s) = %v, want Acquired or Expired", k, o.Verdict)
 			}
 		}
 		t.Logf("outcomes: %v", count)
 	})
+}
+
+// resultOf is the result of an attempt that leaves a fresh record in
+// state st.
+func resultOf(st record.State) record.Result {
+	switch st {
+	case record.Succeeded:
+		return record.Paid
+	case record.NotCreated:
+		return record.Refused
+	}
+	return record.Unknown
 }

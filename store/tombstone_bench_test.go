@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"example.com/paymentsd/store/storetest"
+
+	"example.com/paymentsd/internal/record"
 )
 
 // BenchmarkTombstoneSpace measures the space 1,000,000 tombstones take in
@@ -90,7 +92,7 @@ func insertTombstones(ctx context.Context, s *Store, n int) error {
 				p := len(args)
 				fmt.Fprintf(&q, "($%d, $%d, $%d, $%d, $%d, $%d, $%d)", p+1, p+2, p+3, p+4, p+5, p+6, p+7)
 				at := created.Add(time.Duration(k) * time.Second)
-				args = append(args, key[:], body[:], int(StateSucceeded), false,
+				args = append(args, key[:], body[:], int(record.Succeeded), false,
 					d.t(at), d.t(at.Add(time.Second)), d.t(expired.Add(time.Duration(k)*time.Second)))
 			}
 			if _, err := tx.ExecContext(ctx, d.q(q.String()), args...); err != nil {

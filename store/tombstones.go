@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"example.com/paymentsd/internal/record"
 )
 
 // Tombstone is what is kept of a record once retention has deleted it, so
@@ -21,7 +23,7 @@ type Tombstone struct {
 	KeySHA256  [32]byte
 	BodySHA256 [32]byte
 	// State and GaveUp are the record's, when it was deleted.
-	State  State
+	State  record.State
 	GaveUp bool
 	// CreatedAt and UpdatedAt are the record's; ExpiredAt is when
 	// retention wrote the tombstone.
@@ -53,7 +55,7 @@ func scanTombstone(row scanner) (Tombstone, error) {
 	if errors.Is(err, sql.ErrNoRows) {
 		return Tombstone{}, ErrNotFound
 	}
-	t.State = State(state)
+	t.State = record.State(state)
 	return t, err
 }
 

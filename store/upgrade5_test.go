@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"example.com/paymentsd/store/storetest"
+
+	"example.com/paymentsd/internal/record"
 )
 
 // applyV4 applies the backend's migrations before version 5, by hand, and
@@ -45,7 +47,7 @@ func applyV4(t *testing.T, db *sql.DB, backend string) {
 	if _, err := db.Exec(d.q(`INSERT INTO records (key, body_sha256, currency, amount, state, request_id, trace_id, caller,
 			created_at, updated_at, settle_by, next_settle_at, lease_expires_at`+cols+`)
 		VALUES ($1, $2, 'EUR', 1, $3, 'r', 't', 'spiffe://old', $4, $4, $5, $4, $6`+vals+`)`),
-		append([]any{"old-unknown", body[:], int(StateOutcomeUnknown), d.t(now), d.t(now.Add(-time.Hour)), d.t(time.Time{})},
+		append([]any{"old-unknown", body[:], int(record.OutcomeUnknown), d.t(now), d.t(now.Add(-time.Hour)), d.t(time.Time{})},
 			func() []any {
 				if d.keyCol == "key" {
 					return nil
@@ -56,7 +58,7 @@ func applyV4(t *testing.T, db *sql.DB, backend string) {
 	}
 	ts := keySHA256("old-gone")
 	if _, err := db.Exec(d.q(`INSERT INTO tombstones (`+tombstoneColumns+`) VALUES ($1, $2, $3, $4, $5, $5, $5)`),
-		ts[:], body[:], int(StateSucceeded), false, d.t(now)); err != nil {
+		ts[:], body[:], int(record.Succeeded), false, d.t(now)); err != nil {
 		t.Fatalf("insert a version 4 tombstone: %v", err)
 	}
 }
@@ -72,21 +74,21 @@ func checkUpgradedTo5(t *testing.T, url string) {
 		t.Fatalf("Open() on a version 4 database error = %v", err)
 	}
 	defer s.Close()
-	p, err := s.ListRecords(ctx, ListQuery{States: []State{StateOutcomeUnknown}, Limit: 10, ByCaller: true, Caller: "spiffe://old"})
+	p, err := s.ListRecords(ctx, ListQuery{States: []record.State{record.OutcomeUnknown}, Limit: 10, ByCaller: true, Caller: "spiffe://old"})
 	if err != nil || len(p.Records) != 1 || p.Records[0].Key != "old-unknown" || !p.Records[0].ResolvedAt.IsZero() {
 		t.Fatalf("ListRecords() after the upgrade = %+v, %v; want the old record", p.Records, err)
 	}
-	if _, err := s.Resolve(ctx, Resolution{Key: "old-unknown", To: StateNotCreated, Evidence: "e", Actor: "a"}); err != nil {
+	if _, err := s.Resolve(ctx, "old-unknown", record.Resolve{To: record.NotCreated}, AuditInfo{Evidence: "e", Actor: "a"}); err != nil {
 		t.Errorf("Resolve() after the upgrade error = %v", err)
 	}
 	tomb, err := s.Tombstone(ctx, "old-gone")
 	if err != nil || tomb.CallerKnown {
 		t.Errorf("Tombstone() after the upgrade = %+v, %v; want one whose caller is unknown", tomb, err)
 	}
-	b, err := s.Begin(ctx, Claim{Key: "old-gone", Body: []byte(`{}`), BodySHA256: sha256.Sum256([]byte(`{}`)), Caller: "spiffe://new",
-		OwnKeysOnly: true, Owner: "o", LeaseTTL: time.Minute, Window: time.Hour})
-	if err != nil || b.Outcome != Expired {
-		t.Errorf("Begin(old tombstone, OwnKeysOnly) = %v, %v; want Expired", b.Outcome, err)
+	b, err := s.Begin(ctx, record.Claim{Request: record.Request{Key: "old-gone", Body: []byte(`{}`), BodySHA256: sha256.Sum256([]byte(`{}`)), Caller: "spiffe://new"},
+		OwnKeysOnly: true, Owner: "o", LeaseTTL: time.Minute, Window: time.Hour}, nil)
+	if err != nil || b.Verdict != record.Expired {
+		t.Errorf("Begin(old tombstone, OwnKeysOnly) = %v, %v; want Expired", b.Verdict, err)
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"example.com/paymentsd/store/storetest"
+
+	"example.com/paymentsd/internal/record"
 )
 
 // applyV5 applies the backend's migrations before version 6, by hand, and
@@ -41,11 +43,11 @@ func applyV5(t *testing.T, db *sql.DB, backend string) {
 	body := sha256.Sum256([]byte(`{}`))
 	for _, r := range []struct {
 		key   string
-		state State
+		state record.State
 		owner string
 	}{
-		{"old-in-flight", StateInProgress, "paymentsd-old/claim"},
-		{"old-unknown", StateOutcomeUnknown, ""},
+		{"old-in-flight", record.InProgress, "paymentsd-old/claim"},
+		{"old-unknown", record.OutcomeUnknown, ""},
 	} {
 		cols, vals := "", ""
 		args := []any{r.key, body[:], int(r.state), d.t(now.Add(-time.Hour)), d.t(now.Add(time.Hour)), d.t(now.Add(-time.Minute)), r.owner}
@@ -84,12 +86,12 @@ func checkUpgradedTo6(t *testing.T, url string) {
 		t.Fatalf("Get(in flight) after the upgrade = %+v, %v; want attempt 1 in flight", r, err)
 	}
 	as, err := s.Attempts(ctx, r)
-	if err != nil || len(as) != 1 || !as[0].InFlight || as[0].Owner != "paymentsd-old/claim" || as[0].Replica != "paymentsd-old" {
+	if err != nil || len(as) != 1 || !as[0].InFlight || as[0].Owner != "paymentsd-old/claim" || as[0].Replica() != "paymentsd-old" {
 		t.Errorf("Attempts(in flight) after the upgrade = %+v, %v; want the one in flight", as, err)
 	}
-	claimed, err := s.ClaimDue(ctx, "paymentsd-new/1", time.Minute, 0, 10)
+	claimed, _, err := s.SettleDue(ctx, record.Settle{Owner: "paymentsd-new/1", LeaseTTL: time.Minute}, nil, 10)
 	if err != nil || len(claimed) != 2 {
-		t.Fatalf("ClaimDue() after the upgrade = %d records, %v; want both", len(claimed), err)
+		t.Fatalf("SettleDue() after the upgrade = %d records, %v; want both", len(claimed), err)
 	}
 	for _, key := range []string{"old-in-flight", "old-unknown"} {
 		r, err := s.Get(ctx, key)
