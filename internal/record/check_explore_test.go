@@ -3,6 +3,7 @@ package record
 import (
 	"fmt"
 	"math/bits"
+	"runtime"
 	"strings"
 	"time"
 	"unsafe"
@@ -64,11 +65,13 @@ type report struct {
 	resent        int
 	resentExample []act
 	elapsed       time.Duration
+	// heap is the most heap in use at the start of a level.
+	heap uint64
 }
 
 func (r report) String() string {
-	return fmt.Sprintf("%d states, %d transitions, depth %d (complete: %v), %d violations, %d sends after a provider-written 2xx, in %v",
-		r.states, r.transitions, r.depth, r.complete, r.violations, r.resent, r.elapsed.Round(time.Millisecond))
+	return fmt.Sprintf("%d states, %d transitions, depth %d (complete: %v), %d violations, %d sends after a provider-written 2xx, in %v, heap %d MiB",
+		r.states, r.transitions, r.depth, r.complete, r.violations, r.resent, r.elapsed.Round(time.Millisecond), r.heap>>20)
 }
 
 const keepFindings = 5
@@ -112,17 +115,27 @@ func explore(b *Bound, stop bool) report {
 		n *node
 	}
 	s0 := initial(b)
-	seen := map[[2]uint64]struct{}{fingerprint(&s0): {}}
-	frontier := []item{{s: s0, n: ns.add(nil, act{})}}
+	seen := map[[2]uint64]struct{}{canonical(b, &s0): {}}
+	// A level is kept in blocks, so that it grows without copying.
+	const block = 1 << 12
+	frontier := [][]item{{{s: s0, n: ns.add(nil, act{})}}}
 	rep.states = 1
+	var ms runtime.MemStats
 	for depth := 0; len(frontier) > 0; depth++ {
 		rep.depth = depth
+		runtime.ReadMemStats(&ms)
+		rep.heap = max(rep.heap, ms.HeapInuse)
 		if depth == b.Depth {
 			break
 		}
-		var next []item
-		for i := range frontier {
-			it := &frontier[i]
+		var next [][]item
+		for j, i := 0, 0; j < len(frontier); i++ {
+			if i == len(frontier[j]) {
+				frontier[j] = nil
+				j, i = j+1, -1
+				continue
+			}
+			it := &frontier[j][i]
 			as := it.s.actions(b)
 			if len(as) == 0 {
 				if v, why := it.s.doomed(); v != "" {
@@ -138,7 +151,7 @@ func explore(b *Bound, stop bool) report {
 				continue
 			}
 			for _, a := range as {
-				n, res := it.s.next(b, a)
+				n, res := it.s.next(b, a, false)
 				rep.transitions++
 				if res.resent2xx {
 					rep.resent++
@@ -157,13 +170,17 @@ func explore(b *Bound, stop bool) report {
 					}
 					continue
 				}
-				fp := fingerprint(&n)
+				fp := canonical(b, &n)
 				if _, ok := seen[fp]; ok {
 					continue
 				}
 				seen[fp] = struct{}{}
 				rep.states++
-				next = append(next, item{s: n, n: ns.add(it.n, a)})
+				if len(next) == 0 || len(next[len(next)-1]) == block {
+					next = append(next, make([]item, 0, block))
+				}
+				last := &next[len(next)-1]
+				*last = append(*last, item{s: n, n: ns.add(it.n, a)})
 			}
 		}
 		frontier = next
@@ -179,7 +196,7 @@ func describe(b *Bound, schedule []act) string {
 	var sb strings.Builder
 	s := initial(b)
 	for i, a := range schedule {
-		n, res := s.next(b, a)
+		n, res := s.next(b, a, true)
 		fmt.Fprintf(&sb, "%3d. t=%d  %-52s  %s", i+1, s.now, fmt.Sprintf("%q,", a.String()), strings.Join(res.notes, "; "))
 		if res.violation != "" {
 			fmt.Fprintf(&sb, "  *** %s: %s", res.violation, res.why)
@@ -204,7 +221,7 @@ func replay(b *Bound, steps []string) (Violation, int, error) {
 			if a.String() != name {
 				continue
 			}
-			n, res := s.next(b, a)
+			n, res := s.next(b, a, false)
 			if res.violation != "" {
 				return res.violation, i + 1, nil
 			}

@@ -233,6 +233,7 @@ type hungOp struct {
 	key              int8
 	owner            owner
 	settled, pending bool  // the facts its author brought
+	deadline         tick  // opClaim: its caller's
 	out              entry // opFinish, opRelease: what it writes
 }
 
@@ -325,6 +326,9 @@ type Rules struct {
 	// IgnorePending: claims and settlement do not ask their own outbox
 	// (Pending is always false).
 	IgnorePending bool
+	// NoAnswerBy: a claim carries no AnswerBy, so one that runs after its
+	// caller left may acquire the record (the rules as first written).
+	NoAnswerBy bool
 	// AnswerResolved: a call that waited on another claim of its key is
 	// answered from the record as that claim left it, a person's
 	// NOT_CREATED included, rather than as TellFrom says (the engine's
@@ -452,10 +456,14 @@ type world struct {
 	s   *state
 	b   *Bound
 	res result
+	// verbose: keep notes (describe); the search does without.
+	verbose bool
 }
 
 func (w *world) note(format string, args ...any) {
-	w.res.notes = append(w.res.notes, fmt.Sprintf(format, args...))
+	if w.verbose {
+		w.res.notes = append(w.res.notes, fmt.Sprintf(format, args...))
+	}
 }
 
 func (w *world) violate(v Violation, format string, args ...any) {
@@ -555,10 +563,18 @@ func (s *state) actions(b *Bound) []act {
 			as = append(as, act{kind: actCrash, a: p})
 		}
 	}
-	for i := range s.hung {
-		if s.hung[i].used {
-			as = append(as, act{kind: actHung, a: int8(i)}, act{kind: actHung, a: int8(i), v: 1})
+	for i, h := range s.hung {
+		if !h.used {
+			continue
 		}
+		// A hung operation is one that ran late (queued in a pooler, say)
+		// or whose commit is stuck: either way its process must be alive
+		// to commit it (a commit stuck after its process died is an
+		// acknowledgement lost, then a crash).
+		if s.procs[h.p].inc == h.inc {
+			as = append(as, act{kind: actHung, a: int8(i)})
+		}
+		as = append(as, act{kind: actHung, a: int8(i), v: 1})
 	}
 	if b.Rollback && faultsLeft && s.base != s.store {
 		as = append(as, act{kind: actReplicate})
@@ -652,12 +668,16 @@ func (s *state) settleEvent(b *Bound, p, k int8, o owner) Settle {
 		Settled: s.settled(b, p), Pending: s.factPending(b, p, k)}
 }
 
-func (s *state) claimEvent(b *Bound, k int8, o owner, settled, pending bool) Claim {
-	return Claim{
+func (s *state) claimEvent(b *Bound, k int8, o owner, settled, pending bool, deadline tick) Claim {
+	c := Claim{
 		Request: Request{Key: keyName(k), BodySHA256: bodyOf(k), RequestID: "r"},
 		Owner:   o.String(), LeaseTTL: ticks(b.Times.Lease), Window: ticks(b.Times.Window), Quiet: ticks(b.Times.Quiet),
 		Settled: settled, Pending: pending,
 	}
+	if !b.Rules.NoAnswerBy {
+		c.AnswerBy = deadline.time()
+	}
+	return c
 }
 
 // newOwner is a claim of process p, with the smallest id no part of the
@@ -976,16 +996,16 @@ func (w *world) claim(k, v int8) {
 	case opHangs:
 		w.fault()
 		c.phase, c.owner, c.sawMaybe = claimHung, o, sawMaybe(s.store[k])
-		w.hang(hungOp{p: c.p, inc: c.inc, op: opClaim, key: k, owner: o, settled: settled, pending: pending})
+		w.hang(hungOp{p: c.p, inc: c.inc, op: opClaim, key: k, owner: o, settled: settled, pending: pending, deadline: c.deadline})
 	case opAckLost:
 		w.fault()
-		_, eff := w.apply(k, s.claimEvent(b, k, o, settled, pending), o)
+		_, eff := w.apply(k, s.claimEvent(b, k, o, settled, pending, c.deadline), o)
 		w.note("%v", eff.Verdict)
 		pr.healthy = s.now
 		w.push(c.p, entry{key: k, owner: o, op: opRelease, result: NothingSent})
 		w.answer(k, Tell(Call{Claim: ClaimUnknown, Due: true}), 0)
 	default:
-		n, eff := w.apply(k, s.claimEvent(b, k, o, settled, pending), o)
+		n, eff := w.apply(k, s.claimEvent(b, k, o, settled, pending, c.deadline), o)
 		w.claimed(k, o, n, eff.Verdict)
 	}
 }
@@ -1164,7 +1184,7 @@ func (w *world) resolveHung(i int, commit bool) {
 	}
 	switch h.op {
 	case opClaim:
-		n, eff := w.apply(h.key, s.claimEvent(b, h.key, h.owner, h.settled, h.pending), h.owner)
+		n, eff := w.apply(h.key, s.claimEvent(b, h.key, h.owner, h.settled, h.pending, h.deadline), h.owner)
 		if !alive {
 			w.note("%v", eff.Verdict)
 			return
@@ -1293,9 +1313,9 @@ func (w *world) checkRecords() {
 }
 
 // next is the state after a in s, and what came of it.
-func (s *state) next(b *Bound, a act) (state, result) {
+func (s *state) next(b *Bound, a act, verbose bool) (state, result) {
 	n := *s
-	w := &world{s: &n, b: b}
+	w := &world{s: &n, b: b, verbose: verbose}
 	w.step(a)
 	w.answerCalls()
 	w.checkRecords()
