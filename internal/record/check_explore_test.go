@@ -1,6 +1,7 @@
 package record
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"runtime"
@@ -82,8 +83,7 @@ func fingerprint(s *state) [2]uint64 {
 	b := unsafe.Slice((*byte)(unsafe.Pointer(s)), unsafe.Sizeof(*s))
 	h1, h2 := uint64(0x9e3779b97f4a7c15), uint64(0xc2b2ae3d27d4eb4f)
 	for len(b) >= 8 {
-		w := uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-			uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+		w := binary.LittleEndian.Uint64(b)
 		h1 = bits.RotateLeft64((h1^w)*0xff51afd7ed558ccd, 31)
 		h2 = bits.RotateLeft64((h2^w)*0xc4ceb9fe1a85ec53, 27)
 		b = b[8:]
@@ -115,12 +115,17 @@ func explore(b *Bound, stop bool) report {
 		n *node
 	}
 	s0 := initial(b)
-	seen := map[[2]uint64]struct{}{canonical(b, &s0): {}}
+	seen := map[[2]uint64]budgets{}
+	fp0, spent0 := canonical(b, &s0)
+	set0 := seen[fp0]
+	set0.add(spent0)
+	seen[fp0] = set0
 	// A level is kept in blocks, so that it grows without copying.
 	const block = 1 << 12
 	frontier := [][]item{{{s: s0, n: ns.add(nil, act{})}}}
 	rep.states = 1
 	var ms runtime.MemStats
+	var as []act
 	for depth := 0; len(frontier) > 0; depth++ {
 		rep.depth = depth
 		runtime.ReadMemStats(&ms)
@@ -136,7 +141,7 @@ func explore(b *Bound, stop bool) report {
 				continue
 			}
 			it := &frontier[j][i]
-			as := it.s.actions(b)
+			as = it.s.actions(b, as)
 			if len(as) == 0 {
 				if v, why := it.s.doomed(); v != "" {
 					rep.violations++
@@ -170,11 +175,13 @@ func explore(b *Bound, stop bool) report {
 					}
 					continue
 				}
-				fp := canonical(b, &n)
-				if _, ok := seen[fp]; ok {
+				fp, spent := canonical(b, &n)
+				set := seen[fp]
+				if set.covers(spent) {
 					continue
 				}
-				seen[fp] = struct{}{}
+				set.add(spent)
+				seen[fp] = set
 				rep.states++
 				if len(next) == 0 || len(next[len(next)-1]) == block {
 					next = append(next, make([]item, 0, block))
@@ -204,7 +211,7 @@ func describe(b *Bound, schedule []act) string {
 		sb.WriteByte('\n')
 		s = n
 	}
-	if v, why := s.doomed(); v != "" && len(s.actions(b)) == 0 {
+	if v, why := s.doomed(); v != "" && len(s.actions(b, nil)) == 0 {
 		fmt.Fprintf(&sb, "     nothing more can happen  *** %s: %s\n", v, why)
 	}
 	return sb.String()
@@ -217,7 +224,7 @@ func replay(b *Bound, steps []string) (Violation, int, error) {
 	s := initial(b)
 	for i, name := range steps {
 		found := false
-		for _, a := range s.actions(b) {
+		for _, a := range s.actions(b, nil) {
 			if a.String() != name {
 				continue
 			}
@@ -232,7 +239,7 @@ func replay(b *Bound, steps []string) (Violation, int, error) {
 			return "", i + 1, fmt.Errorf("step %d, %q, is not possible then", i+1, name)
 		}
 	}
-	if len(s.actions(b)) == 0 {
+	if len(s.actions(b, nil)) == 0 {
 		if v, _ := s.doomed(); v != "" {
 			return v, len(steps) + 1, nil
 		}

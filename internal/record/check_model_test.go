@@ -43,7 +43,7 @@ const (
 	maxProcs    = 2
 	maxKeys     = 2
 	maxAttempts = 3
-	maxEntries  = 4
+	maxEntries  = 6
 	maxHung     = 3
 	maxRows     = 6
 	maxReqs     = 2
@@ -116,16 +116,16 @@ type mrec struct {
 	resolvedAt, attemptAt                      tick
 }
 
-func keyName(k int8) string { return fmt.Sprintf("k%d", k) }
+var keyNames = [maxKeys]string{"k0", "k1"}
+
+func keyName(k int8) string { return keyNames[k] }
 
 func bodyOf(k int8) [32]byte { return [32]byte{0: byte(k) + 1} }
 
-func replyBytes(n int8) []byte {
-	if n == 0 {
-		return nil
-	}
-	return []byte{byte(n)}
-}
+// replies are the payments' bodies, shared: nothing changes them.
+var replies = [...][]byte{nil, {1}, {2}, {3}}
+
+func replyBytes(n int8) []byte { return replies[n] }
 
 func replyOf(b []byte) int8 {
 	if len(b) == 0 {
@@ -139,7 +139,12 @@ func (m mrec) record(k int8) *Record {
 	if m.state == 0 {
 		return nil
 	}
-	return &Record{
+	r := m.value(k)
+	return &r
+}
+
+func (m mrec) value(k int8) Record {
+	return Record{
 		Key: keyName(k), BodySHA256: bodyOf(k), State: m.state, PriorState: m.prior, AttemptKind: m.kind,
 		ProviderStatus: m.status.http(), Reply: replyBytes(m.reply), GaveUp: m.gaveUp,
 		LeaseOwner: m.owner.String(), LeaseExpiresAt: m.leaseExp.time(), QuietUntil: m.quietUntil.time(),
@@ -347,7 +352,8 @@ type Bound struct {
 	// that fail, hang or lose their acknowledgement, replies the provider
 	// loses, crashes, rollbacks.
 	Faults int
-	// Time is the last tick; Depth the most steps in a schedule.
+	// Time, if not 0, is the last tick; Depth the most steps in a
+	// schedule.
 	Time, Depth int
 	Mode        Mode
 	// Refusals: the provider may refuse a request (401).
@@ -485,8 +491,8 @@ func initial(b *Bound) state {
 }
 
 // actions lists the steps enabled in s, in a fixed order.
-func (s *state) actions(b *Bound) []act {
-	var as []act
+func (s *state) actions(b *Bound, as []act) []act {
+	as = as[:0]
 	faultsLeft := int(s.faults) < b.Faults
 	variants := func(kind actKind, x, y int8) {
 		as = append(as, act{kind: kind, a: x, b: y})
@@ -543,7 +549,8 @@ func (s *state) actions(b *Bound) []act {
 			// Only the process part of the owner matters to whether
 			// settlement would change the record.
 			o := owner{p: p + 1, inc: s.procs[p].inc}
-			if _, eff := Step(s.store[k].record(k), s.settleEvent(b, p, k, o), s.now.time()); eff.Write != WriteNone {
+			r := s.store[k].value(k)
+			if _, eff := Step(&r, s.settleEvent(b, p, k, o), s.now.time()); eff.Write != WriteNone {
 				variants(actSettle, p, k)
 			}
 		}
@@ -553,7 +560,8 @@ func (s *state) actions(b *Bound) []act {
 			if s.store[k].state != OutcomeUnknown {
 				continue
 			}
-			if _, eff := Step(s.store[k].record(k), Resolve{To: NotCreated}, s.now.time()); eff.Verdict == Resolved {
+			r := s.store[k].value(k)
+			if _, eff := Step(&r, Resolve{To: NotCreated}, s.now.time()); eff.Verdict == Resolved {
 				as = append(as, act{kind: actResolve, a: k})
 			}
 		}
@@ -592,7 +600,7 @@ func (s *state) actions(b *Bound) []act {
 // grace relies on a healthy process's outbox landing promptly: it is
 // slow only by a fault, a failure or a hang, which counts).
 func (s *state) tickEnabled(b *Bound) bool {
-	if int(s.now) >= b.Time {
+	if b.Time > 0 && int(s.now) >= b.Time {
 		return false
 	}
 	for p := 0; p < b.Replicas; p++ {
