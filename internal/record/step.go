@@ -42,6 +42,13 @@ type Claim struct {
 	// healthy for the takeover grace; Pending, that its own process holds
 	// an outcome for the key not yet written.
 	Settled, Pending bool
+	// AnswerBy, if set, is when the claimant's caller stops waiting, by
+	// the store's clock: a claim that runs then or later (one a pooler
+	// queued past its caller's deadline) writes nothing (Left). Were it
+	// to acquire the record, no caller would follow its attempt, and if
+	// its process died before releasing it, settlement would send a key
+	// whose caller may have been told since that no payment exists.
+	AnswerBy time.Time
 }
 
 // Settle is settlement considering one record: re-send it, give up on it,
@@ -129,6 +136,9 @@ const (
 	// Busy (Claim): another claim holds the record, or its holder's lease
 	// expired and may not be taken over yet; wait for it to change.
 	Busy
+	// Left (Claim): the claim ran after its caller had stopped waiting
+	// (AnswerBy); nothing was written, and nothing may be sent.
+	Left
 	// Quiet (Claim): an earlier request may still be at the provider;
 	// nothing may be sent until QuietUntil.
 	Quiet
@@ -160,7 +170,7 @@ const (
 	NoRecord
 )
 
-var verdictNames = [...]string{"", "acquired", "replay", "reused", "not_owned", "expired", "busy", "quiet",
+var verdictNames = [...]string{"", "acquired", "replay", "reused", "not_owned", "expired", "busy", "left", "quiet",
 	"past_window", "gave_up", "not_due", "written", "late", "lease_lost", "resolved", "not_unknown", "in_flight",
 	"changed", "no_record"}
 
@@ -262,6 +272,9 @@ func same(r *Record) Record {
 }
 
 func claim(r *Record, c Claim, now time.Time) (Record, Effect) {
+	if !c.AnswerBy.IsZero() && !now.Before(c.AnswerBy) {
+		return same(r), Effect{Verdict: Left}
+	}
 	if r == nil {
 		return Record{
 			Key: c.Key, Body: c.Body, BodySHA256: c.BodySHA256, Currency: c.Currency, Amount: c.Amount,

@@ -120,3 +120,24 @@ func Tell(c Call) Told {
 	}
 	return TellUnknown
 }
+
+// TellFrom says what a call answered from a record tells its caller: the
+// record its claim found Succeeded (Replay), or the one another claim left
+// when the call stopped waiting for it (Busy). Wait: the call claims
+// again, for the record is in flight, or NotCreated by a person's word,
+// which only lets a new attempt start (a person's word is not the
+// provider's: it is never told as NOT_CREATED).
+func TellFrom(r *Record) Told {
+	switch r.State {
+	case Succeeded:
+		return TellPaid
+	case NotCreated:
+		if r.Resolved() {
+			return Wait
+		}
+		return TellNotCreated
+	case OutcomeUnknown:
+		return TellUnknown
+	}
+	return Wait
+}

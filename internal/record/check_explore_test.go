@@ -1,0 +1,256 @@
+package record
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"runtime"
+	"strings"
+	"time"
+	"unsafe"
+)
+
+// The explorer: a breadth-first search of every schedule up to the bound,
+// which visits each state once (by a 128-bit fingerprint of its bytes) and
+// so finds the shortest schedule to each violation.
+
+// node is a visited state's place in the search tree: its parent and the
+// step that led to it.
+type node struct {
+	parent *node
+	a      act
+}
+
+// nodes allocates nodes in blocks.
+type nodes struct{ block []node }
+
+func (ns *nodes) add(parent *node, a act) *node {
+	if len(ns.block) == cap(ns.block) {
+		ns.block = make([]node, 0, 1<<14)
+	}
+	ns.block = append(ns.block, node{parent: parent, a: a})
+	return &ns.block[len(ns.block)-1]
+}
+
+func (n *node) schedule() []act {
+	var s []act
+	for ; n != nil && n.parent != nil; n = n.parent {
+		s = append(s, n.a)
+	}
+	for i, j := 0, len(s)-1; i < j; i, j = i+1, j-1 {
+		s[i], s[j] = s[j], s[i]
+	}
+	return s
+}
+
+// finding is a schedule that broke an invariant.
+type finding struct {
+	violation Violation
+	why       string
+	schedule  []act
+}
+
+// report is what an exploration found.
+type report struct {
+	states, transitions int
+	// depth is the deepest level explored; complete, that every schedule
+	// ended before the depth bound.
+	depth    int
+	complete bool
+	// violations counts the transitions that broke an invariant; findings
+	// keeps the first few, shortest first.
+	violations int
+	findings   []finding
+	// resent counts the transitions that sent a key again after the
+	// provider wrote a 2xx for it, and resentExample is the first.
+	resent        int
+	resentExample []act
+	elapsed       time.Duration
+	// heap is the most heap in use at the start of a level.
+	heap uint64
+}
+
+func (r report) String() string {
+	return fmt.Sprintf("%d states, %d transitions, depth %d (complete: %v), %d violations, %d sends after a provider-written 2xx, in %v, heap %d MiB",
+		r.states, r.transitions, r.depth, r.complete, r.violations, r.resent, r.elapsed.Round(time.Millisecond), r.heap>>20)
+}
+
+const keepFindings = 5
+
+// fingerprint hashes s's bytes: state is made of one-byte fields only,
+// so it has no padding, and equal states have equal bytes.
+func fingerprint(s *state) [2]uint64 {
+	b := unsafe.Slice((*byte)(unsafe.Pointer(s)), unsafe.Sizeof(*s))
+	h1, h2 := uint64(0x9e3779b97f4a7c15), uint64(0xc2b2ae3d27d4eb4f)
+	for len(b) >= 8 {
+		w := binary.LittleEndian.Uint64(b)
+		h1 = bits.RotateLeft64((h1^w)*0xff51afd7ed558ccd, 31)
+		h2 = bits.RotateLeft64((h2^w)*0xc4ceb9fe1a85ec53, 27)
+		b = b[8:]
+	}
+	for _, c := range b {
+		h1 = bits.RotateLeft64((h1^uint64(c))*0xff51afd7ed558ccd, 31)
+		h2 = bits.RotateLeft64((h2^uint64(c))*0xc4ceb9fe1a85ec53, 27)
+	}
+	return [2]uint64{mix(h1), mix(h2 ^ h1)}
+}
+
+func mix(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
+}
+
+// explore searches every schedule of b, breadth first; with stop, only
+// until the first violation.
+func explore(b *Bound, stop bool) report {
+	start := time.Now()
+	var rep report
+	var ns nodes
+	type item struct {
+		s state
+		n *node
+	}
+	s0 := initial(b)
+	seen := map[[2]uint64]budgets{}
+	fp0, spent0 := canonical(b, &s0)
+	set0 := seen[fp0]
+	set0.add(spent0)
+	seen[fp0] = set0
+	// A level is kept in blocks, so that it grows without copying.
+	const block = 1 << 12
+	frontier := [][]item{{{s: s0, n: ns.add(nil, act{})}}}
+	rep.states = 1
+	var ms runtime.MemStats
+	var as []act
+	for depth := 0; len(frontier) > 0; depth++ {
+		rep.depth = depth
+		runtime.ReadMemStats(&ms)
+		rep.heap = max(rep.heap, ms.HeapInuse)
+		if depth == b.Depth {
+			break
+		}
+		var next [][]item
+		for j, i := 0, 0; j < len(frontier); i++ {
+			if i == len(frontier[j]) {
+				frontier[j] = nil
+				j, i = j+1, -1
+				continue
+			}
+			it := &frontier[j][i]
+			as = it.s.actions(b, as)
+			if len(as) == 0 {
+				if v, why := it.s.doomed(); v != "" {
+					rep.violations++
+					if len(rep.findings) < keepFindings {
+						rep.findings = append(rep.findings, finding{violation: v, why: why, schedule: it.n.schedule()})
+					}
+					if stop {
+						rep.elapsed = time.Since(start)
+						return rep
+					}
+				}
+				continue
+			}
+			for _, a := range as {
+				n, res := it.s.next(b, a, false)
+				rep.transitions++
+				if res.resent2xx {
+					rep.resent++
+					if rep.resentExample == nil {
+						rep.resentExample = append(it.n.schedule(), a)
+					}
+				}
+				if res.violation != "" {
+					rep.violations++
+					if len(rep.findings) < keepFindings {
+						rep.findings = append(rep.findings, finding{violation: res.violation, why: res.why, schedule: append(it.n.schedule(), a)})
+					}
+					if stop {
+						rep.elapsed = time.Since(start)
+						return rep
+					}
+					continue
+				}
+				fp, spent := canonical(b, &n)
+				set := seen[fp]
+				if set.covers(spent) {
+					continue
+				}
+				set.add(spent)
+				seen[fp] = set
+				rep.states++
+				if len(next) == 0 || len(next[len(next)-1]) == block {
+					next = append(next, make([]item, 0, block))
+				}
+				last := &next[len(next)-1]
+				*last = append(*last, item{s: n, n: ns.add(it.n, a)})
+			}
+		}
+		frontier = next
+	}
+	rep.complete = len(frontier) == 0
+	rep.elapsed = time.Since(start)
+	return rep
+}
+
+// describe replays schedule and writes it out, a step a line, with what
+// each step did.
+func describe(b *Bound, schedule []act) string {
+	var sb strings.Builder
+	s := initial(b)
+	for i, a := range schedule {
+		n, res := s.next(b, a, true)
+		fmt.Fprintf(&sb, "%3d. t=%d  %-52s  %s", i+1, s.now, fmt.Sprintf("%q,", a.String()), strings.Join(res.notes, "; "))
+		if res.violation != "" {
+			fmt.Fprintf(&sb, "  *** %s: %s", res.violation, res.why)
+		}
+		sb.WriteByte('\n')
+		s = n
+	}
+	if v, why := s.doomed(); v != "" && len(s.actions(b, nil)) == 0 {
+		fmt.Fprintf(&sb, "     nothing more can happen  *** %s: %s\n", v, why)
+	}
+	return sb.String()
+}
+
+// replay runs the schedule given as the steps' names (as describe writes
+// them) and returns the first invariant it breaks, and at which step
+// (1-based; past the end: when nothing more can happen).
+func replay(b *Bound, steps []string) (Violation, int, error) {
+	s := initial(b)
+	for i, name := range steps {
+		found := false
+		for _, a := range s.actions(b, nil) {
+			if a.String() != name {
+				continue
+			}
+			n, res := s.next(b, a, false)
+			if res.violation != "" {
+				return res.violation, i + 1, nil
+			}
+			s, found = n, true
+			break
+		}
+		if !found {
+			return "", i + 1, fmt.Errorf("step %d, %q, is not possible then", i+1, name)
+		}
+	}
+	if len(s.actions(b, nil)) == 0 {
+		if v, _ := s.doomed(); v != "" {
+			return v, len(steps) + 1, nil
+		}
+	}
+	return "", 0, nil
+}
+
+func names(schedule []act) []string {
+	var s []string
+	for _, a := range schedule {
+		s = append(s, a.String())
+	}
+	return s
+}
