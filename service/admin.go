@@ -197,7 +197,7 @@ func (s *Service) summary(rec record.Record, withReply bool) *paymentsv1.MultiCa
 		Attempts:           int32(rec.Attempts),
 		SettlementGaveUp:   rec.GaveUp,
 		LastError:          rec.LastError,
-		Resolved:           rec.StateResolved(),
+		Resolved:           rec.Resolved(),
 		Environment:        s.env,
 	}
 	if !rec.SettleBy.IsZero() {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -198,40 +197,3 @@ func BenchmarkGRPC(b *testing.B) {
 	}
 }
 
-// BenchmarkOutboxWrittenLately is what the outbox holds for the outcomes
-// it remembers once written (landedKeep, up to landedMax), to write them
-// again should the database lose them: after b.N payments (run it with
-// -benchtime 20000x for a full outbox) it reports the live heap they hold,
-// per outcome and in all, from the heap with and without them, collected.
-func BenchmarkOutboxWrittenLately(b *testing.B) {
-	svc := newBenchService(b, "sqlite::memory:")
-	ctx := context.Background()
-	for b.Loop() {
-		req := benchRequest()
-		if _, err := svc.CreateMultiCardPayment(ctx, req); err != nil {
-			b.Fatalf("CreateMultiCardPayment(%v): %v", req, err)
-		}
-	}
-	b.StopTimer()
-	if !svc.outbox.waitIdle(ctx) {
-		b.Fatal("the outbox did not drain")
-	}
-	n := len(svc.outbox.writtenLately())
-	with := liveHeap()
-	svc.outbox.mu.Lock()
-	svc.outbox.written = nil
-	svc.outbox.mu.Unlock()
-	without := liveHeap()
-	b.ReportMetric(float64(n), "remembered")
-	b.ReportMetric(float64(with-without)/float64(max(n, 1)), "B/remembered")
-	b.ReportMetric(float64(with-without)/(1<<20), "MiB-held")
-}
-
-// liveHeap is the heap's live bytes after a full collection.
-func liveHeap() uint64 {
-	var m goruntime.MemStats
-	goruntime.GC()
-	goruntime.GC()
-	goruntime.ReadMemStats(&m)
-	return m.HeapAlloc
-}

@@ -2,21 +2,21 @@ package service
 
 import (
 	"context"
-	"database/sql"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/store"
+	"example.com/paymentsd/internal/record"
 	"example.com/paymentsd/store/storetest"
+	"example.com/paymentsd/upstream"
 	"example.com/paymentsd/upstream/upstreamtest"
 )
 
@@ -26,13 +26,14 @@ import (
 // after an unknown outcome; sendNothing's record; a claim whose commit is
 // lost; settlement's claim and its finish after a re-send; a resolution.
 
-// Patterns of the store's statements, as the seam matches them (SQLite).
+// Patterns of the store's statements, as the seam matches them (SQLite):
+// a finish (record.WriteFinish), a new key's claim, an existing record's
+// acquisition (a call's or settlement's), a resolution's audit entry.
 const (
-	finishSQL   = `settle_attempts = settle_attempts \+`
-	claimSQL    = `INSERT INTO records`
-	claimDueSQL = `attempt_request_id = ''`
-	getSQL      = `WHERE key = \?1 AND tombstoned_at IS NULL`
-	auditSQL    = `INSERT INTO audit_entries`
+	finishSQL  = `outcomes = outcomes \+`
+	claimSQL   = `INSERT INTO records`
+	acquireSQL = `prior_state = `
+	auditSQL   = `INSERT INTO audit_entries`
 )
 
 // held makes the fake provider hold the first request for a key until
@@ -69,16 +70,7 @@ func waitFired(t *testing.T, f *storetest.Faults, kind string) {
 	}
 }
 
-func gaugeValue(t *testing.T, g interface{ Write(*dto.Metric) error }) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := g.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetGauge().GetValue()
-}
-
-func (f fixture) record(t *testing.T, key string) store.Record {
+func (f fixture) record(t *testing.T, key string) record.Record {
 	t.Helper()
 	r, err := f.store.Get(t.Context(), key)
 	if err != nil {
@@ -88,12 +80,13 @@ func (f fixture) record(t *testing.T, key string) store.Record {
 }
 
 // TestSuccessOutlivesFailingCommits: the provider's 2xx arrives, and the
-// store refuses to record it, for as long as the test likes. The caller
-// is told OK with the reply (when its deadline comes, if the record is
-// not written by then); this process's settlement never takes the key
-// over, however long ago its lease ended; a retry waits; once the store
-// takes the write, the record says Succeeded with the reply the caller was
-// told, and the provider saw one request.
+// store refuses to record it, for as long as the test likes. The caller is
+// told OK only once it is committed: a caller whose deadline comes first
+// hears PAYMENT_OUTCOME_UNKNOWN (told OK means durable). This process's
+// settlement never takes the key over, however long ago its lease ended;
+// a retry waits; once the store takes the write, the record says Succeeded
+// with the provider's reply, a retry replays it, and the provider saw one
+// request.
 func TestSuccessOutlivesFailingCommits(t *testing.T) {
 	t.Parallel()
 	for _, deadline := range []time.Duration{0, 500 * time.Millisecond} {
@@ -127,19 +120,18 @@ func TestSuccessOutlivesFailingCommits(t *testing.T) {
 			var told answer
 			if deadline > 0 {
 				told = <-answered
-				if told.err != nil {
-					t.Fatalf("call whose deadline came first = %v, want OK with the provider's reply", told.err)
+				if reasonOf(told.err) != ReasonOutcomeUnknown {
+					t.Fatalf("call whose deadline came first = %v (%s), want %s: its 2xx is not yet durable", told.err, reasonOf(told.err), ReasonOutcomeUnknown)
 				}
 			}
-			if got := gaugeValue(t, f.svc.metrics.outcomesPending); got != 1 {
+			if got := f.metric(t, "paymentsd_outcomes_pending"); got != 1 {
 				t.Errorf("paymentsd_outcomes_pending = %v, want 1", got)
 			}
 			// Long past the lease and quiet period: settlement here never
 			// takes over a key its own process holds.
 			c.add(time.Hour)
-			f.svc.settleDue(t.Context())
-			f.svc.giveUp(t.Context())
-			if r := f.record(t, "k"); r.State != store.StateInProgress {
+			f.svc.engine.Settle(t.Context())
+			if r := f.record(t, "k"); r.State != record.InProgress {
 				t.Errorf("record with its outcome pending = %v, want InProgress", r.State)
 			}
 			// A retry here waits for the outcome.
@@ -166,9 +158,9 @@ func TestSuccessOutlivesFailingCommits(t *testing.T) {
 					t.Fatalf("call = %v, want OK with the provider's reply", told.err)
 				}
 			}
-			f.svc.waitPending(t.Context(), "k")
+			f.svc.engine.Await(t.Context(), "k")
 			r := f.record(t, "k")
-			if r.State != store.StateSucceeded || string(r.Reply) != string(told.resp.GetPaymentJson()) {
+			if r.State != record.Succeeded || (told.resp != nil && string(r.Reply) != string(told.resp.GetPaymentJson())) {
 				t.Errorf("record = %v %s, want Succeeded with the reply the caller was told (%s)", r.State, r.Reply, told.resp.GetPaymentJson())
 			}
 			got, err := f.svc.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k"})
@@ -176,12 +168,12 @@ func TestSuccessOutlivesFailingCommits(t *testing.T) {
 				t.Fatal(err)
 			}
 			if h := got.GetAttemptHistory(); len(h) != 1 || h[0].GetProviderHttpStatus() != 200 || string(h[0].GetPaymentJson()) != string(told.resp.GetPaymentJson()) ||
-				h[0].GetKind() != paymentsv1.AttemptKind_ATTEMPT_KIND_CALL || h[0].GetReplica() != f.svc.owner {
+				h[0].GetKind() != paymentsv1.AttemptKind_ATTEMPT_KIND_CALL || h[0].GetReplica() != f.svc.Replica() {
 				t.Errorf("attempt history = %v, want the call's 200 with the reply, by this replica", h)
 			}
 			replay, err := f.svc.CreateMultiCardPayment(t.Context(), payment("k"))
-			if err != nil || !replay.GetReplayed() || string(replay.GetPaymentJson()) != string(told.resp.GetPaymentJson()) {
-				t.Errorf("retry after the record = %v, %v; want a replay of what the caller was told", replay, err)
+			if err != nil || !replay.GetReplayed() || string(replay.GetPaymentJson()) != string(r.Reply) {
+				t.Errorf("retry after the record = %v, %v; want a replay of the recorded payment", replay, err)
 			}
 			if n := len(f.p.Requests()); n != 1 {
 				t.Errorf("provider saw %d requests, want 1", n)
@@ -212,7 +204,7 @@ func TestSuccessWhoseCommitIsLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.State != store.StateSucceeded || string(r.Reply) != string(resp.GetPaymentJson()) || r.Attempts != 1 || len(as) != 1 {
+	if r.State != record.Succeeded || string(r.Reply) != string(resp.GetPaymentJson()) || r.Attempts != 1 || len(as) != 1 {
 		t.Errorf("record = %v %s, %d attempts, %d attempt rows; want Succeeded with the reply the caller was told, once", r.State, r.Reply, r.Attempts, len(as))
 	}
 }
@@ -231,13 +223,13 @@ func TestUnknownOutcomeAnsweredAtOnce(t *testing.T) {
 		t.Fatalf("call = %v (%s), want %s", err, reasonOf(err), ReasonOutcomeUnknown)
 	}
 	f.faults.Clear()
-	f.svc.waitPending(t.Context(), "k")
-	if r := f.record(t, "k"); r.State != store.StateOutcomeUnknown {
+	f.svc.engine.Await(t.Context(), "k")
+	if r := f.record(t, "k"); r.State != record.OutcomeUnknown {
 		t.Errorf("record = %v, want OutcomeUnknown", r.State)
 	}
 	c.add(time.Minute) // past its quiet period and first settlement time
-	f.svc.settleDue(t.Context())
-	if r := f.record(t, "k"); r.State != store.StateSucceeded {
+	f.svc.engine.Settle(t.Context())
+	if r := f.record(t, "k"); r.State != record.Succeeded {
 		t.Errorf("record after settlement = %v, want Succeeded", r.State)
 	}
 }
@@ -259,7 +251,7 @@ func TestNotCreatedOnlyOnceRecorded(t *testing.T) {
 		if status.Code(err) != codes.InvalidArgument || reasonOf(err) != ReasonNotCreated {
 			t.Errorf("call = %v (%s), want INVALID_ARGUMENT %s", err, reasonOf(err), ReasonNotCreated)
 		}
-		if r := f.record(t, "k"); r.State != store.StateNotCreated {
+		if r := f.record(t, "k"); r.State != record.NotCreated {
 			t.Errorf("record = %v, want NotCreated", r.State)
 		}
 	})
@@ -275,24 +267,28 @@ func TestNotCreatedOnlyOnceRecorded(t *testing.T) {
 			t.Errorf("call = %v (%s), want %s", err, reasonOf(err), ReasonOutcomeUnknown)
 		}
 		f.faults.Clear()
-		f.svc.waitPending(t.Context(), "k")
-		if r := f.record(t, "k"); r.State != store.StateNotCreated {
+		f.svc.engine.Await(t.Context(), "k")
+		if r := f.record(t, "k"); r.State != record.NotCreated {
 			t.Errorf("record = %v, want NotCreated", r.State)
 		}
 	})
 }
 
 // TestSendNothingRecordFails: a call that acquired its record and sends
-// nothing (here, over the in-flight cap) records NotCreated through the
-// outbox; it says PAYMENT_NOT_CREATED only once that is written.
+// nothing (here, paymentsd already waits on as many provider requests as
+// it may) records NotCreated through the outbox; it says
+// PAYMENT_NOT_CREATED only once that is written.
 func TestSendNothingRecordFails(t *testing.T) {
 	t.Parallel()
 	for _, failing := range []int{2, -1} {
 		name := map[bool]string{true: "retried", false: "deadline first"}[failing > 0]
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			f := newFixture(t, 10*time.Second, nil)
-			f.svc.sends.max.Store(0)
+			f := newFixtureWith(t, 10*time.Second, nil, 1)
+			arrived, release := held(f.p)
+			defer close(release)
+			go f.svc.CreateMultiCardPayment(context.Background(), payment("holds-the-slot"))
+			<-arrived
 			f.faults.FailCommits(finishSQL, failing)
 			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 			defer cancel()
@@ -302,24 +298,24 @@ func TestSendNothingRecordFails(t *testing.T) {
 				t.Errorf("call = %v (%s), want RESOURCE_EXHAUSTED %s", err, reasonOf(err), want)
 			}
 			f.faults.Clear()
-			f.svc.waitPending(t.Context(), "k")
-			if r := f.record(t, "k"); r.State != store.StateNotCreated {
+			f.svc.engine.Await(t.Context(), "k")
+			if r := f.record(t, "k"); r.State != record.NotCreated {
 				t.Errorf("record = %v, want NotCreated", r.State)
 			}
-			if n := len(f.p.Requests()); n != 0 {
-				t.Errorf("provider saw %d requests, want none", n)
+			if n := f.p.KeyStats("k").Requests; n != 0 {
+				t.Errorf("provider saw %d requests for k, want none", n)
 			}
 		})
 	}
 }
 
 // TestClaimCommittedDespiteError: the commit of a call's claim is lost (it
-// was written, and the store reports ErrCommitUnknown). The call reads the
-// record: its own claim, if it started the key afresh, is marked
-// NotCreated (nothing was sent, and settlement must never send it); one
-// that took over a record whose earlier attempt may have created the
-// payment stays unknown, for settlement; and if the record can't be read
-// either, the claim is released, unknown, by the outbox.
+// was written, and the store reports ErrCommitUnknown). The call sent
+// nothing and says so, and the outbox releases the claim: one that started
+// the key afresh leaves the record NotCreated (nothing was sent, and
+// settlement never sends it); one that took over a record whose earlier
+// attempt may have created the payment leaves it unknown, for settlement.
+// No re-read and no guess: the call tells what it read.
 func TestClaimCommittedDespiteError(t *testing.T) {
 	t.Parallel()
 	t.Run("fresh key", func(t *testing.T) {
@@ -328,16 +324,17 @@ func TestClaimCommittedDespiteError(t *testing.T) {
 		f := newFixture(t, 10*time.Second, c.Now)
 		f.faults.LoseCommits(claimSQL, 1)
 		_, err := f.svc.CreateMultiCardPayment(t.Context(), payment("fresh"))
-		if reasonOf(err) != ReasonNotCreated {
-			t.Errorf("answer = %v (%s), want %s", err, reasonOf(err), ReasonNotCreated)
+		if reasonOf(err) != ReasonNotSent {
+			t.Errorf("answer = %v (%s), want %s", err, reasonOf(err), ReasonNotSent)
 		}
-		if r := f.record(t, "fresh"); r.State != store.StateNotCreated {
-			t.Errorf("record = %v, want NotCreated", r.State)
+		f.svc.engine.Await(t.Context(), "fresh")
+		if r := f.record(t, "fresh"); r.State != record.NotCreated || r.LeaseOwner != "" {
+			t.Errorf("record = %v held by %q, want NotCreated, released", r.State, r.LeaseOwner)
 		}
 		c.add(time.Hour)
-		f.svc.settleDue(t.Context())
+		f.svc.engine.Settle(t.Context())
 		if n := len(f.p.Requests()); n != 0 {
-			t.Errorf("settlement sent %d requests for a key the caller was told was not created", n)
+			t.Errorf("settlement sent %d requests for a key whose claim sent nothing", n)
 		}
 	})
 	t.Run("after a holder died", func(t *testing.T) {
@@ -347,41 +344,42 @@ func TestClaimCommittedDespiteError(t *testing.T) {
 		// Another replica claims the key and sends it, and the provider
 		// creates the payment; that replica dies before recording
 		// anything.
-		dead := claimFor(f.svc, "orphan", "paymentsd-another/dead")
-		if _, err := f.store.Begin(t.Context(), dead); err != nil {
+		dead := claimFor("orphan", "paymentsd-another/dead")
+		if _, err := f.store.Begin(t.Context(), dead, nil); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := f.svc.client.Send(t.Context(), dead.Body); err != nil {
-			t.Fatal(err)
-		}
+		f.send(t, dead.Body)
 		// Past its lease and quiet period a retry takes the record over,
 		// and the commit of its claim is lost.
-		c.add(f.svc.leaseTTL + f.svc.quiet + time.Second)
-		f.faults.LoseCommits(claimSQL, 1)
+		c.add(dead.LeaseTTL + dead.Quiet + time.Second)
+		f.faults.LoseCommits(acquireSQL, 1)
 		_, err := f.svc.CreateMultiCardPayment(t.Context(), payment("orphan"))
 		if reasonOf(err) != ReasonOutcomeUnknown {
 			t.Errorf("answer = %v (%s), want %s", err, reasonOf(err), ReasonOutcomeUnknown)
 		}
+		f.svc.engine.Await(t.Context(), "orphan")
+		if r := f.record(t, "orphan"); r.State != record.OutcomeUnknown || r.LeaseOwner != "" {
+			t.Errorf("record = %v held by %q, want OutcomeUnknown, released", r.State, r.LeaseOwner)
+		}
 		c.add(time.Minute)
-		f.svc.settleDue(t.Context())
-		if r := f.record(t, "orphan"); r.State != store.StateSucceeded {
+		f.svc.engine.Settle(t.Context())
+		if r := f.record(t, "orphan"); r.State != record.Succeeded {
 			t.Errorf("record after settlement = %v, want Succeeded", r.State)
 		}
 	})
-	t.Run("unreadable", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, 10*time.Second, nil)
-		f.faults.LoseCommits(claimSQL, 1)
-		f.faults.FailStatements(getSQL, 1)
-		_, err := f.svc.CreateMultiCardPayment(t.Context(), payment("unreadable"))
-		if reasonOf(err) != ReasonOutcomeUnknown {
-			t.Errorf("answer = %v (%s), want %s: the claim may be written, and settlement would send it", err, reasonOf(err), ReasonOutcomeUnknown)
-		}
-		f.svc.waitPending(t.Context(), "unreadable")
-		if r := f.record(t, "unreadable"); r.State != store.StateOutcomeUnknown || r.LeaseOwner != "" {
-			t.Errorf("record = %v held by %q, want OutcomeUnknown, released", r.State, r.LeaseOwner)
-		}
-	})
+}
+
+// send sends body to the fixture's provider as a replica would.
+func (f fixture) send(t *testing.T, body []byte) {
+	t.Helper()
+	client, err := upstream.New(upstream.Config{BaseURL: f.p.URL, APIKey: internalKey, HTTPClient: &http.Client{},
+		MaxAttempts: 1, Timeout: 5 * time.Second, Metrics: upstream.NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Send(t.Context(), body); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestSettlementClaimFaults: settlement's claim fails (nothing claimed:
@@ -400,20 +398,20 @@ func TestSettlementClaimFaults(t *testing.T) {
 			c.add(time.Minute)
 			sent := len(f.p.Requests())
 			if lose {
-				f.faults.LoseCommits(claimDueSQL, 1)
+				f.faults.LoseCommits(acquireSQL, 1)
 			} else {
-				f.faults.FailCommits(claimDueSQL, 1)
+				f.faults.FailCommits(acquireSQL, 1)
 			}
-			f.svc.settleDue(t.Context())
+			f.svc.engine.Settle(t.Context())
 			if n := len(f.p.Requests()) - sent; n != 0 {
 				t.Errorf("settlement whose claim failed sent %d requests, want none", n)
 			}
 			if lose {
-				waitState(t, f, "k", store.StateOutcomeUnknown)
+				waitState(t, f, "k", record.OutcomeUnknown)
 			}
 			c.add(time.Minute)
-			f.svc.settleDue(t.Context())
-			if r := f.record(t, "k"); r.State != store.StateSucceeded {
+			f.svc.engine.Settle(t.Context())
+			if r := f.record(t, "k"); r.State != record.Succeeded {
 				t.Errorf("record after the next round = %v, want Succeeded", r.State)
 			}
 		})
@@ -421,7 +419,7 @@ func TestSettlementClaimFaults(t *testing.T) {
 }
 
 // waitState waits for key's record to reach state (written by the outbox).
-func waitState(t *testing.T, f fixture, key string, state store.State) {
+func waitState(t *testing.T, f fixture, key string, state record.State) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for f.record(t, key).State != state {
@@ -443,11 +441,11 @@ func TestSettlementFinishFails(t *testing.T) {
 	f.p.SetScript(nil)
 	c.add(time.Minute)
 	f.faults.FailCommits(finishSQL, 5)
-	f.svc.settleDue(t.Context())
-	f.svc.waitPending(t.Context(), "k")
+	f.svc.engine.Settle(t.Context())
+	f.svc.engine.Await(t.Context(), "k")
 	c.add(time.Minute)
-	f.svc.settleDue(t.Context())
-	if r := f.record(t, "k"); r.State != store.StateSucceeded || r.SettleAttempts != 1 {
+	f.svc.engine.Settle(t.Context())
+	if r := f.record(t, "k"); r.State != record.Succeeded || r.SettleAttempts != 1 {
 		t.Errorf("record = %v after %d settlement attempts, want Succeeded after 1", r.State, r.SettleAttempts)
 	}
 	if n := len(f.p.Requests()); n != 2 {
@@ -478,7 +476,7 @@ func TestResolveCommitFaults(t *testing.T) {
 			if status.Code(err) != codes.Unavailable || reasonOf(err) != ReasonResolutionOutcomeUnknown {
 				t.Errorf("resolve = %v (%s), want UNAVAILABLE %s", err, reasonOf(err), ReasonResolutionOutcomeUnknown)
 			}
-			want := map[bool]store.State{false: store.StateOutcomeUnknown, true: store.StateNotCreated}[lose]
+			want := map[bool]record.State{false: record.OutcomeUnknown, true: record.NotCreated}[lose]
 			if r := f.record(t, "k"); r.State != want {
 				t.Errorf("record = %v, want %v", r.State, want)
 			}
@@ -486,9 +484,10 @@ func TestResolveCommitFaults(t *testing.T) {
 	}
 }
 
-// TestResolveRefusals: NOT_CREATED for a key an attempt of which got a 2xx
-// is refused, and so is a reply that names another payment; nothing is
-// written either way.
+// TestResolveRefusals: a reply that names another payment is refused, and
+// nothing is written. (NOT_CREATED for a key an attempt of which got a 2xx
+// can't come up: a 2xx makes the record Succeeded, which is final, and
+// only an unknown record can be resolved.)
 func TestResolveRefusals(t *testing.T) {
 	t.Parallel()
 	c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
@@ -517,27 +516,10 @@ func TestResolveRefusals(t *testing.T) {
 			t.Errorf("resolve with %s = %v (field %q), want INVALID_ARGUMENT naming %s", tc.reply, err, violatedField(st), tc.field)
 		}
 	}
-	// The provider's 2xx to an attempt, written by hand (the store itself
-	// never leaves such a record unknown).
-	db, err := sql.Open(store.SQLiteDriver, f.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Exec(`INSERT INTO attempts (key, attempt, kind, owner, replica, request_id, started_at, ended_at,
-		provider_status, http_requests, reply, state, code, error, abandoned)
-		VALUES ('k', 9, 1, 'x/1', 'x', '', 0, 0, 201, 1, '{}', 2, 0, '', 0)`); err != nil {
-		t.Fatal(err)
-	}
-	err = resolve(paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED, "")
-	if status.Code(err) != codes.FailedPrecondition || reasonOf(err) != ReasonAttemptSucceeded {
-		t.Errorf("resolve NOT_CREATED after a 2xx = %v (%s), want FAILED_PRECONDITION %s", err, reasonOf(err), ReasonAttemptSucceeded)
-	}
 	after, err := f.svc.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	after.AttemptHistory = after.AttemptHistory[:len(before.AttemptHistory)]
 	if diff := cmp.Diff(before, after, protocmp.Transform()); diff != "" {
 		t.Errorf("refused resolutions changed the record (-before +after):\n%s", diff)
 	}
@@ -564,8 +546,8 @@ func TestShutdownLogsWhatIsPending(t *testing.T) {
 	f.faults.FailStatements(finishSQL, -1)
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
-	if _, err := f.svc.CreateMultiCardPayment(ctx, payment("k")); err != nil {
-		t.Fatalf("call = %v, want OK when its deadline came", err)
+	if _, err := f.svc.CreateMultiCardPayment(ctx, payment("k")); reasonOf(err) != ReasonOutcomeUnknown {
+		t.Fatalf("call = %v (%s), want %s when its deadline came with its 2xx not committed", err, reasonOf(err), ReasonOutcomeUnknown)
 	}
 	stop, cancelStop := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancelStop()
@@ -573,7 +555,7 @@ func TestShutdownLogsWhatIsPending(t *testing.T) {
 	if n := f.logs.count("paymentsd stopped with a payment's outcome not recorded: the record stays in progress, and settlement sends the key again once its lease and quiet period have passed"); n != 1 {
 		t.Errorf("logged %d lines for the pending outcome at shutdown, want 1", n)
 	}
-	if r := f.record(t, "k"); r.State != store.StateInProgress {
+	if r := f.record(t, "k"); r.State != record.InProgress {
 		t.Errorf("record = %v, want InProgress (for settlement)", r.State)
 	}
 }
@@ -583,8 +565,9 @@ func TestShutdownLogsWhatIsPending(t *testing.T) {
 // statements). The call is answered by paymentsd before the caller's
 // deadline, with what it knows (its claim may commit yet; it sent
 // nothing), not left to the caller's own bare DEADLINE_EXCEEDED; and once
-// the transaction goes through, the claim is released for settlement
-// rather than held by nobody.
+// the transaction goes through, the claim's continuation releases it
+// (nothing was sent: the fresh key is NotCreated) rather than leaving it
+// held by nobody.
 func TestClaimStuckAnsweredByDeadline(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 10*time.Second, nil)
@@ -612,17 +595,8 @@ func TestClaimStuckAnsweredByDeadline(t *testing.T) {
 		t.Errorf("call = %v (%s), want %s or %s", err, r, ReasonOutcomeUnknown, ReasonNotSent)
 	}
 	release()
-	// The claim commits, and the outcome the call handed the outbox
-	// releases it.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		r, err := f.store.Get(t.Context(), "stuck")
-		if err == nil && r.State == store.StateOutcomeUnknown {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("record = %v, %v; never OutcomeUnknown", r.State, err)
-		}
-	}
+	// The claim commits, and its continuation releases it.
+	waitState(t, f, "stuck", record.NotCreated)
 	if n := len(f.p.Requests()); n != 0 {
 		t.Errorf("provider saw %d requests, want none", n)
 	}
@@ -630,12 +604,12 @@ func TestClaimStuckAnsweredByDeadline(t *testing.T) {
 
 // TestClaimStuckOverUnknownRecordReleased: a call's claim would take over a
 // record an earlier call left unknown, and its transaction is stuck past
-// the caller's deadline. The call's read of the record sees the earlier
-// outcome (the claim has not committed), so it answers
-// PAYMENT_OUTCOME_UNKNOWN; once the claim commits, the outcome the call
-// handed the outbox releases it for settlement, as TestClaimStuckAnsweredByDeadline's
-// does, rather than leaving the key InProgress (every retry answered
-// PAYMENT_IN_PROGRESS) until its lease runs out and sweepOwn gives it up.
+// the caller's deadline. The claim has run and may commit, and an earlier
+// attempt may have created the payment, so the call answers
+// PAYMENT_OUTCOME_UNKNOWN; once the claim commits, its continuation
+// releases it for settlement, as TestClaimStuckAnsweredByDeadline's does,
+// rather than leaving the key InProgress (every retry answered
+// PAYMENT_IN_PROGRESS) until its lease runs out.
 func TestClaimStuckOverUnknownRecordReleased(t *testing.T) {
 	t.Parallel()
 	c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
@@ -646,13 +620,13 @@ func TestClaimStuckOverUnknownRecordReleased(t *testing.T) {
 		t.Fatalf("first call = %v (%s), want %s", err, reasonOf(err), ReasonOutcomeUnknown)
 	}
 	f.faults.Clear()
-	f.svc.waitPending(t.Context(), "k")
+	f.svc.engine.Await(t.Context(), "k")
 	before := f.record(t, "k")
-	if before.State != store.StateOutcomeUnknown {
+	if before.State != record.OutcomeUnknown {
 		t.Fatalf("record = %v, want OutcomeUnknown", before.State)
 	}
 	c.add(time.Minute) // past its quiet period: a retry takes it over
-	release := f.faults.HangStatements(claimSQL)
+	release := f.faults.HangStatements(acquireSQL)
 	defer release()
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
@@ -663,11 +637,14 @@ func TestClaimStuckOverUnknownRecordReleased(t *testing.T) {
 	release()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		r, err := f.store.Get(t.Context(), "k")
-		if err == nil && r.AttemptSeq > before.AttemptSeq && r.State == store.StateOutcomeUnknown {
+		if err == nil && r.UpdatedAt.After(before.UpdatedAt) && r.State == record.OutcomeUnknown && r.LeaseOwner == "" {
+			if r.AttemptSeq != before.AttemptSeq {
+				t.Errorf("record's attempt = %d, want %d: a claim that sent nothing is no attempt", r.AttemptSeq, before.AttemptSeq)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("record = %v (attempt %d, was %d) held by %q, %v; the stuck claim was never released", r.State, r.AttemptSeq, before.AttemptSeq, r.LeaseOwner, err)
+			t.Fatalf("record = %v (updated %v, was %v) held by %q, %v; the stuck claim was never released", r.State, r.UpdatedAt, before.UpdatedAt, r.LeaseOwner, err)
 		}
 	}
 	if n := len(f.p.Requests()); n != 1 {

@@ -4,11 +4,9 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
@@ -19,6 +17,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"example.com/paymentsd/internal/engine"
 )
 
 // RequestIDHeader is the gRPC metadata key and HTTP header that carries a

@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"example.com/paymentsd/store"
+	"example.com/paymentsd/internal/record"
 )
 
 // TestNoDeadlineCallerGoesAwayMidSend: a caller that set no deadline (its
@@ -49,7 +49,7 @@ func TestNoDeadlineCallerGoesAwayMidSend(t *testing.T) {
 			if failing {
 				f.faults.Clear()
 			}
-			waitState(t, f, "k", store.StateSucceeded)
+			waitState(t, f, "k", record.Succeeded)
 			rec := f.record(t, "k")
 			resp, err := f.svc.CreateMultiCardPayment(t.Context(), payment("k"))
 			if err != nil {

@@ -2,6 +2,7 @@ package service
 
 import (
 	"bytes"
+	"errors"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -17,12 +18,12 @@ import (
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/record"
 	"example.com/paymentsd/store"
 	"example.com/paymentsd/store/storetest"
 	"example.com/paymentsd/upstream"
@@ -54,6 +55,7 @@ func (c *clock) add(d time.Duration) {
 
 type fixture struct {
 	svc   *Service
+	reg   *prometheus.Registry
 	store *store.Store
 	p     *upstreamtest.Server
 	path  string // the SQLite file
@@ -66,6 +68,13 @@ type fixture struct {
 // provider, with the given lease and clock (nil: the real one), which the
 // store decides by.
 func newFixture(t *testing.T, lease time.Duration, now func() time.Time) fixture {
+	t.Helper()
+	return newFixtureWith(t, lease, now, 0)
+}
+
+// newFixtureWith is newFixture with at most maxSends provider requests
+// waited on at once (0: the default).
+func newFixtureWith(t *testing.T, lease time.Duration, now func() time.Time, maxSends int) fixture {
 	t.Helper()
 	p := upstreamtest.NewServer()
 	t.Cleanup(p.Close)
@@ -96,8 +105,9 @@ func newFixture(t *testing.T, lease time.Duration, now func() time.Time) fixture
 		st.Close()
 	})
 	logs := &logBuffer{}
+	reg := prometheus.NewRegistry()
 	svc := New(Config{Client: client, Store: st, Environment: paymentsv1.Environment_ENVIRONMENT_SANDBOX,
-		LeaseTTL: lease, Now: now, Registerer: prometheus.NewRegistry(),
+		LeaseTTL: lease, Now: now, Registerer: reg, MaxSends: maxSends,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	t.Cleanup(func() {
 		// A test that failed midway may leave faults that would hold
@@ -107,17 +117,34 @@ func newFixture(t *testing.T, lease time.Duration, now func() time.Time) fixture
 		defer cancel()
 		svc.Shutdown(ctx)
 	})
-	return fixture{svc: svc, store: st, p: p, path: path, faults: faults, logs: logs}
+	return fixture{svc: svc, reg: reg, store: st, p: p, path: path, faults: faults, logs: logs}
 }
 
 func payment(key string) *paymentsv1.CreateMultiCardPaymentRequest {
 	return &paymentsv1.CreateMultiCardPaymentRequest{AmountMoney: &paymentsv1.Money{Currency: "USD", Amount: 1250}, IdempotencyKey: key}
 }
 
-func counterValue(c prometheus.Counter) float64 {
-	var m dto.Metric
-	c.Write(&m)
-	return m.GetCounter().GetValue()
+// metric is the value of the counter or gauge name (without labels) in
+// the fixture's registry.
+func (f fixture) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	mfs, err := f.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
 
 func keyOf(body []byte) string {
@@ -147,7 +174,7 @@ func (f fixture) makeUnknown(t *testing.T, keys ...string) {
 		}
 		// The outcome is answered before its record commits; the test's
 		// clock must not move before it has.
-		f.svc.waitPending(t.Context(), k)
+		f.svc.engine.Await(t.Context(), k)
 	}
 }
 
@@ -176,7 +203,7 @@ func TestSettlementClaimsOneRecordAtATime(t *testing.T) {
 		return upstreamtest.Reply{Wait: releaseRest}
 	})
 	done := make(chan struct{})
-	go func() { defer close(done); f.svc.settleDue(context.Background()) }()
+	go func() { defer close(done); f.svc.engine.Settle(context.Background()) }()
 	first := <-arrived
 
 	// Past the lease settlement would have taken on the whole batch, the
@@ -247,7 +274,7 @@ func TestSendWithinLease(t *testing.T) {
 		t.Errorf("provider saw %d requests, want none", n)
 	}
 	rec, err := f.store.Get(t.Context(), "late")
-	if err != nil || rec.State != store.StateNotCreated {
+	if err != nil || rec.State != record.NotCreated {
 		t.Errorf("record = %v, %v; want NotCreated", rec.State, err)
 	}
 }
@@ -276,7 +303,7 @@ func TestWaiterOnStoreFailureHearsInProgress(t *testing.T) {
 	// Once the second call is waiting, the store goes away. The wait
 	// counter is the only signal that it is.
 	deadline := time.After(30 * time.Second)
-	for counterValue(f.svc.metrics.waits) < 1 {
+	for f.metric(t, "paymentsd_in_progress_waits_total") < 1 {
 		select {
 		case err := <-waited:
 			t.Fatalf("second call ended before it waited: %v", err)
@@ -292,20 +319,33 @@ func TestWaiterOnStoreFailureHearsInProgress(t *testing.T) {
 	}
 }
 
-// A call that could not claim its record sent nothing; whether it says
-// PAYMENT_NOT_CREATED depends on what earlier calls with the key did.
+// A call whose deadline has passed before its claim could run read
+// nothing, wrote nothing and sent nothing: it says REQUEST_NOT_SENT,
+// whatever earlier calls with the key did, never PAYMENT_NOT_CREATED (a
+// claim that ran and read a record that may hold a payment says
+// PAYMENT_OUTCOME_UNKNOWN: TestClaimStuckOverUnknownRecordReleased).
 func TestClaimFailureAfterUnknownStaysUnknown(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 10*time.Second, nil)
 	f.makeUnknown(t, "was-unknown")
+	before := f.record(t, "was-unknown")
+	sent := len(f.p.Requests())
 	expired, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
 	defer cancel()
-	// No record is no proof: another call's claim may be about to commit.
-	for key, want := range map[string]string{"was-unknown": ReasonOutcomeUnknown, "fresh": ReasonNotSent} {
+	for _, key := range []string{"was-unknown", "fresh"} {
 		_, err := f.svc.CreateMultiCardPayment(expired, payment(key))
-		if reasonOf(err) != want {
-			t.Errorf("call for %s with its deadline gone = %v (%s), want %s", key, err, reasonOf(err), want)
+		if reasonOf(err) != ReasonNotSent {
+			t.Errorf("call for %s with its deadline gone = %v (%s), want %s", key, err, reasonOf(err), ReasonNotSent)
 		}
+	}
+	if r := f.record(t, "was-unknown"); !r.UpdatedAt.Equal(before.UpdatedAt) || r.State != record.OutcomeUnknown {
+		t.Errorf("record was-unknown = %v (updated %v), want unchanged OutcomeUnknown (updated %v)", r.State, r.UpdatedAt, before.UpdatedAt)
+	}
+	if _, err := f.store.Get(t.Context(), "fresh"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Get(fresh) = %v, want no record", err)
+	}
+	if n := len(f.p.Requests()) - sent; n != 0 {
+		t.Errorf("provider saw %d requests, want none", n)
 	}
 }
 
@@ -323,11 +363,12 @@ func TestLookupStoreFailureIsUnknown(t *testing.T) {
 	}
 }
 
-// claimFor is the claim CreateMultiCardPayment would make for key.
-func claimFor(svc *Service, key, owner string) store.Claim {
+// claimFor is the claim CreateMultiCardPayment would make for key, with
+// the fixture's lease (10s), window and quiet period.
+func claimFor(key, owner string) record.Claim {
 	body, _ := upstream.EncodeRequest(upstream.Payment{Currency: "USD", Amount: 1250, IdempotencyKey: key})
-	return store.Claim{Key: key, Body: body, BodySHA256: sha256.Sum256(body), Currency: "USD", Amount: 1250,
-		Owner: owner, LeaseTTL: svc.leaseTTL, Window: svc.window, Quiet: svc.quiet}
+	return record.Claim{Request: record.Request{Key: key, Body: body, BodySHA256: sha256.Sum256(body), Currency: "USD", Amount: 1250},
+		Owner: owner, LeaseTTL: 10 * time.Second, Window: 10 * time.Minute, Quiet: 30 * time.Second}
 }
 
 // A caller's retry of an unknown key near the end of its settlement window

@@ -14,7 +14,8 @@ import (
 // Began is Begin's result.
 type Began struct {
 	// Verdict is record.Step's: Acquired, Replay, Reused, NotOwned,
-	// Expired, Busy, Quiet or PastWindow.
+	// Expired, Busy, Quiet, PastWindow, or Left (the claim ran only once
+	// its caller's deadline had come, and wrote nothing).
 	Verdict record.Verdict
 	// Record is the record as Begin found it, or as it acquired it; empty
 	// for NotOwned, so that nothing of another caller's record leaks.
@@ -84,7 +85,14 @@ func (s *Store) Begin(ctx context.Context, c record.Claim, late func(Began, erro
 		saw atomic.Int32
 	)
 	op := &batchOp{ctx: ctx, errc: make(chan error, 1)}
+	deadline, hasDeadline := ctx.Deadline()
 	op.fn = func(ctx context.Context, tx *sql.Tx, now time.Time) error {
+		if hasDeadline {
+			// A claim that runs once its caller has stopped waiting (a
+			// pooler queued its transaction past the deadline) writes
+			// nothing: record.Claim.AnswerBy.
+			c.AnswerBy = now.Add(time.Until(deadline))
+		}
 		var err error
 		b, err = s.begin(ctx, tx, c, now, &saw)
 		return err
@@ -115,7 +123,11 @@ func (s *Store) Begin(ctx context.Context, c record.Claim, late func(Began, erro
 // begin is Begin's operation in tx, at now; it notes in saw what it read.
 func (s *Store) begin(ctx context.Context, tx *sql.Tx, c record.Claim, now time.Time, saw *atomic.Int32) (Began, error) {
 	c.Settled = s.writesSettled()
-	n, _ := record.Step(nil, c, now)
+	n, eff := record.Step(nil, c, now)
+	if eff.Verdict == record.Left {
+		saw.Store(sawNone)
+		return Began{Verdict: record.Left}, nil
+	}
 	// The INSERT waits for a concurrent transaction inserting the same key
 	// (PostgreSQL) and does nothing once it has committed; the SELECT then
 	// locks the committed row. A row deleted in between (retention) sends
