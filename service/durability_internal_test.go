@@ -167,7 +167,7 @@ func TestSuccessOutlivesFailingCommits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if h := got.GetAttemptHistory(); len(h) != 1 || h[0].GetProviderHttpStatus() != 200 || string(h[0].GetPaymentJson()) != string(told.resp.GetPaymentJson()) ||
+			if h := got.GetAttemptHistory(); len(h) != 1 || h[0].GetProviderHttpStatus() != 200 || string(h[0].GetPaymentJson()) != string(r.Reply) ||
 				h[0].GetKind() != paymentsv1.AttemptKind_ATTEMPT_KIND_CALL || h[0].GetReplica() != f.svc.Replica() {
 				t.Errorf("attempt history = %v, want the call's 200 with the reply, by this replica", h)
 			}

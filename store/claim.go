@@ -24,8 +24,10 @@ type Began struct {
 	Tombstone Tombstone
 }
 
-// ClaimPendingError is Begin's error when its caller's ctx ended before
-// the claim's outcome was known.
+// ClaimPendingError is Begin's error when its caller can't know the
+// claim's outcome: ctx ended before it was known (Err is ctx's error), or
+// the commit was sent and its answer never came (Err wraps
+// ErrCommitUnknown: the claim may hold the record, and late is not called).
 type ClaimPendingError struct {
 	// Ran: the claim was taken into a transaction that may yet commit;
 	// Begin's late gets its outcome. Otherwise it never ran, and never
@@ -35,11 +37,14 @@ type ClaimPendingError struct {
 	// attempt may have created a payment (InProgress, OutcomeUnknown or
 	// Succeeded, or a tombstone of one), or had read nothing yet.
 	SawMaybe bool
-	// Err is ctx's error.
+	// Err is ctx's error, or ErrCommitUnknown's.
 	Err error
 }
 
 func (e *ClaimPendingError) Error() string {
+	if errors.Is(e.Err, ErrCommitUnknown) {
+		return e.Err.Error()
+	}
 	if e.Ran {
 		return fmt.Sprintf("the claim's transaction had not committed when its caller stopped waiting: %v", e.Err)
 	}
@@ -114,6 +119,11 @@ func (s *Store) Begin(ctx context.Context, c record.Claim, late func(Began, erro
 	case state == opDetached:
 		pending := &ClaimPendingError{Ran: true, SawMaybe: saw.Load() != sawNone, Err: err}
 		return Began{}, fmt.Errorf("begin %.64q: %w", c.Key, pending)
+	case errors.Is(err, ErrCommitUnknown):
+		// The claim may hold the record; what it read says what the
+		// caller may be told.
+		pending := &ClaimPendingError{Ran: true, SawMaybe: saw.Load() != sawNone, Err: err}
+		return Began{}, s.wrap(fmt.Errorf("begin %.64q: %w", c.Key, pending))
 	case err != nil:
 		return Began{}, s.wrap(fmt.Errorf("begin %.64q: %w", c.Key, err))
 	}

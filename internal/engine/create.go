@@ -150,13 +150,13 @@ func (e *Engine) claimFailed(ctx context.Context, c record.Claim, err error) Ans
 	}
 	call := record.Call{Claim: record.ClaimFailed, Due: true}
 	var pending *store.ClaimPendingError
-	switch {
-	case errors.As(err, &pending):
+	if errors.As(err, &pending) {
 		call.Claim, call.SawMaybe = record.ClaimQueued, pending.SawMaybe
 		if pending.Ran {
 			call.Claim = record.ClaimRunning
 		}
-	case errors.Is(err, store.ErrCommitUnknown):
+	}
+	if errors.Is(err, store.ErrCommitUnknown) {
 		// The claim may hold the record: release it.
 		call.Claim = record.ClaimUnknown
 		e.outbox.release(c.Key, c.Owner)

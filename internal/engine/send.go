@@ -130,8 +130,10 @@ func (e *Engine) answer(ctx context.Context, a *attempt) Answer {
 	case <-a.sent:
 	case <-ctx.Done():
 		if !errors.Is(context.Cause(ctx), ErrHardStop) || a.cut == nil {
+			// The request is still at the provider: nothing of its
+			// answer is known (or may be read) yet.
 			call.Due = true
-			return e.told(record.Tell(call), a)
+			return Answer{Told: record.Tell(call), Fresh: call.Fresh, Sent: true}
 		}
 		a.cut()
 		<-a.sent
@@ -162,6 +164,7 @@ func (e *Engine) answer(ctx context.Context, a *attempt) Answer {
 	}
 }
 
+// told is the answer t for a, whose request has ended.
 func (e *Engine) told(t record.Told, a *attempt) Answer {
 	return Answer{Told: t, Reply: a.reply, Err: a.err, Fresh: a.claimed.Fresh(), Sent: a.why == 0, Why: a.why}
 }

@@ -167,9 +167,12 @@ type Record struct {
 func (r *Record) Fresh() bool { return r.PriorState == 0 || r.PriorState == NotCreated }
 
 // Resolved reports whether the record's state is a person's resolution:
-// it was resolved, and no attempt has started since.
+// it was resolved, no attempt has started since, and no late 2xx has
+// made it the provider's (a person's Succeeded has no provider status).
+// Its audit entries outlive that.
 func (r *Record) Resolved() bool {
-	return !r.ResolvedAt.IsZero() && !r.AttemptStartedAt.After(r.ResolvedAt)
+	return !r.ResolvedAt.IsZero() && !r.AttemptStartedAt.After(r.ResolvedAt) &&
+		!(r.State == Succeeded && r.ProviderStatus != 0)
 }
 
 // Attempt is one attempt to send a key's request, as its journal row
