@@ -15,7 +15,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
+	"encoding/hex"
 	"log/slog"
 	"sync"
 	"time"
@@ -134,8 +134,14 @@ func (e *Engine) Replica() string { return e.process }
 // operations count too.
 func (e *Engine) Metrics() *Metrics { return e.metrics }
 
-// owner names a new claim of this process.
-func (e *Engine) owner() string { return e.process + "/" + randomHex(6) }
+// owner names a new claim of this process: "<process>/<12 hex digits>".
+func (e *Engine) owner() string {
+	var id [6]byte
+	rand.Read(id[:])
+	b := make([]byte, 0, len(e.process)+1+2*len(id))
+	b = append(append(b, e.process...), '/')
+	return string(hex.AppendEncode(b, id[:]))
+}
 
 // margin is how long before its lease ends a send must be over.
 func (e *Engine) margin() time.Duration { return min(e.leaseTTL/5, 2*time.Second) }
@@ -144,12 +150,10 @@ func (e *Engine) margin() time.Duration { return min(e.leaseTTL/5, 2*time.Second
 // send: the margin kept before its end, and as much again to send in.
 func (e *Engine) minSend() time.Duration { return 2 * e.margin() }
 
-func newProcess() string { return "paymentsd-" + randomHex(6) }
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return fmt.Sprintf("%x", b)
+func newProcess() string {
+	var id [6]byte
+	rand.Read(id[:])
+	return "paymentsd-" + hex.EncodeToString(id[:])
 }
 
 // slots bounds the provider requests waited on at once.
