@@ -567,9 +567,11 @@ func resendReason(in checkInput, calls []call, rec record, got, again upstreamte
 		}
 	}
 	if in.LosesCommits {
+		// A failover lasts until the fault is undone: a commit made
+		// meanwhile, on a promoted node, may be rewound when it ends.
 		for _, f := range in.Faults {
-			if slices.Contains(failoverFaults, f.Kind) && f.Start.After(got.Ended) && f.Start.Before(again.Arrived) {
-				return resendCommitLost, fmt.Sprintf("; %s at %s may have lost the commit (the store may lose acknowledged commits in a failover)", f.Kind, offset(in, f.Start))
+			if slices.Contains(failoverFaults, f.Kind) && f.Start.Before(again.Arrived) && (f.Undone.IsZero() || f.Undone.After(got.Ended)) {
+				return resendCommitLost, fmt.Sprintf("; %s from %s may have lost the commit (the store may lose acknowledged commits in a failover)", f.Kind, offset(in, f.Start))
 			}
 		}
 	}

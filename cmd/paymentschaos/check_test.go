@@ -261,6 +261,20 @@ func TestCheckViolations(t *testing.T) {
 			resent: []string{resendCommitLost},
 		},
 		{
+			// Non-strict synchronous replication: the 2xx came while the
+			// leader hung, was committed on the standby promoted
+			// meanwhile, and rewound when the old leader came back.
+			name: "sent again after a 2xx delivered during a failover that may lose commits",
+			in: checkInput{
+				Calls:        []call{failedCall("k", 0, 0, 10, codes.Unavailable, "")},
+				Provider:     map[string]keyFacts{"k": sentAgain(paid("r0", 2.1, 2.9), "r1", 40)},
+				Records:      map[string]record{"k": succeeded()},
+				Faults:       []fault{{Kind: faultFreezePrimary, Target: "n1", Start: at(2), Undone: at(27)}},
+				LosesCommits: true,
+			},
+			resent: []string{resendCommitLost},
+		},
+		{
 			name: "sent again after a failover, on a store that loses no acknowledged commit",
 			in: checkInput{
 				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
