@@ -29,7 +29,7 @@ const replicationLoss = "acknowledged payments; keys told OK may be sent again"
 // synchronously (store.Replication), exports it as
 // paymentsd_store_synchronous_commit (1 or 0; NaN until first read) and
 // paymentsd_store_replication_info (the settings, as labels), and logs
-// what it finds at start and whenever it changes. paymentsd's guarantee,
+// what it finds of a PostgreSQL primary at start and whenever it changes. paymentsd's guarantee,
 // that a caller told OK holds a durable payment, needs a store that loses
 // no acknowledged commit in a failover: strict synchronous replication
 // (docs/postgresql.md).
@@ -142,7 +142,7 @@ func (w *ReplicationWatch) log(r store.Replication, prev *store.Replication) {
 	}
 	switch {
 	case r.Backend == "sqlite":
-		w.logger.Info("the record store is a local SQLite file: not replicated, its commits are durable on this volume", attrs...)
+		// Local and never failed over: nothing to say.
 	case !r.Synchronous():
 		w.logger.Warn("the record store's primary does not commit synchronously: a failover to a standby may lose commits it acknowledged",
 			append(attrs,
