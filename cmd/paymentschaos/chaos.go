@@ -34,7 +34,11 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 		return nil, err
 	}
 	defer storeLog.Close()
-	inj := &injector{down: [2]time.Duration{o.downMin, o.downMax}, lock: [2]time.Duration{o.lockMin, o.lockMax}, rng: rng, log: logw}
+	inj := &injector{
+		down: [2]time.Duration{o.downMin, o.downMax}, lock: [2]time.Duration{o.lockMin, o.lockMax},
+		freeze: [2]time.Duration{o.freezeMin, o.freezeMax}, unknownFor: o.unknownFor, settled: o.latencyMax + 2*time.Second,
+		rng: rng, log: logw,
+	}
 	var dbURL string
 	switch o.store {
 	case storePostgres:
@@ -50,7 +54,7 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 		dbURL = "sqlite:" + inj.sqlitePath
 	case storePatroni:
 		fmt.Fprintf(logw, "starting the Patroni cluster (bash %s start)…\n", o.pgcluster)
-		pat, err := startPatroni(ctx, o.pgcluster, filepath.Join(dir, "pgcluster"), o.async, storeLog)
+		pat, err := startPatroni(ctx, o.pgcluster, filepath.Join(dir, "pgcluster"), o.replication, storeLog)
 		if err != nil {
 			return nil, err
 		}
@@ -61,10 +65,15 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 		}
 	}
 
+	certs, err := newPKI(dir)
+	if err != nil {
+		return nil, err
+	}
 	apiKey := "sk_chaos_" + randomHex(8)
-	fake := newProvider(apiKey, o.latencyMin, o.latencyMax, o.seed)
+	fake := newProvider(apiKey, o.provider, o.latencyMin, o.latencyMax, o.seed)
 	defer fake.Close()
-	replicas := newReplicas(o.replicas, bin, dir, func(name string) []string {
+	inj.provider = fake
+	replicas := newReplicas(o.replicas, bin, dir, certs, func(name string) []string {
 		return append([]string{
 			"PAYMENTS_ENVIRONMENT=sandbox",
 			"PAYMENTS_SANDBOX_BASE_URL=" + fake.AddListener(name),
@@ -97,8 +106,19 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	callCtx, cutCallers := context.WithCancel(ctx)
 	defer cutCallers()
 	cs.start(callCtx, o.callers, o.clientCallers, o.seed)
-	fmt.Fprintf(logw, "running: %d replicas on %s, %d raw and %d paymentsclient callers, faults %s about every %v\n",
-		o.replicas, storeName(o), o.callers, o.clientCallers, o.faults, o.faultInterval)
+	var person *carelessPerson
+	stopPerson, personDone := make(chan struct{}), make(chan struct{})
+	if o.careless {
+		person = &carelessPerson{replicas: replicas, interval: o.carelessEvery}
+		go func() {
+			defer close(personDone)
+			person.run(ctx, stopPerson)
+		}()
+	} else {
+		close(personDone)
+	}
+	fmt.Fprintf(logw, "running: %d replicas on %s, %d raw and %d paymentsclient callers, provider %s, careless person %v, faults %s about every %v\n",
+		o.replicas, storeName(o), o.callers, o.clientCallers, o.provider, o.careless, o.faults, o.faultInterval)
 
 	var mu sync.Mutex
 	var faults []fault
@@ -180,14 +200,22 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 		return nil, fmt.Errorf("no replica is running to read the records from")
 	}
 	fmt.Fprintf(logw, "waiting up to %v for settlement of %d keys…\n", o.settleTimeout, len(keys))
-	records, dueAtEnd := awaitSettlement(ctx, reader.client, keys, o.settleTimeout, func(n int) {
+	records, dueAtEnd := awaitSettlement(ctx, reader.admin, keys, o.settleTimeout, func(n int) {
 		fmt.Fprintf(logw, "  %d due\n", n)
 	})
 	settleWait := time.Since(end)
+	if o.careless {
+		// The person resolved what was in doubt while settlement ran; read
+		// every record once more, as they left it.
+		close(stopPerson)
+		<-personDone
+		records, _ = awaitSettlement(ctx, reader.admin, keys, 0, func(int) {})
+	}
 
 	res := check(checkInput{
-		Calls: calls, Provider: providerFacts(fake), Records: records, Faults: faults,
+		Calls: calls, Provider: providerFacts(fake), Records: records, Faults: faults, Resolutions: person.resolutions(),
 		Begin: begin, End: end, CommitGrace: o.commitGrace, Strict: o.strict,
+		LosesCommits: o.store == storePatroni && o.replication != replicationStrict,
 	})
 	if o.historyOut != "" {
 		if err := writeHistory(o.historyOut, begin, calls); err != nil {
@@ -200,10 +228,11 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 func storeName(o *options) string {
 	switch o.store {
 	case storePatroni:
-		mode := "synchronous"
-		if o.async {
-			mode = "asynchronous"
-		}
+		mode := map[string]string{
+			replicationStrict:    "strict synchronous",
+			replicationNonStrict: "non-strict synchronous",
+			replicationAsync:     "asynchronous",
+		}[o.replication]
 		return fmt.Sprintf("Patroni (%s replication) through %s", mode, o.front)
 	case storeSQLite:
 		return "one SQLite file"

@@ -15,23 +15,35 @@ import (
 )
 
 // Kinds of violation: each is a contradiction between what paymentsd (or
-// its client) said or did about money and what the provider saw.
+// its client) said or did about money and what the provider saw. The
+// first ones are the invariants of issue 30 (invariantOf).
 const (
-	// An OK told to a caller whose key is not SUCCEEDED on record.
+	// I1: the key reached the provider again after a caller had been told
+	// OK for it.
+	violToldOKSentAgain = "told_ok_sent_again"
+	// I2: an OK told to a caller whose key is not SUCCEEDED on record at
+	// the end, whatever a person did meanwhile.
 	violOKNotOnRecord = "ok_not_on_record"
-	// An OK told to a caller with a reply other than the record's.
+	// I2: an OK told to a caller with a reply other than the record's.
 	violOKReplyDiffers = "ok_reply_differs"
+	// I2: PAYMENT_NOT_CREATED (or paymentsclient's ErrNotCreated) for a
+	// key the provider created.
+	violFalseNotCreated = "false_not_created"
+	// I3: two requests with the key at the provider at once.
+	violOverlap = "overlap"
+	// I4: a person's resolution that paymentsd accepted, and that
+	// contradicts what a caller had been told: NOT_CREATED of a key told
+	// OK, or SUCCEEDED of a key told NOT_CREATED.
+	violResolutionContradicts = "resolution_contradicts_caller"
+
 	// The provider made more than one payment for the key.
 	violChargedTwice = "charged_twice"
 	// The key reached the provider again after a 2xx for it had been
-	// delivered to a paymentsd that lived on.
+	// delivered to a replica that lived on, with nothing else to explain
+	// it (resendLived); with -strict, after any delivered 2xx.
 	violSentAfter2xx = "sent_after_2xx"
-	// PAYMENT_NOT_CREATED (or paymentsclient's ErrNotCreated) for a key the
-	// provider created.
-	violFalseNotCreated = "false_not_created"
-	// Two requests with the key at the provider at once.
-	violOverlap = "overlap"
-	// The record says NOT_CREATED; the provider made the payment.
+	// The record says NOT_CREATED; the provider made the payment, and no
+	// person resolved it so.
 	violRecordNotCreated = "record_not_created_but_charged"
 	// The record says SUCCEEDED; the provider made no payment.
 	violRecordNoCharge = "record_succeeded_without_charge"
@@ -43,30 +55,73 @@ const (
 	// Still IN_PROGRESS, or OUTCOME_UNKNOWN with settlement still due,
 	// when the wait for settlement ended.
 	violUnsettled = "unsettled"
-
-	// Not a violation unless -strict: the key reached the provider again
-	// after a 2xx was delivered to a paymentsd that was SIGKILLed before it
-	// could have committed it: within CommitGrace of the delivery, or of
-	// the store's coming back if it was down then. (The window between a
-	// 2xx and its commit, which issue 23 shrinks but no design without a
-	// local journal closes.)
-	excusedSentAfterKill = "sent_after_2xx_receiver_killed"
-	// excusedSentAfterUnread: the replica the 2xx was delivered to
-	// answered the call that carried its request, after the delivery,
-	// that the provider's answer was unknown: the request's deadline cut
-	// it off before the replica read the reply (a 2xx written to the
-	// connection is not a 2xx read from it).
-	excusedSentAfterUnread = "sent_after_2xx_unread"
 )
 
 // violationKinds lists every kind, in the order the report prints them.
 var violationKinds = []string{
-	violOKNotOnRecord, violOKReplyDiffers, violChargedTwice, violSentAfter2xx,
-	violFalseNotCreated, violOverlap, violRecordNotCreated, violRecordNoCharge,
-	violNoRecord, violRefused, violUnsettled,
+	violToldOKSentAgain, violOKNotOnRecord, violOKReplyDiffers, violFalseNotCreated, violOverlap, violResolutionContradicts,
+	violChargedTwice, violSentAfter2xx, violRecordNotCreated, violRecordNoCharge, violNoRecord, violRefused, violUnsettled,
 }
 
-// violation is one key's contradiction of one kind.
+// The invariants of issue 30, which the payment engine must keep under
+// every fault.
+const (
+	invI1 = "I1" // a key whose 2xx any caller was told is never sent to the provider again
+	invI2 = "I2" // told OK: the record ends SUCCEEDED with that reply; told NOT_CREATED: the provider never created it
+	invI3 = "I3" // at most one request per key at the provider at a time
+	invI4 = "I4" // no resolution is accepted that contradicts what a caller was told
+)
+
+// invariants lists them in order, with what each says.
+var invariants = []struct{ name, says string }{
+	{invI1, "a key told OK was sent to the provider again"},
+	{invI2, "told OK, the record is not SUCCEEDED with that reply; or told NOT_CREATED of a payment"},
+	{invI3, "two requests for one key at the provider at once"},
+	{invI4, "a resolution accepted that contradicts what a caller was told"},
+}
+
+// invariantOf is the invariant a kind of violation breaks, if any.
+var invariantOf = map[string]string{
+	violToldOKSentAgain:       invI1,
+	violOKNotOnRecord:         invI2,
+	violOKReplyDiffers:        invI2,
+	violFalseNotCreated:       invI2,
+	violOverlap:               invI3,
+	violResolutionContradicts: invI4,
+}
+
+// Why a key reached the provider again after a 2xx for it had been
+// delivered to a replica. All but resendLived have a cause outside the
+// replica that read the 2xx, and are reported, not counted (unless
+// -strict): whether a caller was told OK, which is I1 whatever the
+// reason, is judged apart.
+const (
+	// The replica the 2xx was for was SIGKILLed while its request was at
+	// the provider.
+	resendKilledAtProvider = "replica_killed_with_request_at_provider"
+	// It was SIGKILLed after the delivery, before it could have committed
+	// the 2xx: within -commit-grace of it, or of the store's return.
+	resendKilledCommitWindow = "replica_killed_in_commit_window"
+	// It answered the call that carried the request, after the delivery,
+	// that the outcome was unknown: its deadline cut the request off
+	// before it read the 2xx (a 2xx written to the connection is not a
+	// 2xx read from it).
+	resendUnread = "replica_never_read_the_2xx"
+	// A person's NOT_CREATED resolution, accepted in between, let the key
+	// be sent again as a new attempt.
+	resendResolved = "resolved_not_created_by_a_person"
+	// The store may lose acknowledged commits in a failover (asynchronous
+	// or non-strict synchronous replication), and one came in between.
+	resendCommitLost = "commit_lost_in_failover"
+	// None of these: the replica lived on with the 2xx. A violation.
+	resendLived = "replica_lived_on"
+)
+
+// resendReasons lists them in the order the report prints them.
+var resendReasons = []string{resendKilledAtProvider, resendKilledCommitWindow, resendUnread, resendResolved, resendCommitLost, resendLived}
+
+// violation is one key's contradiction of one kind (or, in Resends, one
+// key's re-send and its reason).
 type violation struct {
 	Kind   string `json:"kind"`
 	Key    string `json:"key"`
@@ -86,6 +141,16 @@ type record struct {
 	Reply  []byte // payment_json
 	GaveUp bool   // settlement gave up (past the window)
 	Err    string // the lookup failed: nothing is known
+	// Resolutions are the record's audit entries: the resolutions
+	// paymentsd accepted, by the store's clock.
+	Resolutions []recordedResolution
+}
+
+// recordedResolution is an accepted resolution, as the record's audit
+// shows it.
+type recordedResolution struct {
+	At         time.Time
+	NotCreated bool
 }
 
 // fault is one fault the run injected.
@@ -97,7 +162,15 @@ type fault struct {
 	// Start is when it struck; Undone is when whatever it stopped runs
 	// again (zero if undoing it failed).
 	Start, Undone time.Time `json:"-"`
-	Err           string    `json:"error,omitempty"`
+	// Kills are the replicas a compound fault SIGKILLed while it lasted.
+	Kills []kill `json:"-"`
+	Err   string `json:"error,omitempty"`
+}
+
+// kill is a replica SIGKILLed inside a compound fault.
+type kill struct {
+	Target string
+	At     time.Time
 }
 
 // faultPaymentsdKill is the fault whose target, a replica, may die
@@ -110,11 +183,17 @@ type checkInput struct {
 	Provider map[string]keyFacts
 	Records  map[string]record
 	Faults   []fault
+	// Resolutions are those a person asked for (-careless), accepted or
+	// not.
+	Resolutions []resolution
 	// Begin is when the run began, and End when the callers stopped.
 	Begin, End time.Time
 	// CommitGrace is how long a replica may take to commit a 2xx once the
-	// store is up: a kill of the receiver within it excuses a re-send.
+	// store is up: a kill of the receiver within it explains a re-send.
 	CommitGrace time.Duration
+	// LosesCommits: the store may lose acknowledged commits in a failover
+	// (Patroni with asynchronous or non-strict synchronous replication).
+	LosesCommits bool
 	// Strict counts every re-send after a 2xx as a violation, whatever
 	// happened to its receiver.
 	Strict bool
@@ -123,13 +202,38 @@ type checkInput struct {
 // checkResult is a check's verdict and figures.
 type checkResult struct {
 	Violations []violation `json:"violations"`
-	// Excused are re-sends after a 2xx whose receiver was killed first.
-	Excused []violation `json:"excused"`
+	// Resends are the keys sent again after a 2xx was delivered, one per
+	// key, each with its reason as Kind.
+	Resends []violation `json:"resends"`
 	Keys    keyCounts   `json:"keys"`
 	Calls   callCounts  `json:"calls"`
 	Faults  []faultStats
 	// Outside is the latency of calls that overlap no fault's window.
 	Outside latency `json:"outside_faults"`
+	// WithoutOK is the longest time in the run in which no call was
+	// answered OK.
+	WithoutOK gap `json:"longest_without_ok"`
+	// Resolutions counts what the person asked and what paymentsd did.
+	Resolutions resolutionCounts `json:"resolutions"`
+}
+
+// gap is a stretch of the run, in seconds from its start.
+type gap struct {
+	Seconds float64 `json:"s"`
+	From    float64 `json:"from_s"`
+	To      float64 `json:"to_s"`
+}
+
+// resolutionCounts sums a person's resolutions.
+type resolutionCounts struct {
+	Asked    int            `json:"asked"`
+	Accepted int            `json:"accepted"`
+	Refused  map[string]int `json:"refused"`
+	// WrongNotCreated counts keys the person got paymentsd to record
+	// NOT_CREATED (an accepted resolution in the record's audit) although
+	// the provider had made the payment: the person's error, which
+	// paymentsd could refuse only if it knew of a 2xx.
+	WrongNotCreated int `json:"wrong_not_created"`
 }
 
 // keyCounts classifies the keys by what their callers were finally told,
@@ -203,7 +307,7 @@ type faultStats struct {
 // check judges a run's history against the provider's facts and
 // paymentsd's records.
 func check(in checkInput) checkResult {
-	var res checkResult
+	res := checkResult{Resolutions: resolutionCounts{Refused: make(map[string]int)}}
 	seen := make(map[[2]string]bool) // kind, key: one violation of a kind per key
 	flag := func(kind, key, format string, args ...any) {
 		if seen[[2]string{kind, key}] {
@@ -227,14 +331,25 @@ func check(in checkInput) checkResult {
 		}
 	}
 	sort.Strings(keys)
+	asked := make(map[string][]resolution)
+	for _, r := range in.Resolutions {
+		asked[r.Key] = append(asked[r.Key], r)
+		res.Resolutions.Asked++
+		if r.Accepted {
+			res.Resolutions.Accepted++
+		} else {
+			res.Resolutions.Refused[r.Refusal]++
+		}
+	}
 
 	outcome := make(map[string]string) // key → verdictOK, verdictNotCreated or verdictUnknown
 	var settledAt []time.Time          // settlement's first request of each key it settled
 	for _, key := range keys {
 		calls, facts, rec := byKey[key], in.Provider[key], in.Records[key]
 		charged := slices.IndexFunc(facts.History, func(kr upstreamtest.KeyRequest) bool { return kr.Charged })
+		resolvedNotCreated := slices.ContainsFunc(rec.Resolutions, func(r recordedResolution) bool { return r.NotCreated })
 
-		// What paymentsd told callers against its record.
+		// What paymentsd told callers against its record (I2).
 		for _, c := range calls {
 			switch {
 			case c.ok() && (!rec.Found || rec.State != paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED):
@@ -246,7 +361,7 @@ func check(in checkInput) checkResult {
 			}
 		}
 
-		// NOT_CREATED said of a key the provider created.
+		// NOT_CREATED said of a key the provider created (I2).
 		if charged >= 0 {
 			first := facts.History[charged]
 			allAnswered := !slices.ContainsFunc(calls, func(c call) bool { return c.Kind == kindCreate && !c.Answered })
@@ -269,6 +384,40 @@ func check(in checkInput) checkResult {
 			}
 		}
 
+		// Resolutions against what callers were told (I4): those in the
+		// record's audit, and those the person was told were accepted
+		// (an audit lost with a failover's commits still counts).
+		type accepted struct {
+			at         time.Time
+			notCreated bool
+			how        string
+		}
+		var acc []accepted
+		for _, r := range rec.Resolutions {
+			acc = append(acc, accepted{r.At, r.NotCreated, "recorded in the audit"})
+		}
+		for _, r := range asked[key] {
+			if r.Accepted {
+				acc = append(acc, accepted{r.Start, r.NotCreated, "asked for"})
+			}
+		}
+		for _, a := range acc {
+			for _, c := range calls {
+				if !c.End.Before(a.at) {
+					continue
+				}
+				switch {
+				case a.notCreated && c.ok():
+					flag(violResolutionContradicts, key, "a NOT_CREATED resolution %s at %s was accepted; a caller had been told OK at %s", a.how, offset(in, a.at), offset(in, c.End))
+				case !a.notCreated && c.Final && c.Verdict == verdictNotCreated:
+					flag(violResolutionContradicts, key, "a SUCCEEDED resolution %s at %s was accepted; the caller had been told NOT_CREATED at %s", a.how, offset(in, a.at), offset(in, c.End))
+				}
+			}
+		}
+		if resolvedNotCreated && charged >= 0 {
+			res.Resolutions.WrongNotCreated++
+		}
+
 		// The provider's own counts.
 		if facts.Stats.Charges > 1 {
 			flag(violChargedTwice, key, "the provider made %d payments from %d requests", facts.Stats.Charges, facts.Stats.Requests)
@@ -277,6 +426,9 @@ func check(in checkInput) checkResult {
 			flag(violOverlap, key, "%d of %d requests arrived while another with the key was at the provider (at most %d at once)",
 				facts.Stats.Overlaps, facts.Stats.Requests, facts.Stats.MaxInFlight)
 		}
+
+		// Sent again after a delivered 2xx, and why.
+		why := ""
 		if d := slices.IndexFunc(facts.History, func(kr upstreamtest.KeyRequest) bool { return kr.Delivered }); d >= 0 && facts.Stats.AfterDelivered > 0 {
 			got := facts.History[d]
 			// The first request to arrive after the delivery (one that
@@ -289,24 +441,31 @@ func check(in checkInput) checkResult {
 				}
 			}
 			detail := fmt.Sprintf("%d request(s) after a 2xx was delivered to %s at %s; the first at %s, from %s",
-				facts.Stats.AfterDelivered, got.Listener, offset(in, got.Ended), offset(in, again.Arrived), again.Listener)
-			k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, minTime(again.Arrived, commitBy(in, got.Ended)))
-			unread, isUnread := unreadBy(calls, got)
-			switch {
-			case killed && !in.Strict:
-				res.Excused = append(res.Excused, violation{excusedSentAfterKill, key,
-					fmt.Sprintf("%s; %s was SIGKILLed at %s", detail, got.Listener, offset(in, k))})
-			case isUnread && !in.Strict:
-				res.Excused = append(res.Excused, violation{excusedSentAfterUnread, key,
-					fmt.Sprintf("%s; %s answered the call that carried it %s %s at %s: it had not read the 2xx", detail, got.Listener, unread.Code, unread.Reason, offset(in, unread.End))})
-			default:
-				if killed {
-					detail += fmt.Sprintf("; %s was SIGKILLed at %s", got.Listener, offset(in, k))
-				} else if k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, again.Arrived); killed {
-					detail += fmt.Sprintf("; %s lived on to be SIGKILLed at %s, after it could have committed the 2xx (by %s)",
-						got.Listener, offset(in, k), offset(in, commitBy(in, got.Ended)))
+				facts.Stats.AfterDelivered, got.Listener, offset(in, got.Ended), offset(in, again.Arrived), listenerName(again.Listener))
+			reason, because := resendReason(in, calls, rec, got, again)
+			why = reason
+			res.Resends = append(res.Resends, violation{reason, key, detail + because})
+			if reason == resendLived || in.Strict {
+				flag(violSentAfter2xx, key, "%s%s", detail, because)
+			}
+		}
+
+		// Told OK, then sent again (I1).
+		if i := slices.IndexFunc(calls, call.ok); i >= 0 {
+			told := calls[i]
+			for _, c := range calls[i:] {
+				if c.ok() && c.End.Before(told.End) {
+					told = c
 				}
-				flag(violSentAfter2xx, key, "%s", detail)
+			}
+			if j := slices.IndexFunc(facts.History, func(kr upstreamtest.KeyRequest) bool { return kr.Arrived.After(told.End) }); j >= 0 {
+				kr := facts.History[j]
+				because := ""
+				if why != "" {
+					because = "; the re-send after the delivered 2xx: " + why
+				}
+				flag(violToldOKSentAgain, key, "%s told OK at %s; the provider got the key again at %s from %s (answered %d)%s",
+					told.Kind, offset(in, told.End), offset(in, kr.Arrived), listenerName(kr.Listener), kr.Status, because)
 			}
 		}
 
@@ -320,7 +479,7 @@ func check(in checkInput) checkResult {
 			if len(facts.History) > 0 {
 				flag(violNoRecord, key, "the provider saw %d request(s) (%d charged); paymentsd has no record", facts.Stats.Requests, facts.Stats.Charges)
 			}
-		case rec.State == paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED && charged >= 0:
+		case rec.State == paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED && charged >= 0 && !resolvedNotCreated:
 			flag(violRecordNotCreated, key, "the record is NOT_CREATED; the provider made the payment (request arrived at %s)", offset(in, facts.History[charged].Arrived))
 		case rec.State == paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED && charged < 0:
 			flag(violRecordNoCharge, key, "the record is SUCCEEDED with %s; the provider made no payment", rec.Reply)
@@ -375,6 +534,7 @@ func check(in checkInput) checkResult {
 			res.Calls.Failed++
 		}
 	}
+	res.WithoutOK = longestWithoutOK(in, attempts)
 	res.Faults, res.Outside = faultFigures(in, attempts, outcome)
 	for _, t := range settledAt {
 		for i := len(res.Faults) - 1; i >= 0; i-- {
@@ -385,6 +545,70 @@ func check(in checkInput) checkResult {
 		}
 	}
 	return res
+}
+
+// resendReason says why a key reached the provider again (again) after a
+// 2xx (got) was delivered to a replica: the first reason that applies, in
+// resendReasons' order, and a note on what happened.
+func resendReason(in checkInput, calls []call, rec record, got, again upstreamtest.KeyRequest) (string, string) {
+	k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, minTime(again.Arrived, commitBy(in, got.Ended)))
+	switch {
+	case killed && k.Before(got.Ended):
+		return resendKilledAtProvider, fmt.Sprintf("; %s was SIGKILLed at %s, with the request at the provider", got.Listener, offset(in, k))
+	case killed:
+		return resendKilledCommitWindow, fmt.Sprintf("; %s was SIGKILLed at %s, before it could have committed the 2xx (by %s)", got.Listener, offset(in, k), offset(in, commitBy(in, got.Ended)))
+	}
+	if unread, ok := unreadBy(calls, got); ok {
+		return resendUnread, fmt.Sprintf("; %s answered the call that carried it %s %s at %s: it had not read the 2xx", got.Listener, unread.Code, unread.Reason, offset(in, unread.End))
+	}
+	for _, r := range rec.Resolutions {
+		if r.NotCreated && r.At.After(got.Ended) && r.At.Before(again.Arrived) {
+			return resendResolved, fmt.Sprintf("; a person's NOT_CREATED resolution was accepted at %s", offset(in, r.At))
+		}
+	}
+	if in.LosesCommits {
+		// A failover lasts until the fault is undone: a commit made
+		// meanwhile, on a promoted node, may be rewound when it ends.
+		for _, f := range in.Faults {
+			if slices.Contains(failoverFaults, f.Kind) && f.Start.Before(again.Arrived) && (f.Undone.IsZero() || f.Undone.After(got.Ended)) {
+				return resendCommitLost, fmt.Sprintf("; %s from %s may have lost the commit (the store may lose acknowledged commits in a failover)", f.Kind, offset(in, f.Start))
+			}
+		}
+	}
+	because := ""
+	if k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, again.Arrived); killed {
+		because = fmt.Sprintf("; %s lived on to be SIGKILLed at %s, after it could have committed the 2xx (by %s)",
+			got.Listener, offset(in, k), offset(in, commitBy(in, got.Ended)))
+	}
+	return resendLived, because
+}
+
+// listenerName names the replica whose listener a request came in on.
+func listenerName(l string) string {
+	if l == "" {
+		return "an unknown client"
+	}
+	return l
+}
+
+// longestWithoutOK is the longest stretch from the run's start to its end
+// in which no attempt was answered OK.
+func longestWithoutOK(in checkInput, attempts []call) gap {
+	ends := []time.Time{in.Begin}
+	for _, c := range attempts {
+		if c.ok() && c.End.After(in.Begin) && c.End.Before(in.End) {
+			ends = append(ends, c.End)
+		}
+	}
+	ends = append(ends, in.End)
+	slices.SortFunc(ends, time.Time.Compare)
+	var g gap
+	for i := 1; i < len(ends); i++ {
+		if d := ends[i].Sub(ends[i-1]).Seconds(); d > g.Seconds {
+			g = gap{Seconds: d, From: ends[i-1].Sub(in.Begin).Seconds(), To: ends[i].Sub(in.Begin).Seconds()}
+		}
+	}
+	return g
 }
 
 // sentBySettlement returns the arrival of the first of a key's requests at
@@ -415,19 +639,31 @@ func unreadBy(calls []call, kr upstreamtest.KeyRequest) (call, bool) {
 	return call{}, false
 }
 
-// killedBetween reports whether a paymentsd-kill struck target between
-// from and to, and when.
+// killedBetween reports whether a paymentsd-kill, or a compound fault's
+// kill, struck target between from and to, and when.
 func killedBetween(faults []fault, target string, from, to time.Time) (time.Time, bool) {
 	for _, f := range faults {
-		if f.Kind == faultPaymentsdKill && f.Target == target && !f.Start.Before(from) && !f.Start.After(to) {
-			return f.Start, true
+		kills := f.Kills
+		if f.Kind == faultPaymentsdKill {
+			kills = append(kills, kill{f.Target, f.Start})
+		}
+		for _, k := range kills {
+			if k.Target == target && !k.At.Before(from) && !k.At.After(to) {
+				return k.At, true
+			}
 		}
 	}
 	return time.Time{}, false
 }
 
 // storeFaults are the faults that take the record store away.
-var storeFaults = []string{faultPostgresKill, faultPostgresStop, faultSQLiteLock, faultPrimaryKill, faultSwitchover, faultPoolerRestart, faultLoseCommits}
+var storeFaults = []string{faultPostgresKill, faultPostgresStop, faultPostgresFreeze, faultPostgresFreezeKill, faultSQLiteLock,
+	faultPrimaryKill, faultSwitchover, faultPoolerRestart, faultLoseCommits, faultFreezePrimary, faultFailoverAfterUnknown}
+
+// failoverFaults are the faults that promote a standby, or may: where the
+// store may lose acknowledged commits (checkInput.LosesCommits), a commit
+// made before one may be gone after it.
+var failoverFaults = []string{faultPrimaryKill, faultLoseCommits, faultFreezePrimary, faultFailoverAfterUnknown}
 
 // commitBy is the latest a replica that received a 2xx at t could have
 // committed it: t plus the grace, or, if the store was down at t, the

@@ -52,6 +52,15 @@ func sentAgain(facts keyFacts, listener string, s float64) keyFacts {
 	return facts
 }
 
+// resentWith adds kr to facts: a request that arrived after the delivered
+// 2xx.
+func resentWith(facts keyFacts, kr upstreamtest.KeyRequest) keyFacts {
+	facts.Stats.Requests++
+	facts.Stats.AfterDelivered++
+	facts.History = append(facts.History, kr)
+	return facts
+}
+
 func succeeded() record {
 	return record{Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED, Reply: []byte(reply)}
 }
@@ -70,10 +79,10 @@ func kinds(vs []violation) []string {
 func TestCheckViolations(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name    string
-		in      checkInput
-		want    []string // kinds of violation
-		excused []string
+		name   string
+		in     checkInput
+		want   []string // kinds of violation
+		resent []string // the reasons of re-sends after a delivered 2xx
 	}{
 		{
 			name: "clean",
@@ -137,7 +146,8 @@ func TestCheckViolations(t *testing.T) {
 				// A kill of the other replica excuses nothing.
 				Faults: []fault{{Kind: faultPaymentsdKill, Target: "r1", Start: at(5), Undone: at(7)}},
 			},
-			want: []string{violSentAfter2xx},
+			want:   []string{violSentAfter2xx, violToldOKSentAgain},
+			resent: []string{resendLived},
 		},
 		{
 			name: "sent again after a 2xx its receiver never read",
@@ -148,7 +158,7 @@ func TestCheckViolations(t *testing.T) {
 				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
 				Records:  map[string]record{"k": succeeded()},
 			},
-			excused: []string{excusedSentAfterUnread},
+			resent: []string{resendUnread},
 		},
 		{
 			name: "sent again after a 2xx delivered once its call had been answered",
@@ -159,7 +169,8 @@ func TestCheckViolations(t *testing.T) {
 				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
 				Records:  map[string]record{"k": succeeded()},
 			},
-			want: []string{violSentAfter2xx},
+			want:   []string{violSentAfter2xx},
+			resent: []string{resendLived},
 		},
 		{
 			name: "sent again after a 2xx its receiver was killed holding",
@@ -169,7 +180,7 @@ func TestCheckViolations(t *testing.T) {
 				Records:  map[string]record{"k": succeeded()},
 				Faults:   []fault{{Kind: faultPaymentsdKill, Target: "r0", Start: at(0.95), Undone: at(3)}},
 			},
-			excused: []string{excusedSentAfterKill},
+			resent: []string{resendKilledCommitWindow},
 		},
 		{
 			name: "sent again after a 2xx its receiver was killed holding while the store was down",
@@ -182,7 +193,7 @@ func TestCheckViolations(t *testing.T) {
 					{Kind: faultPaymentsdKill, Target: "r0", Start: at(11), Undone: at(13)},
 				},
 			},
-			excused: []string{excusedSentAfterKill},
+			resent: []string{resendKilledCommitWindow},
 		},
 		{
 			name: "sent again after a 2xx its receiver lived on with, killed later",
@@ -195,7 +206,8 @@ func TestCheckViolations(t *testing.T) {
 					{Kind: faultPaymentsdKill, Target: "r0", Start: at(20), Undone: at(22)},
 				},
 			},
-			want: []string{violSentAfter2xx},
+			want:   []string{violSentAfter2xx, violToldOKSentAgain},
+			resent: []string{resendLived},
 		},
 		{
 			name: "killed receiver, strict",
@@ -206,7 +218,124 @@ func TestCheckViolations(t *testing.T) {
 				Faults:   []fault{{Kind: faultPaymentsdKill, Target: "r0", Start: at(0.95), Undone: at(3)}},
 				Strict:   true,
 			},
-			want: []string{violSentAfter2xx},
+			want:   []string{violSentAfter2xx},
+			resent: []string{resendKilledCommitWindow},
+		},
+		{
+			// Issue 30's finding 3: told OK at its deadline while the 2xx's
+			// commit waited on a frozen store; its replica died before
+			// the commit, and settlement sent the key again.
+			name: "told OK, then sent again after its replica died in the commit window",
+			in: checkInput{
+				Calls:    []call{okCall("k", 0, 0, 1)},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 30)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults: []fault{{Kind: faultPostgresFreezeKill, Start: at(0.5), Undone: at(20),
+					Kills: []kill{{"r1", at(3)}, {"r0", at(5)}}}},
+			},
+			want:   []string{violToldOKSentAgain},
+			resent: []string{resendKilledCommitWindow},
+		},
+		{
+			name: "sent again after its replica died with the request at the provider",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 0.5, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults:   []fault{{Kind: faultPaymentsdKill, Target: "r0", Start: at(0.5), Undone: at(3)}},
+			},
+			resent: []string{resendKilledAtProvider},
+		},
+		{
+			// Issue 30's finding 1: an asynchronous failover put the record
+			// back at its OUTCOME_UNKNOWN attempt; settlement sent it again.
+			name: "told OK, then sent again after a failover that may lose commits",
+			in: checkInput{
+				Calls:        []call{okCall("k", 0, 0, 1)},
+				Provider:     map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 15)},
+				Records:      map[string]record{"k": succeeded()},
+				Faults:       []fault{{Kind: faultFailoverAfterUnknown, Target: "n1", Start: at(2), Undone: at(12)}},
+				LosesCommits: true,
+			},
+			want:   []string{violToldOKSentAgain},
+			resent: []string{resendCommitLost},
+		},
+		{
+			// Non-strict synchronous replication: the 2xx came while the
+			// leader hung, was committed on the standby promoted
+			// meanwhile, and rewound when the old leader came back.
+			name: "sent again after a 2xx delivered during a failover that may lose commits",
+			in: checkInput{
+				Calls:        []call{failedCall("k", 0, 0, 10, codes.Unavailable, "")},
+				Provider:     map[string]keyFacts{"k": sentAgain(paid("r0", 2.1, 2.9), "r1", 40)},
+				Records:      map[string]record{"k": succeeded()},
+				Faults:       []fault{{Kind: faultFreezePrimary, Target: "n1", Start: at(2), Undone: at(27)}},
+				LosesCommits: true,
+			},
+			resent: []string{resendCommitLost},
+		},
+		{
+			name: "sent again after a failover, on a store that loses no acknowledged commit",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.5), "r1", 15)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults:   []fault{{Kind: faultPrimaryKill, Target: "n1", Start: at(2), Undone: at(12)}},
+			},
+			want:   []string{violSentAfter2xx},
+			resent: []string{resendLived},
+		},
+		{
+			// Issue 30's second row: the provider answers the re-send 409,
+			// the key stays in doubt, and a careless person resolves it
+			// NOT_CREATED: I1, I2 and I4 at once.
+			name: "told OK, resolved NOT_CREATED by a person, sent again",
+			in: checkInput{
+				Calls: []call{okCall("k", 0, 0, 1)},
+				Provider: map[string]keyFacts{"k": resentWith(paid("r0", 0.1, 0.9), upstreamtest.KeyRequest{
+					Listener: "r1", Arrived: at(6), Ended: at(6.5), Status: 409})},
+				Records: map[string]record{"k": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED,
+					Resolutions: []recordedResolution{{At: at(5), NotCreated: true}}}},
+				Faults: []fault{{Kind: faultPaymentsdKill, Target: "r0", Start: at(1.2), Undone: at(3)}},
+			},
+			want:   []string{violOKNotOnRecord, violResolutionContradicts, violToldOKSentAgain},
+			resent: []string{resendKilledCommitWindow},
+		},
+		{
+			name: "resolved NOT_CREATED by a person, then sent again, no caller told OK",
+			in: checkInput{
+				Calls: []call{failedCall("k", 0, 0, 0.5, codes.DeadlineExceeded, "PAYMENT_OUTCOME_UNKNOWN")},
+				Provider: map[string]keyFacts{"k": resentWith(paid("r0", 0.1, 0.9), upstreamtest.KeyRequest{
+					Listener: "r1", Arrived: at(6), Ended: at(6.5), Status: 409})},
+				Records: map[string]record{"k": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED,
+					Resolutions: []recordedResolution{{At: at(5), NotCreated: true}}}},
+			},
+			// The person was wrong; paymentsd had been told nothing it
+			// could refuse the resolution with, and told nobody OK.
+			resent: []string{resendResolved},
+		},
+		{
+			name: "a resolution accepted against an OK, lost from the record's audit",
+			in: checkInput{
+				Calls:       []call{okCall("k", 0, 0, 1)},
+				Provider:    map[string]keyFacts{"k": paid("r0", 0.1, 0.9)},
+				Records:     map[string]record{"k": succeeded()},
+				Resolutions: []resolution{{Key: "k", NotCreated: true, Start: at(4), End: at(4.1), Accepted: true}},
+			},
+			want: []string{violResolutionContradicts},
+		},
+		{
+			name: "a resolution refused, or accepted before the OK",
+			in: checkInput{
+				Calls:    []call{okCall("k", 0, 3, 4)},
+				Provider: map[string]keyFacts{"k": paid("r0", 3.1, 3.9)},
+				Records: map[string]record{"k": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED, Reply: []byte(reply),
+					Resolutions: []recordedResolution{{At: at(2), NotCreated: true}}}},
+				Resolutions: []resolution{
+					{Key: "k", NotCreated: true, Start: at(1.9), End: at(2.1), Accepted: true},
+					{Key: "k", NotCreated: true, Start: at(5), End: at(5.1), Refusal: "FailedPrecondition PAYMENT_SUCCEEDED"},
+				},
+			},
 		},
 		{
 			name: "NOT_CREATED while a request that paid was at the provider",
@@ -333,8 +462,8 @@ func TestCheckViolations(t *testing.T) {
 			if diff := cmp.Diff(tt.want, kinds(got.Violations)); diff != "" {
 				t.Errorf("check() violations (-want +got):\n%s\n%+v", diff, got.Violations)
 			}
-			if diff := cmp.Diff(tt.excused, kinds(got.Excused)); diff != "" {
-				t.Errorf("check() excused (-want +got):\n%s\n%+v", diff, got.Excused)
+			if diff := cmp.Diff(tt.resent, kinds(got.Resends)); diff != "" {
+				t.Errorf("check() re-send reasons (-want +got):\n%s\n%+v", diff, got.Resends)
 			}
 		})
 	}
@@ -450,5 +579,42 @@ func TestDistribution(t *testing.T) {
 	}
 	if got := distribution(nil); got != (latency{}) {
 		t.Errorf("distribution(nil) = %+v, want zero", got)
+	}
+}
+
+// TestCheckRunFigures: the longest time without an OK, over the whole run,
+// and what the careless person's resolutions came to.
+func TestCheckRunFigures(t *testing.T) {
+	t.Parallel()
+	in := checkInput{
+		Begin: t0, End: at(50),
+		Calls: []call{
+			okCall("a", 0, 9, 10),
+			okCall("b", 1, 11, 12),
+			failedCall("c", 0, 13, 38, codes.Unavailable, ""),
+			{Kind: kindAttempt, Key: "d", Replica: 1, Start: at(39), End: at(40), Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Answered: true},
+			{Kind: kindClient, Key: "d", Replica: -1, Start: at(39), End: at(45), Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Final: true},
+		},
+		Provider: map[string]keyFacts{"a": paid("r0", 9.1, 9.9), "b": paid("r1", 11.1, 11.9), "c": paid("r0", 13.1, 13.9), "d": paid("r1", 39.1, 39.9)},
+		Records: map[string]record{"a": succeeded(), "b": succeeded(), "d": succeeded(),
+			"c": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED, Resolutions: []recordedResolution{{At: at(30), NotCreated: true}}}},
+		Resolutions: []resolution{
+			{Key: "c", NotCreated: true, Start: at(29.9), End: at(30.1), Accepted: true},
+			{Key: "c", NotCreated: true, Start: at(20), End: at(20.1), Refusal: "FailedPrecondition RECORD_CHANGED"},
+			{Key: "c", NotCreated: true, Start: at(25), End: at(25.1), Refusal: "FailedPrecondition RECORD_CHANGED"},
+		},
+	}
+	got := check(in)
+	if len(got.Violations) != 0 {
+		t.Errorf("check() violations = %+v, want none", got.Violations)
+	}
+	// From b's OK at 12 s to d's attempt's at 40 s (its Create's return
+	// at 45 s is the same answer, later).
+	if want := (gap{Seconds: 28, From: 12, To: 40}); !cmp.Equal(got.WithoutOK, want, cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })) {
+		t.Errorf("check() longest without OK = %+v, want %+v", got.WithoutOK, want)
+	}
+	want := resolutionCounts{Asked: 3, Accepted: 1, Refused: map[string]int{"FailedPrecondition RECORD_CHANGED": 2}, WrongNotCreated: 1}
+	if diff := cmp.Diff(want, got.Resolutions); diff != "" {
+		t.Errorf("check() resolutions (-want +got):\n%s", diff)
 	}
 }

@@ -110,15 +110,76 @@ func (p *pgServer) stopImmediate(ctx context.Context) error {
 // kill SIGKILLs the postmaster, as a crash or the OOM killer would. Its
 // backends notice and exit on their own.
 func (p *pgServer) kill() error {
+	pid, err := p.postmaster()
+	if err != nil {
+		return err
+	}
+	return syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// postmaster is the server's postmaster's process ID.
+func (p *pgServer) postmaster() (int, error) {
 	b, err := os.ReadFile(filepath.Join(p.data(), "postmaster.pid"))
 	if err != nil {
-		return fmt.Errorf("read the postmaster's pid: %w", err)
+		return 0, fmt.Errorf("read the postmaster's pid: %w", err)
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
 	if err != nil {
-		return fmt.Errorf("postmaster.pid: %w", err)
+		return 0, fmt.Errorf("postmaster.pid: %w", err)
 	}
-	return syscall.Kill(pid, syscall.SIGKILL)
+	return pid, nil
+}
+
+// freeze SIGSTOPs the postmaster, then every process whose parent it is,
+// and returns their process IDs for thaw. Each backend and auxiliary
+// process of PostgreSQL calls setsid(), so a signal to the postmaster's
+// process group would not reach them; stopped first, the postmaster forks
+// no process the list misses.
+func (p *pgServer) freeze() ([]int, error) {
+	pm, err := p.postmaster()
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Kill(pm, syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("freeze the postmaster: %w", err)
+	}
+	pids := append([]int{pm}, childrenOf(pm)...)
+	for _, pid := range pids[1:] {
+		syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	return pids, nil
+}
+
+// thaw SIGCONTs what freeze stopped.
+func thaw(pids []int) {
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGCONT)
+	}
+}
+
+// childrenOf lists the processes whose parent is pid, from /proc.
+func childrenOf(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …; comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		if f := strings.Fields(string(stat[i+1:])); len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
 }
 
 // close stops the server, whatever its state.
@@ -152,13 +213,21 @@ type patroni struct {
 	urls map[string]string
 }
 
+// Replication modes of a Patroni cluster (-replication), as .ci/pgcluster
+// starts them.
+const (
+	replicationStrict    = "strict"    // synchronous_mode and synchronous_mode_strict
+	replicationNonStrict = "nonstrict" // synchronous_mode alone
+	replicationAsync     = "async"     // neither
+)
+
 // startPatroni starts a cluster in dir with the script (bash SCRIPT start
-// DIR [--async]).
-func startPatroni(ctx context.Context, script, dir string, async bool, logw io.Writer) (*patroni, error) {
+// DIR [--nonstrict | --async]).
+func startPatroni(ctx context.Context, script, dir, replication string, logw io.Writer) (*patroni, error) {
 	p := &patroni{script: script, dir: dir, log: logw, urls: make(map[string]string)}
 	args := []string{"start", dir}
-	if async {
-		args = append(args, "--async")
+	if replication != replicationStrict {
+		args = append(args, "--"+replication)
 	}
 	out, err := p.run(ctx, args...)
 	if err != nil {
@@ -229,6 +298,7 @@ func (p *patroni) walSender(ctx context.Context) (int, error) {
 	return pid, nil
 }
 
+// stop stops the cluster (thawing a frozen server first).
 func (p *patroni) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -25,16 +25,41 @@ const (
 	// faultLoseCommits stalls the replication stream (SIGSTOP of the
 	// leader's WAL sender) for -down-min to -down-max while callers pay,
 	// then kills the leader's node: the standby is promoted without what
-	// was committed meanwhile (with -async; in synchronous mode those
-	// commits wait, and are lost unacknowledged).
+	// was committed meanwhile (with -replication=async; in synchronous
+	// mode those commits wait, and are lost unacknowledged).
 	faultLoseCommits = "patroni-lose-commits"
+	// faultPostgresFreeze SIGSTOPs the postmaster and every process whose
+	// parent it is, for -freeze-min to -freeze-max: a hung server, whose
+	// connections stay open and whose commits neither land nor fail.
+	faultPostgresFreeze = "postgres-freeze"
+	// faultPostgresFreezeKill is faultPostgresFreeze with every replica
+	// SIGKILLed at a random moment inside it, each restarted once the
+	// server thaws: a replica that read a 2xx it could not commit dies
+	// with it.
+	faultPostgresFreezeKill = "postgres-freeze-kill"
+	// faultFreezePrimary SIGSTOPs the Patroni leader's PostgreSQL (its
+	// postmaster and children) for -freeze-min to -freeze-max while its
+	// Patroni runs on; the standby is promoted meanwhile. Without
+	// synchronous_mode_strict (-replication=nonstrict) the promoted node
+	// commits alone, and the old leader, thawed, may take the leader key
+	// back and rewind what it acknowledged.
+	faultFreezePrimary = "patroni-freeze-primary"
+	// faultFailoverAfterUnknown makes keys' attempts end OUTCOME_UNKNOWN
+	// (the provider answers 503 to every request that arrives in the
+	// first -unknown-for), lets those outcomes replicate, then stalls the
+	// replication stream while callers retry them, and kills the leader
+	// (as faultLoseCommits): with asynchronous replication the promoted
+	// standby has their records back at the OUTCOME_UNKNOWN attempt,
+	// which settlement is due to send again.
+	faultFailoverAfterUnknown = "patroni-failover-after-unknown"
 )
 
 // faultsFor is which faults each store can be given.
 var faultsFor = map[string][]string{
-	storePostgres: {faultPaymentsdKill, faultPostgresKill, faultPostgresStop},
+	storePostgres: {faultPaymentsdKill, faultPostgresKill, faultPostgresStop, faultPostgresFreeze, faultPostgresFreezeKill},
 	storeSQLite:   {faultPaymentsdKill, faultSQLiteLock},
-	storePatroni:  {faultPaymentsdKill, faultPrimaryKill, faultSwitchover, faultPoolerRestart, faultLoseCommits},
+	storePatroni: {faultPaymentsdKill, faultPrimaryKill, faultSwitchover, faultPoolerRestart, faultLoseCommits,
+		faultFreezePrimary, faultFailoverAfterUnknown},
 }
 
 // defaultMix is the mix of faults when -faults is not given.
@@ -78,11 +103,18 @@ type injector struct {
 	replicas   []*replica
 	pg         *pgServer
 	patroni    *patroni
+	provider   *provider
 	sqlitePath string
 	down       [2]time.Duration // how long a killed or stopped part stays down
 	lock       [2]time.Duration // how long the SQLite lock is held
-	rng        *rand.Rand
-	log        io.Writer
+	freeze     [2]time.Duration // how long a frozen server stays frozen
+	unknownFor time.Duration    // how long the provider answers 503 (faultFailoverAfterUnknown)
+	// settled is how long after the provider's last 503 its outcomes have
+	// surely been written and replicated: its longest latency, and a
+	// margin.
+	settled time.Duration
+	rng     *rand.Rand
+	log     io.Writer
 }
 
 // between is a random duration in [r[0], r[1]].
@@ -138,6 +170,35 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 				syscall.Kill(pid, syscall.SIGCONT) // dead with its node, unless the kill failed
 			}
 		}
+	case faultPostgresFreeze, faultPostgresFreezeKill:
+		err = in.freezePostgres(ctx, &f, kind == faultPostgresFreezeKill)
+	case faultFreezePrimary:
+		var out string
+		if out, err = in.patroni.run(ctx, "freeze-primary", in.patroni.dir); err == nil {
+			f.Start, f.Target = time.Now(), strings.TrimSpace(out)
+			sleepCtx(ctx, in.between(in.freeze))
+			_, err = in.patroni.run(context.WithoutCancel(ctx), "thaw", in.patroni.dir)
+			f.Undone = time.Now()
+		}
+		if err == nil {
+			_, err = in.patroni.run(ctx, "wait-healthy", in.patroni.dir)
+		}
+	case faultFailoverAfterUnknown:
+		f.Start = time.Now()
+		in.provider.unknown.Store(true)
+		sleepCtx(ctx, in.unknownFor)
+		in.provider.unknown.Store(false)
+		// The 503s' outcomes are written, and replicated, by now; the
+		// callers' retries of those keys come from here on.
+		sleepCtx(ctx, in.settled)
+		var pid int
+		if pid, err = in.patroni.walSender(ctx); err == nil {
+			if err = syscall.Kill(pid, syscall.SIGSTOP); err == nil {
+				sleepCtx(ctx, in.between(in.down))
+				err = in.killPrimary(ctx, &f)
+				syscall.Kill(pid, syscall.SIGCONT)
+			}
+		}
 	case faultSwitchover:
 		f.Start = time.Now()
 		if _, err = in.patroni.run(ctx, "switchover", in.patroni.dir); err == nil {
@@ -159,7 +220,11 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 	} else if f.Undone.IsZero() {
 		f.Undone = time.Now()
 	}
-	fmt.Fprintf(in.log, "fault %s %s: %.1fs%s\n", kind, f.Target, time.Since(f.Start).Seconds(), errSuffix(f.Err))
+	killed := ""
+	for _, k := range f.Kills {
+		killed += fmt.Sprintf(" (killed %s at %.1fs)", k.Target, k.At.Sub(f.Start).Seconds())
+	}
+	fmt.Fprintf(in.log, "fault %s %s: %.1fs%s%s\n", kind, f.Target, time.Since(f.Start).Seconds(), killed, errSuffix(f.Err))
 	return f
 }
 
@@ -181,6 +246,46 @@ func (in *injector) killPrimary(ctx context.Context, f *fault) error {
 		_, err = in.patroni.run(ctx, "wait-healthy", in.patroni.dir)
 	}
 	return err
+}
+
+// freezePostgres freezes the run's PostgreSQL server for -freeze-min to
+// -freeze-max and thaws it; with kills, it SIGKILLs every replica at a
+// random moment inside the freeze, noting each in f, and restarts them
+// once the server is thawed.
+func (in *injector) freezePostgres(ctx context.Context, f *fault, kills bool) error {
+	d := in.between(in.freeze)
+	var at []time.Duration
+	if kills {
+		for range in.replicas {
+			at = append(at, d/10+time.Duration(in.rng.Int64N(int64(d*8/10)+1)))
+		}
+	}
+	order := in.rng.Perm(len(at))
+	slices.Sort(at)
+	pids, err := in.pg.freeze()
+	if err != nil {
+		return err
+	}
+	f.Start = time.Now()
+	for i, a := range at {
+		sleepCtx(ctx, time.Until(f.Start.Add(a)))
+		r := in.replicas[order[i]]
+		r.kill()
+		f.Kills = append(f.Kills, kill{r.name, time.Now()})
+	}
+	sleepCtx(ctx, time.Until(f.Start.Add(d)))
+	thaw(pids)
+	f.Undone = time.Now()
+	for _, k := range f.Kills {
+		for _, r := range in.replicas {
+			if r.name == k.Target {
+				if err := in.restart(ctx, r); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // restart starts a killed replica again, trying for a minute: it may not

@@ -10,6 +10,7 @@
 //	go run ./cmd/paymentschaos                          # PostgreSQL it starts itself; 2 minutes
 //	go run ./cmd/paymentschaos -store=sqlite            # one SQLite file shared by the replicas
 //	go run ./cmd/paymentschaos -store=patroni           # the Patroni cluster of .ci/pgcluster
+//	go run ./cmd/paymentschaos -provider=409 -careless  # a reused key answered 409; a careless on-call person
 //	go run ./cmd/paymentschaos -help                    # the flags
 //
 // It runs, all on loopback:
@@ -18,38 +19,45 @@
 //     listener per replica so that every request it sees is known to be
 //     that replica's; it takes -latency-min to -latency-max on each
 //     request, makes a payment for a key's first request to complete and
-//     answers later ones with it, and keeps working on a request whose
-//     client has gone, as a real provider does;
+//     answers later ones with it (or 409, -provider=409), and keeps working
+//     on a request whose client has gone, as a real provider does;
 //   - -replicas paymentsd processes (built from this module, or
-//     -paymentsd), sharing the -store;
+//     -paymentsd), sharing the -store, serving mTLS;
 //   - -callers raw gRPC callers and -client-callers paymentsclient callers,
 //     each with keys of its own, alternating between the replicas, each
 //     trying a key for up to -key-budget;
 //   - faults, one at a time, about every -fault-interval, drawn from the
 //     -faults mix; each is undone (the process restarted, the database
-//     started, the lock released, the cluster healthy) before the next.
+//     started, the lock released, the cluster healthy) before the next;
+//   - with -careless, an on-call person who resolves every payment in
+//     doubt as NOT_CREATED through the admin API, checking nothing.
 //
 // After -duration (and at least -min-keys keys and -min-faults faults), the
 // faults stop; -tail later, callers finish the keys they hold; and the run
 // waits up to
 // -settle-timeout for settlement to leave no record IN_PROGRESS or
-// OUTCOME_UNKNOWN with settlement still due. Then it checks (see
-// docs/chaos.md for what each check means):
+// OUTCOME_UNKNOWN with settlement still due. Then it checks the
+// invariants of issue 30, each counted apart (docs/chaos.md says what each
+// check means):
 //
-//   - every payment acknowledged OK is SUCCEEDED on record, with exactly the
-//     reply the caller was told;
-//   - no key was charged twice; no key reached the provider again after a
-//     2xx was delivered to a replica that lived on;
-//   - no PAYMENT_NOT_CREATED (from paymentsd, or ErrNotCreated from
+//   - I1: no key whose 2xx a caller was told reached the provider again;
+//   - I2: every payment told OK is SUCCEEDED on record, with exactly the
+//     reply the caller was told, whatever a person did; no
+//     PAYMENT_NOT_CREATED (from paymentsd, or ErrNotCreated from
 //     paymentsclient) for a key the provider created;
-//   - no two requests for one key were at the provider at once;
-//   - every key the provider saw is on record, and the record agrees with
-//     the provider;
+//   - I3: no two requests for one key were at the provider at once;
+//   - I4: no resolution was accepted that contradicts what a caller was
+//     told;
 //
-// and reports, per fault, the longest stretch of failed calls, the calls
-// failed by reason, p50/p99 latency during the fault's window and outside
-// every window, and the keys in doubt that settled afterwards. The summary
-// goes to stdout, the figures to -json, every call to -history.
+// and that no key was charged twice, none reached the provider again
+// after a 2xx was delivered to a replica that lived on, and every key the
+// provider saw is on record and agrees with it. It reports every key sent
+// again after a 2xx the provider wrote, with why; the longest time
+// without an OK; and, per fault, the longest stretch of failed calls, the
+// calls failed by reason, p50/p99 latency during the fault's window and
+// outside every window, and the keys in doubt that settled afterwards.
+// The summary goes to stdout, the figures to -json, every call to
+// -history.
 package main
 
 import (
@@ -93,8 +101,14 @@ func (e *violationsError) Error() string {
 type options struct {
 	store          string
 	front          string // patroni: haproxy, multihost or pooler
-	async          bool   // patroni: asynchronous replication
+	replication    string // patroni: strict, nonstrict or async
 	pgcluster      string // the .ci/pgcluster script
+	provider       string // first or 409: the fake provider's answer to a reused key
+	careless       bool   // a person resolves every key in doubt NOT_CREATED
+	carelessEvery  time.Duration
+	freezeMin      time.Duration
+	freezeMax      time.Duration
+	unknownFor     time.Duration
 	replicas       int
 	paymentsd      string
 	duration       time.Duration
@@ -134,8 +148,18 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs.StringVar(&o.store, "store", storePostgres, "the replicas' shared store: postgres (a server this run starts, stops and kills), sqlite (one file), or patroni (bash -pgcluster start: a two-node cluster with HAProxy and PgBouncer)")
 	fs.StringVar(&o.front, "front", "haproxy", "with -store=patroni, how paymentsd reaches the leader: haproxy, multihost (pgx's multi-host URL, target_session_attrs=read-write) or pooler (PgBouncer in transaction mode)")
-	fs.BoolVar(&o.async, "async", false, "with -store=patroni, asynchronous replication (a failover may lose commits)")
+	fs.StringVar(&o.replication, "replication", replicationStrict, "with -store=patroni, Patroni's replication: strict (synchronous_mode and synchronous_mode_strict: no acknowledged commit is lost), nonstrict (synchronous_mode alone: a promoted standby may commit alone, and lose it), or async (a failover may lose the last commits)")
+	fs.BoolFunc("async", "with -store=patroni, the same as -replication=async", func(string) error {
+		o.replication = replicationAsync
+		return nil
+	})
 	fs.StringVar(&o.pgcluster, "pgcluster", ".ci/pgcluster", "with -store=patroni, the cluster script")
+	fs.StringVar(&o.provider, "provider", providerFirst, "how the fake provider answers a request whose key a completed request used: first (the first payment again) or 409 (Conflict: paymentsd can't tell whether the payment exists)")
+	fs.BoolVar(&o.careless, "careless", false, "a careless person resolves every payment in doubt (OUTCOME_UNKNOWN) as NOT_CREATED through the admin API, as the CLI does, without checking the provider, every -careless-interval")
+	fs.DurationVar(&o.carelessEvery, "careless-interval", 2*time.Second, "how often the careless person lists and resolves the payments in doubt")
+	fs.DurationVar(&o.freezeMin, "freeze-min", 20*time.Second, "the least time postgres-freeze, postgres-freeze-kill and patroni-freeze-primary keep PostgreSQL stopped (SIGSTOP)")
+	fs.DurationVar(&o.freezeMax, "freeze-max", 30*time.Second, "the most time they keep it stopped")
+	fs.DurationVar(&o.unknownFor, "unknown-for", 3*time.Second, "patroni-failover-after-unknown: how long the provider answers 503 (the outcome unknown to paymentsd) to every request, before replication is stalled")
 	fs.IntVar(&o.replicas, "replicas", 2, "paymentsd replicas")
 	fs.StringVar(&o.paymentsd, "paymentsd", "", "the paymentsd binary to run; empty builds it from this module")
 	fs.DurationVar(&o.duration, "duration", 2*time.Minute, "how long callers and faults run, at least")
@@ -150,7 +174,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.latencyMax, "latency-max", 1500*time.Millisecond, "the provider's most time on a request")
 	fs.DurationVar(&o.upstreamTO, "upstream-timeout", 4*time.Second, "paymentsd's PAYMENTS_UPSTREAM_TIMEOUT (its lease is this plus 5s)")
 	fs.DurationVar(&o.quietPeriod, "quiet-period", 6*time.Second, "paymentsd's PAYMENTS_PROVIDER_QUIET_PERIOD: at least -upstream-timeout and -latency-max")
-	fs.StringVar(&o.faults, "faults", "", "the mix of faults, kind=weight,… (default by -store: "+defaultMixes()+"); kinds: paymentsd-kill, postgres-kill, postgres-stop, sqlite-lock, patroni-kill-primary, patroni-switchover, pgbouncer-restart")
+	fs.StringVar(&o.faults, "faults", "", "the mix of faults, kind=weight,… (default by -store: "+defaultMixes()+"); kinds: paymentsd-kill, postgres-kill, postgres-stop, postgres-freeze, postgres-freeze-kill, sqlite-lock, patroni-kill-primary, patroni-switchover, pgbouncer-restart, patroni-lose-commits, patroni-freeze-primary, patroni-failover-after-unknown")
 	fs.DurationVar(&o.faultInterval, "fault-interval", 15*time.Second, "the mean time from one fault's end to the next one's start (half to one and a half times it)")
 	fs.DurationVar(&o.downMin, "down-min", 4*time.Second, "the least time a killed or stopped paymentsd or PostgreSQL stays down")
 	fs.DurationVar(&o.downMax, "down-max", 6*time.Second, "the most time it stays down")
@@ -185,6 +209,15 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.front != "haproxy" && o.front != "multihost" && o.front != "pooler" {
 		problems = append(problems, fmt.Sprintf("-front=%q: want haproxy, multihost or pooler", o.front))
+	}
+	if o.replication != replicationStrict && o.replication != replicationNonStrict && o.replication != replicationAsync {
+		problems = append(problems, fmt.Sprintf("-replication=%q: want strict, nonstrict or async", o.replication))
+	}
+	if o.provider != providerFirst && o.provider != provider409 {
+		problems = append(problems, fmt.Sprintf("-provider=%q: want first or 409", o.provider))
+	}
+	if o.freezeMax < o.freezeMin || o.freezeMin <= 0 || o.unknownFor <= 0 || o.carelessEvery <= 0 {
+		problems = append(problems, "-freeze-max must be at least -freeze-min, which must be positive; -unknown-for and -careless-interval positive")
 	}
 	if o.replicas < 1 || o.callers < 0 || o.clientCallers < 0 || o.callers+o.clientCallers < 1 {
 		problems = append(problems, "-replicas and -callers plus -client-callers must be at least 1")

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,7 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/proc"
@@ -28,14 +29,19 @@ type replica struct {
 	bin     string
 	env     []string
 	logPath string
+	pki     *pki
 
 	mu       sync.Mutex
 	p        *proc.Process // nil while it is down
 	grpcAddr string
 	httpAddr string
 	starts   int
-	conn     *grpc.ClientConn
-	client   paymentsv1.PaymentsServiceClient
+	// conn and client call as the callers' identity; admin as the
+	// person's, who may list and resolve, and read any record.
+	conn      *grpc.ClientConn
+	client    paymentsv1.PaymentsServiceClient
+	adminConn *grpc.ClientConn
+	admin     paymentsv1.PaymentsServiceClient
 }
 
 // start starts the replica: on free ports the first time, on the same
@@ -70,13 +76,19 @@ func (r *replica) start(ctx context.Context) error {
 		// to two minutes.
 		bc := backoff.DefaultConfig
 		bc.MaxDelay = time.Second
-		r.conn, err = grpc.NewClient(r.grpcAddr,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithConnectParams(grpc.ConnectParams{Backoff: bc, MinConnectTimeout: 2 * time.Second}))
-		if err != nil {
+		dial := func(cert tls.Certificate) (*grpc.ClientConn, error) {
+			return grpc.NewClient(r.grpcAddr,
+				grpc.WithTransportCredentials(credentials.NewTLS(r.pki.clientTLS(cert))),
+				grpc.WithConnectParams(grpc.ConnectParams{Backoff: bc, MinConnectTimeout: 2 * time.Second}))
+		}
+		if r.conn, err = dial(r.pki.caller); err != nil {
+			return err
+		}
+		if r.adminConn, err = dial(r.pki.admin); err != nil {
 			return err
 		}
 		r.client = paymentsv1.NewPaymentsServiceClient(r.conn)
+		r.admin = paymentsv1.NewPaymentsServiceClient(r.adminConn)
 	}
 	return nil
 }
@@ -107,6 +119,7 @@ func (r *replica) close() {
 	r.stop()
 	if r.conn != nil {
 		r.conn.Close()
+		r.adminConn.Close()
 	}
 }
 
@@ -169,11 +182,11 @@ func (t logTally) sorted() []string {
 	return keys
 }
 
-func newReplicas(n int, bin, dir string, env func(name string) []string) []*replica {
+func newReplicas(n int, bin, dir string, certs *pki, env func(name string) []string) []*replica {
 	var rs []*replica
 	for i := range n {
 		name := fmt.Sprintf("r%d", i)
-		rs = append(rs, &replica{name: name, bin: bin, env: env(name), logPath: filepath.Join(dir, "paymentsd-"+name+".log")})
+		rs = append(rs, &replica{name: name, bin: bin, env: append(env(name), certs.env()...), pki: certs, logPath: filepath.Join(dir, "paymentsd-"+name+".log")})
 	}
 	return rs
 }

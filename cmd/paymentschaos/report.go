@@ -38,7 +38,17 @@ type report struct {
 	Violations []violation  `json:"violations"`
 	// ViolationCounts counts violations by kind, every kind listed.
 	ViolationCounts map[string]int `json:"violation_counts"`
-	Excused         []violation    `json:"excused"`
+	// Invariants counts the keys that broke each of issue 30's
+	// invariants, I1 to I4 (a key breaking one two ways counts once).
+	Invariants map[string]int `json:"invariants"`
+	// Resends are the keys sent again after a 2xx the provider wrote, each
+	// with its reason as kind, and ResendCounts counts them by reason.
+	Resends      []violation    `json:"resends"`
+	ResendCounts map[string]int `json:"resend_counts"`
+	// WithoutOK is the longest time in the run no call was answered OK.
+	WithoutOK gap `json:"longest_without_ok"`
+	// Resolutions sums the careless person's resolutions, with -careless.
+	Resolutions *resolutionCounts `json:"resolutions,omitempty"`
 	// Problems are failures of the run itself: a replica that died on its
 	// own, a fault not undone, minimums not reached.
 	Problems []string `json:"problems"`
@@ -49,7 +59,9 @@ type report struct {
 type setup struct {
 	Store           string     `json:"store"`
 	Front           string     `json:"front,omitempty"`
-	Async           bool       `json:"async,omitempty"`
+	Replication     string     `json:"replication,omitempty"`
+	Provider        string     `json:"provider"`
+	Careless        bool       `json:"careless"`
 	Replicas        int        `json:"replicas"`
 	Callers         int        `json:"raw_callers"`
 	ClientCallers   int        `json:"client_callers"`
@@ -59,6 +71,7 @@ type setup struct {
 	Faults          string     `json:"faults"`
 	FaultInterval   string     `json:"fault_interval"`
 	DownS           [2]float64 `json:"down_s"`
+	FreezeS         [2]float64 `json:"freeze_s"`
 	Strict          bool       `json:"strict"`
 }
 
@@ -80,6 +93,14 @@ type faultEntry struct {
 	RecoveredS float64  `json:"recovered_s"`
 	// DownS is from its start to its undoing.
 	DownS *float64 `json:"down_s"`
+	// Kills are the replicas a compound fault SIGKILLed, and when.
+	Kills []killEntry `json:"kills,omitempty"`
+}
+
+// killEntry is a kill inside a compound fault, in seconds into the run.
+type killEntry struct {
+	Target string  `json:"target"`
+	AtS    float64 `json:"at_s"`
 }
 
 func newReport(o *options, args []string, begin, end time.Time, dueAtEnd int, settleWait time.Duration, res checkResult,
@@ -91,15 +112,39 @@ func newReport(o *options, args []string, begin, end time.Time, dueAtEnd int, se
 			LatencyMS:       [2]int64{o.latencyMin.Milliseconds(), o.latencyMax.Milliseconds()},
 			UpstreamTimeout: o.upstreamTO.String(), QuietPeriod: o.quietPeriod.String(),
 			Faults: o.faults, FaultInterval: o.faultInterval.String(),
-			DownS: [2]float64{o.downMin.Seconds(), o.downMax.Seconds()}, Strict: o.strict,
+			DownS: [2]float64{o.downMin.Seconds(), o.downMax.Seconds()}, FreezeS: [2]float64{o.freezeMin.Seconds(), o.freezeMax.Seconds()},
+			Strict: o.strict, Provider: o.provider, Careless: o.careless,
 		},
 		Seconds: end.Sub(begin).Seconds(), SettleSeconds: settleWait.Seconds(), DueAtEnd: dueAtEnd,
 		Keys: res.Keys, Calls: res.Calls, Outside: res.Outside,
-		Violations: res.Violations, Excused: res.Excused, Problems: problems,
-		ViolationCounts: make(map[string]int), PaymentsdLog: logs,
+		Violations: res.Violations, Resends: res.Resends, Problems: problems,
+		ViolationCounts: make(map[string]int), Invariants: make(map[string]int), ResendCounts: make(map[string]int),
+		WithoutOK: res.WithoutOK, PaymentsdLog: logs,
 	}
 	if o.store == storePatroni {
-		r.Setup.Front, r.Setup.Async = o.front, o.async
+		r.Setup.Front, r.Setup.Replication = o.front, o.replication
+	}
+	if o.careless {
+		r.Resolutions = &res.Resolutions
+	}
+	if r.Resends == nil {
+		r.Resends = []violation{}
+	}
+	for _, inv := range invariants {
+		r.Invariants[inv.name] = 0
+	}
+	broke := make(map[[2]string]bool) // invariant, key
+	for _, v := range res.Violations {
+		if inv, ok := invariantOf[v.Kind]; ok && !broke[[2]string{inv, v.Key}] {
+			broke[[2]string{inv, v.Key}] = true
+			r.Invariants[inv]++
+		}
+	}
+	for _, reason := range resendReasons {
+		r.ResendCounts[reason] = 0
+	}
+	for _, v := range res.Resends {
+		r.ResendCounts[v.Kind]++
 	}
 	if r.Violations == nil {
 		r.Violations = []violation{}
@@ -124,6 +169,9 @@ func newReport(o *options, args []string, begin, end time.Time, dueAtEnd int, se
 			u, d := fs.Undone.Sub(begin).Seconds(), fs.Undone.Sub(fs.Start).Seconds()
 			e.UndoneS, e.DownS = &u, &d
 		}
+		for _, k := range fs.Kills {
+			e.Kills = append(e.Kills, killEntry{k.Target, k.At.Sub(begin).Seconds()})
+		}
 		r.Faults = append(r.Faults, e)
 	}
 	return r
@@ -135,14 +183,19 @@ func (r *report) failed() bool { return len(r.Violations) > 0 || len(r.Problems)
 
 func printReport(w io.Writer, r *report) {
 	s := r.Setup
-	fmt.Fprintf(w, "paymentschaos: %d replicas on %s; provider %d–%d ms; %d raw gRPC and %d paymentsclient callers; %.0fs (seed %d)\n",
-		s.Replicas, s.Store+frontSuffix(s), s.LatencyMS[0], s.LatencyMS[1], s.Callers, s.ClientCallers, r.Seconds, r.Seed)
+	fmt.Fprintf(w, "paymentschaos: %d replicas on %s; provider %d–%d ms, a reused key answered %s; %d raw gRPC and %d paymentsclient callers; %.0fs (seed %d)\n",
+		s.Replicas, s.Store+frontSuffix(s), s.LatencyMS[0], s.LatencyMS[1], s.Provider, s.Callers, s.ClientCallers, r.Seconds, r.Seed)
 	fmt.Fprintf(w, "keys: %d (OK %d, NOT_CREATED %d, in doubt when their callers stopped %d, of which settled afterwards %d); the provider charged %d; settlement's re-sends settled %d\n",
 		r.Keys.Total, r.Keys.OK, r.Keys.NotCreated, r.Keys.InDoubt, r.Keys.Settled, r.Keys.Charged, r.Keys.BySettlement)
 	fmt.Fprintf(w, "calls: %d gRPC (%d failed), %d paymentsclient.Create; settlement owed %d keys when callers stopped, waited %.1fs\n",
 		r.Calls.Total, r.Calls.Failed, r.Calls.Clients, r.DueAtEnd, r.SettleSeconds)
 	fmt.Fprintf(w, "provider: %d requests for %d keys, %d charges, %d 2xx delivered, %d requests after a delivered 2xx, %d overlaps\n",
 		r.Provider.Requests, r.Provider.Keys, r.Provider.Charges, r.Provider.Delivered, r.Provider.AfterDelivered, r.Provider.Overlaps)
+	fmt.Fprintf(w, "longest time without an OK: %.1fs (from %.1fs to %.1fs)\n", r.WithoutOK.Seconds, r.WithoutOK.From, r.WithoutOK.To)
+	if rc := r.Resolutions; rc != nil {
+		fmt.Fprintf(w, "careless person: %d resolutions asked, %d accepted, refused: %s; keys recorded NOT_CREATED that the provider had made: %d\n",
+			rc.Asked, rc.Accepted, dash(byCount(rc.Refused)), rc.WrongNotCreated)
+	}
 
 	fmt.Fprintf(w, "\nfaults: %d\n", len(r.Faults))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -159,6 +212,13 @@ func printReport(w io.Writer, r *report) {
 	fmt.Fprintf(tw, "outside faults\t\t\t\t%d\t\t\t\t%.0f\t%.0f\t\t\t\t\n", r.Outside.Calls, r.Outside.P50, r.Outside.P99)
 	tw.Flush()
 	for _, f := range r.Faults {
+		if len(f.Kills) > 0 {
+			var ks []string
+			for _, k := range f.Kills {
+				ks = append(ks, fmt.Sprintf("%s at %.1fs", k.Target, k.AtS))
+			}
+			fmt.Fprintf(w, "  %s at %.1fs SIGKILLed %s\n", f.Kind, f.StartS, strings.Join(ks, ", "))
+		}
 		if len(f.FailedBy) > 0 {
 			fmt.Fprintf(w, "  %s %s at %.1fs failed: %s\n", f.Kind, dash(f.Target), f.StartS, byCount(f.FailedBy))
 		}
@@ -171,23 +231,35 @@ func printReport(w io.Writer, r *report) {
 		}
 	}
 
+	fmt.Fprintln(w, "\ninvariants (keys):")
+	for _, inv := range invariants {
+		verdict := "ok"
+		if n := r.Invariants[inv.name]; n > 0 {
+			verdict = fmt.Sprintf("%d VIOLATION(S)", n)
+		}
+		fmt.Fprintf(w, "  %s %-88s %s\n", inv.name, inv.says, verdict)
+	}
 	fmt.Fprintln(w, "\nchecks:")
 	for _, k := range violationKinds {
 		verdict := "ok"
 		if n := r.ViolationCounts[k]; n > 0 {
 			verdict = fmt.Sprintf("%d VIOLATION(S)", n)
 		}
-		fmt.Fprintf(w, "  %-32s %s\n", k, verdict)
+		inv := invariantOf[k]
+		if inv == "" {
+			inv = "-"
+		}
+		fmt.Fprintf(w, "  %-2s %-32s %s\n", inv, k, verdict)
 	}
-	excused := map[string]int{}
-	for _, v := range r.Excused {
-		excused[v.Kind]++
-	}
-	if n := excused[excusedSentAfterKill]; n > 0 {
-		fmt.Fprintf(w, "  %-32s %d (not counted without -strict: the receiving replica was SIGKILLed before it could have committed the 2xx)\n", excusedSentAfterKill, n)
-	}
-	if n := excused[excusedSentAfterUnread]; n > 0 {
-		fmt.Fprintf(w, "  %-32s %d (not counted without -strict: the receiving replica's request was cut off by its deadline before it read the 2xx)\n", excusedSentAfterUnread, n)
+	fmt.Fprintf(w, "\nkeys sent again after a 2xx the provider wrote: %d\n", len(r.Resends))
+	for _, reason := range resendReasons {
+		if n := r.ResendCounts[reason]; n > 0 {
+			note := ""
+			if reason == resendLived || r.Setup.Strict {
+				note = " (" + violSentAfter2xx + ")"
+			}
+			fmt.Fprintf(w, "  %-42s %d%s\n", reason, n, note)
+		}
 	}
 	const show = 20
 	if len(r.Violations) > 0 {
@@ -200,12 +272,15 @@ func printReport(w io.Writer, r *report) {
 			fmt.Fprintf(w, "  %s %s: %s\n", v.Kind, v.Key, v.Detail)
 		}
 	}
-	for i, v := range r.Excused {
+	if len(r.Resends) > 0 {
+		fmt.Fprintf(w, "\nre-sends after a delivered 2xx: %d\n", len(r.Resends))
+	}
+	for i, v := range r.Resends {
 		if i == show {
-			fmt.Fprintf(w, "  … %d more (see -json)\n", len(r.Excused)-show)
+			fmt.Fprintf(w, "  … %d more (see -json)\n", len(r.Resends)-show)
 			break
 		}
-		fmt.Fprintf(w, "  excused %s: %s\n", v.Key, v.Detail)
+		fmt.Fprintf(w, "  %s %s: %s\n", v.Kind, v.Key, v.Detail)
 	}
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "PROBLEM: %s\n", p)
@@ -219,11 +294,7 @@ func frontSuffix(s setup) string {
 	if s.Front == "" {
 		return ""
 	}
-	mode := "sync"
-	if s.Async {
-		mode = "async"
-	}
-	return fmt.Sprintf(" (%s, through %s)", mode, s.Front)
+	return fmt.Sprintf(" (%s, through %s)", s.Replication, s.Front)
 }
 
 func dash(s string) string {

@@ -11,7 +11,8 @@ import (
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
 
-// readRecord looks key up on a replica.
+// readRecord looks key up on a replica, as an admin (who may read any
+// caller's record).
 func readRecord(ctx context.Context, client paymentsv1.PaymentsServiceClient, key string) record {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -22,7 +23,14 @@ func readRecord(ctx context.Context, client paymentsv1.PaymentsServiceClient, ke
 	case err != nil:
 		return record{Err: status.Convert(err).Code().String() + ": " + status.Convert(err).Message()}
 	}
-	return record{Found: true, State: got.GetState(), Reply: got.GetPaymentJson(), GaveUp: got.GetSettlementGaveUp()}
+	rec := record{Found: true, State: got.GetState(), Reply: got.GetPaymentJson(), GaveUp: got.GetSettlementGaveUp()}
+	for _, a := range got.GetAuditEntries() {
+		rec.Resolutions = append(rec.Resolutions, recordedResolution{
+			At:         a.GetCreateTime().AsTime(),
+			NotCreated: a.GetOutcome() == paymentsv1.ResolutionOutcome_RESOLUTION_OUTCOME_NOT_CREATED,
+		})
+	}
+	return rec
 }
 
 // due reports whether settlement (or a lookup that failed) still owes a

@@ -23,12 +23,13 @@ import (
 // restart its nodes. The fake provider charges every request it gets (it
 // is not idempotent), so a key sent twice shows as two charges.
 
-// TestFailover: synchronous replication (synchronous_mode: true), and one
-// paymentsd on each front the cluster offers: HAProxy (Patroni's REST
-// /primary), pgx's multi-host URL (target_session_attrs=read-write) and
-// PgBouncer in transaction mode in front of HAProxy. The primary is
-// SIGKILLed under load and Patroni promotes the replica; the old primary
-// rejoins; then a planned switchover; then PgBouncer restarts. paymentsd must come back on the new
+// TestFailover: strict synchronous replication (synchronous_mode and
+// synchronous_mode_strict), and one paymentsd on each front the cluster
+// offers: HAProxy (Patroni's REST /primary), pgx's multi-host URL
+// (target_session_attrs=read-write) and PgBouncer in transaction mode in
+// front of HAProxy. The primary is SIGKILLed under load and Patroni
+// promotes the replica; the old primary rejoins; then a planned
+// switchover; then PgBouncer restarts. paymentsd must come back on the new
 // primary by itself, answer honestly meanwhile, and settle what was in
 // doubt afterwards. The figures (unavailability, answers, latency, time
 // to settle) are logged: `go test -v -run TestFailover ./cmd/paymentsd/`.
@@ -50,14 +51,14 @@ func TestFailover(t *testing.T) {
 	kill := fault{name: "kill-primary", at: time.Now()}
 	killed := c.KillPrimary()
 	c.WaitLeader()
+	// Strict synchronous replication: the promoted node acknowledges no
+	// commit until a synchronous standby streams from it, so writes wait
+	// for the killed node to rejoin.
+	c.RestartNode(killed)
+	c.WaitHealthy()
 	kill.recovered = time.Now()
 	for _, r := range runs {
 		// Back on the new primary without a restart.
-		r.waitOK(t, 20)
-	}
-	c.RestartNode(killed)
-	c.WaitHealthy()
-	for _, r := range runs {
 		r.waitOK(t, 20)
 	}
 

@@ -174,6 +174,9 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		return err
 	}
 	defer records.Close()
+	// Says, before serving, what a failover of the store could lose.
+	replication := service.NewReplicationWatch(records, registerer, lifecycle)
+	replication.Check(ctx)
 	svc := service.New(service.Config{
 		Client:      client,
 		Store:       records,
@@ -327,6 +330,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	// (a full volume, a read-only failover) takes no payment.
 	background.Go(func() { srv.WatchStore(bgCtx, records.CheckWrite, storeCheckInterval) })
 	background.Go(func() { hooks.watchUsage(bgCtx) })
+	background.Go(func() { replication.Watch(bgCtx, service.DefaultReplicationInterval) })
 	if cfg.APIKeyFile != "" {
 		f := &secretFile{
 			secret: secretProviderKey, variable: cfg.APIKeyFileVar, path: cfg.APIKeyFile,

@@ -32,10 +32,11 @@ type PatroniCluster struct {
 }
 
 // StartPatroniCluster starts a cluster with `bash .ci/pgcluster start`,
-// synchronous (synchronous_mode: true) unless async, and waits until a
-// leader and a (sync) standby stream; t.Cleanup stops it and removes its
-// files. Without Patroni, etcd, HAProxy, PgBouncer or PostgreSQL it skips
-// the test, except under CI=true, where it fails it.
+// strictly synchronous (synchronous_mode and synchronous_mode_strict:
+// after a failover, writes wait for the old node to rejoin) unless async,
+// and waits until a leader and a (sync) standby stream; t.Cleanup stops
+// it and removes its files. Without Patroni, etcd, HAProxy, PgBouncer or
+// PostgreSQL it skips the test, except under CI=true, where it fails it.
 func StartPatroniCluster(t testing.TB, async bool) *PatroniCluster {
 	t.Helper()
 	var missing []string
