@@ -102,6 +102,15 @@ type Options struct {
 	// this, an expired certificate, or one of a CA since removed, would
 	// go on naming its caller there.
 	StillTrusted func(verifiedChains [][]*x509.Certificate) error
+	// Clock is what StillTrusted judges expiry by, and what open streams
+	// wait on to be checked again when their caller's certificate expires;
+	// nil is the host's clock. A stream whose caller StillTrusted (or the
+	// allowlists) no longer admits ends with that refusal.
+	Clock Clock
+	// TrustChanged, if set, returns a channel that is closed the next time
+	// the client CAs that StillTrusted goes by change: open streams are
+	// checked again then.
+	TrustChanged func() <-chan struct{}
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -164,6 +173,8 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		admins:          newIdentitySet(opts.AdminCallers),
 		readers:         newIdentitySet(opts.EventReaders),
 		stillTrusted:    opts.StillTrusted,
+		clock:           opts.Clock,
+		trustChanged:    opts.TrustChanged,
 	}
 	s := &Server{health: health.NewServer(), storeOK: true}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())

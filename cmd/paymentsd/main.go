@@ -188,7 +188,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		Retention:          cfg.RecordRetention,
 		TombstoneRetention: cfg.TombstoneRetention,
 		RetentionInterval:  cfg.testHooks.retentionInterval,
-		Now:                cfg.testHooks.clock,
+		Now:                cfg.testHooks.now(),
 		MaxSends:           cfg.MaxInFlight,
 		AdminCallers:       cfg.AdminCallers,
 		// A newcomer trying paymentsd out may list and resolve; simulated
@@ -208,10 +208,11 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		return err
 	}
 
-	now := time.Now
+	var clock service.Clock = service.SystemClock{}
 	if cfg.testHooks.clock != nil {
-		now = cfg.testHooks.clock
+		clock = cfg.testHooks.clock
 	}
+	now := clock.Now
 	serverTLS, err := loadServerTLS(cfg, now, registerer)
 	if err != nil {
 		return err
@@ -246,6 +247,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	}
 	if serverTLS.requiresClientCerts() {
 		opts.StillTrusted = serverTLS.stillTrusted
+		opts.Clock, opts.TrustChanged = clock, serverTLS.clientCAsChanged
 	}
 	srv, err := service.NewServer(svc, opts)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,6 +41,11 @@ type serverTLS struct {
 	cert      atomic.Pointer[tls.Certificate]
 	clientCAs atomic.Pointer[clientCAs] // nil without PAYMENTS_TLS_CLIENT_CA_FILE
 
+	// caChanged is closed, and replaced, each time new client CAs are put
+	// in use.
+	caMu      sync.Mutex
+	caChanged chan struct{}
+
 	// now is the clock certificates are verified by.
 	now func() time.Time
 
@@ -62,7 +68,7 @@ func loadServerTLS(cfg *config, now func() time.Time, reg prometheus.Registerer)
 	if cfg.TLSCertFile == "" {
 		return nil, nil
 	}
-	t := &serverTLS{certFile: cfg.TLSCertFile, keyFile: cfg.TLSKeyFile, caFile: cfg.TLSClientCAFile, now: now,
+	t := &serverTLS{certFile: cfg.TLSCertFile, keyFile: cfg.TLSKeyFile, caFile: cfg.TLSClientCAFile, now: now, caChanged: make(chan struct{}),
 		notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paymentsd_tls_certificate_expiry_timestamp_seconds",
 			Help: "When the serving certificate in use (PAYMENTS_TLS_CERT_FILE) expires, in Unix seconds: it is re-read every PAYMENTS_SECRET_RELOAD_INTERVAL, so this moves forward at each renewal.",
@@ -146,6 +152,14 @@ func (t *serverTLS) stillTrusted(verifiedChains [][]*x509.Certificate) error {
 	return errors.New("the CA it chains to was removed from PAYMENTS_TLS_CLIENT_CA_FILE since its connection opened")
 }
 
+// clientCAsChanged returns a channel that is closed the next time new
+// client CAs are put in use (service.Options.TrustChanged).
+func (t *serverTLS) clientCAsChanged() <-chan struct{} {
+	t.caMu.Lock()
+	defer t.caMu.Unlock()
+	return t.caChanged
+}
+
 // requiresClientCerts reports whether callers must present certificates.
 func (t *serverTLS) requiresClientCerts() bool {
 	return t != nil && t.caFile != ""
@@ -209,6 +223,10 @@ func (t *serverTLS) useClientCA(caPEM []byte) ([]slog.Attr, error) {
 		return nil, errors.New("the file it names holds no PEM certificates")
 	}
 	t.clientCAs.Store(cas)
+	t.caMu.Lock()
+	close(t.caChanged)
+	t.caChanged = make(chan struct{})
+	t.caMu.Unlock()
 	return []slog.Attr{slog.Int("client_ca_certificates", n)}, nil
 }
 
