@@ -273,14 +273,15 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		httpLn.Close()
 		return err
 	}
-	scrape, err := listenMetrics(cfg, registry, logger)
+	evicted := newEvictedConnections(registerer)
+	scrape, err := listenMetrics(cfg, registry, logger, evicted.WithLabelValues("metrics"))
 	if err != nil {
 		grpcLn.Close()
 		httpLn.Close()
 		hooks.close()
 		return err
 	}
-	probes, err := listenHealth(cfg, srv.Health, logger)
+	probes, err := listenHealth(cfg, srv.Health, logger, evicted.WithLabelValues("health"))
 	if err != nil {
 		grpcLn.Close()
 		httpLn.Close()
