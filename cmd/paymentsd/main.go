@@ -242,8 +242,10 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		EventReaders:    cfg.EventReaders,
 		Version:         releaseVersion(),
 	}
+	// Refused TLS handshakes, on every TLS port, are counted and logged.
+	refusals := newHandshakeRefusals(registerer, logger, now)
 	if grpcTLS != nil {
-		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(grpcTLS)))
+		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(refusals.grpcCreds("grpc", credentials.NewTLS(grpcTLS))))
 	}
 	if serverTLS.requiresClientCerts() {
 		opts.StillTrusted = serverTLS.stillTrusted
@@ -308,6 +310,12 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 			MaxReceiveBufferPerStream:     int(cfg.MaxRequestBytes),
 		},
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	if httpTLS != nil {
+		refusals.httpServer("http", httpSrv, logger)
+	}
+	if hooks.tls {
+		refusals.httpServer("webhooks", hooks.srv, logger)
 	}
 
 	errc := make(chan error, 5)

@@ -17,8 +17,8 @@ import (
 	"example.com/paymentsd/service"
 )
 
-// streamTrust is paymentsd serving mTLS, with the webhook intake, on a
-// clock the test moves, its client CA file in a volume the test updates
+// streamTrust is paymentsd serving mTLS, with the webhook intake and the
+// metrics port, on a clock the test moves, its client CA file in a volume the test updates
 // as the kubelet would: checkout may pay, oncall is an admin (who reads
 // events), and the reader reads events.
 type streamTrust struct {
@@ -33,15 +33,27 @@ const eventReader = "spiffe://corp.example/ns/reconciliation/sa/reconciler"
 
 func startStreamTrust(t *testing.T) *streamTrust {
 	t.Helper()
+	return startStreamTrustWith(t, nil)
+}
+
+// startStreamTrustWith is startStreamTrust with a further change to the
+// loaded configuration.
+func startStreamTrustWith(t *testing.T, change func(*config)) *streamTrust {
+	t.Helper()
 	s := &streamTrust{clock: newTestClock(), serverCA: newTestCA(t, "server CA"), clientCA: newTestCA(t, "client CA")}
 	certFile, keyFile := writePEMFiles(t, s.serverCA.issue(t, x509.ExtKeyUsageServerAuth))
 	s.caVolume = newSecretVolume(t, "ca.crt", string(s.clientCA.pem))
 	s.in = startConfigured(t, with(webhookEnv(t),
 		"PAYMENTS_TLS_CERT_FILE", certFile, "PAYMENTS_TLS_KEY_FILE", keyFile,
 		"PAYMENTS_TLS_CLIENT_CA_FILE", s.caVolume.path(),
-		"PAYMENTS_SECRET_RELOAD_INTERVAL", "20ms",
+		"PAYMENTS_SECRET_RELOAD_INTERVAL", "20ms", "PAYMENTS_METRICS_ADDR", "127.0.0.1:0",
 		"PAYMENTS_ALLOWED_CALLERS", checkout, "PAYMENTS_ADMIN_CALLERS", oncall, "PAYMENTS_EVENT_READERS", eventReader),
-		nil, func(c *config) { c.testHooks.clock = s.clock })
+		nil, func(c *config) {
+			c.testHooks.clock = s.clock
+			if change != nil {
+				change(c)
+			}
+		})
 	transport := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.serverCA.pool, MinVersion: tls.VersionTLS12}}
 	t.Cleanup(transport.CloseIdleConnections)
 	s.hooks = &http.Client{Transport: transport}
