@@ -646,7 +646,20 @@ func testShippedDeployment(t *testing.T, env string) {
 		URIs: []*url.URL{mustURL(t, stranger)}, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(8 * time.Hour),
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
-	for name, b := range map[string][]byte{"svc.crt": svcCert, "svc.key": svcKey, "stranger.crt": strangerCert, "stranger.key": strangerKey} {
+	// The same person, on call in the other environment: the policy
+	// payments-people issues a certificate naming the request's namespace,
+	// so theirs from there names another identity.
+	other := map[string]string{"sandbox": "live", "live": "sandbox"}[env]
+	elsewhere := strings.Replace(person, "/ns/"+ns+"/", "/ns/payments-"+other+"/", 1)
+	if elsewhere == person {
+		t.Errorf("the person's identity %s names no environment: the same certificate would be an admin in both", person)
+	}
+	elsewhereCert, elsewhereKey, _ := trustDomain.issueLeaf(t, &x509.Certificate{
+		URIs: []*url.URL{mustURL(t, elsewhere)}, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(8 * time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	for name, b := range map[string][]byte{"svc.crt": svcCert, "svc.key": svcKey, "stranger.crt": strangerCert, "stranger.key": strangerKey,
+		"elsewhere.crt": elsewhereCert, "elsewhere.key": elsewhereKey} {
 		os.WriteFile(filepath.Join(work, name), b, 0o600)
 	}
 	as := func(cert, key string) []string {
@@ -661,6 +674,7 @@ func testShippedDeployment(t *testing.T, env string) {
 		{"a service's SVID, resolving", append([]string{"resolve", "k-doubt-2", "--outcome", "not-created", "--evidence", "x", "--yes"}, as("svc.crt", "svc.key")...), exitDenied},
 		{"a service's SVID, listing another's", append([]string{"list", "--in-doubt", "--caller", reader}, as("svc.crt", "svc.key")...), exitDenied},
 		{"a person not on call", append([]string{"list", "--in-doubt"}, as("stranger.crt", "stranger.key")...), exitDenied},
+		{"the person, with the other environment's certificate", append([]string{"list", "--in-doubt"}, as("elsewhere.crt", "elsewhere.key")...), exitDenied},
 	} {
 		if res := cli("", tt.args...); res.code != tt.want || strings.Contains(res.stdout, "k-doubt") {
 			t.Errorf("%s: paymentsd payments %s:\n%v\nwant exit %d and no payment shown", tt.who, strings.Join(tt.args, " "), res, tt.want)
