@@ -192,6 +192,7 @@ var apiTypes = map[string]func() any{
 	"cert-manager.io/v1/Certificate":                           func() any { return &certificate{} },
 	"cert-manager.io/v1/ClusterIssuer":                         func() any { return &clusterIssuer{} },
 	"policy.cert-manager.io/v1alpha1/CertificateRequestPolicy": func() any { return &certificateRequestPolicy{} },
+	"trust.cert-manager.io/v1alpha1/Bundle":                    func() any { return &bundle{} },
 	// prometheus-operator's Go types would bring its whole module (and a
 	// second copy of the Kubernetes client libraries) for one object: a
 	// local type holds the fields the manifests use, and strict decoding
@@ -509,6 +510,7 @@ var checks = []check{
 	{"PrometheusAnnotations", checkPrometheusAnnotations},
 	{"ServingCertificate", checkServingCertificate},
 	{"CallerIdentities", checkCallerIdentities},
+	{"ClientCAFromTrustBundle", checkClientCAFromTrustBundle},
 	{"OnCallRBAC", checkOnCallRBAC},
 }
 

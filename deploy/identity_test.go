@@ -46,6 +46,35 @@ type certificate struct {
 	} `json:"spec"`
 }
 
+// bundle is trust-manager's Bundle (trust.cert-manager.io/v1alpha1), with
+// the fields these manifests may use, decoded strictly as certificate is.
+type bundle struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Sources []struct {
+			Secret *struct {
+				Name string `json:"name"`
+				Key  string `json:"key"`
+			} `json:"secret,omitempty"`
+			ConfigMap *struct {
+				Name string `json:"name"`
+				Key  string `json:"key"`
+			} `json:"configMap,omitempty"`
+			InLine        *string `json:"inLine,omitempty"`
+			UseDefaultCAs *bool   `json:"useDefaultCAs,omitempty"`
+		} `json:"sources"`
+		Target struct {
+			ConfigMap *struct {
+				Key string `json:"key"`
+			} `json:"configMap,omitempty"`
+			NamespaceSelector *struct {
+				MatchLabels map[string]string `json:"matchLabels,omitempty"`
+			} `json:"namespaceSelector,omitempty"`
+		} `json:"target"`
+	} `json:"spec"`
+}
+
 type issuerRef struct {
 	Name  string `json:"name"`
 	Kind  string `json:"kind,omitempty"`
@@ -114,10 +143,10 @@ func checkServingCertificate(t *testing.T, r *rendered, env string) {
 		t.Fatalf("rendered %d Certificates, want 1 (paymentsd's serving certificate)", len(certs))
 	}
 	c := certs[0]
-	for _, v := range []string{"PAYMENTS_TLS_CERT_FILE", "PAYMENTS_TLS_KEY_FILE", "PAYMENTS_TLS_CLIENT_CA_FILE"} {
+	for _, v := range []string{"PAYMENTS_TLS_CERT_FILE", "PAYMENTS_TLS_KEY_FILE"} {
 		checkFileFromSecret(t, d, v, c.Spec.SecretName)
 	}
-	for v, file := range map[string]string{"PAYMENTS_TLS_CERT_FILE": "tls.crt", "PAYMENTS_TLS_KEY_FILE": "tls.key", "PAYMENTS_TLS_CLIENT_CA_FILE": "ca.crt"} {
+	for v, file := range map[string]string{"PAYMENTS_TLS_CERT_FILE": "tls.crt", "PAYMENTS_TLS_KEY_FILE": "tls.key"} {
 		if got, _ := envValue(paymentsd(t, d), v); got != tlsMount+file {
 			t.Errorf("%s = %q, want %s%s (the key cert-manager writes)", v, got, tlsMount, file)
 		}
@@ -473,6 +502,74 @@ func checkPeopleRule(t *testing.T, rule string, namespaces []string) {
 					t.Errorf("payments-people approves %q for user %q in %s; only %s", self, user, ns, id)
 				}
 			}
+		}
+	}
+}
+
+// checkClientCAFromTrustBundle: paymentsd verifies callers by the trust
+// bundle (deploy/cluster's Bundle), not by its serving Secret's ca.crt,
+// which holds only the CA that issued paymentsd's own certificate and so
+// can't hold an old and a new CA at once: PAYMENTS_TLS_CLIENT_CA_FILE is
+// the key trust-manager writes, in a whole ConfigMap volume of the
+// Bundle's ConfigMap, which trust-manager writes into this overlay's
+// namespace (its labels match the Bundle's selector). The Bundle trusts
+// every issuer's CA, and never the public CAs (useDefaultCAs), which would
+// let anyone with a public certificate in.
+func checkClientCAFromTrustBundle(t *testing.T, r *rendered, env string) {
+	bundles := typed[bundle](t, render(t, "cluster"), "Bundle")
+	if len(bundles) != 1 {
+		t.Fatalf("deploy/cluster renders %d Bundles, want 1 (the trust bundle)", len(bundles))
+	}
+	b := bundles[0]
+	if b.Spec.Target.ConfigMap == nil || b.Spec.Target.ConfigMap.Key == "" || b.Spec.Target.NamespaceSelector == nil || len(b.Spec.Target.NamespaceSelector.MatchLabels) == 0 {
+		t.Fatalf("Bundle %s target = %+v, want a ConfigMap key in the namespaces a label selects", b.Name, b.Spec.Target)
+	}
+	d := typed[appsv1.Deployment](t, r, "Deployment")[0]
+	c := d.Spec.Template.Spec.Containers[slices.IndexFunc(d.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return c.Name == containerName })]
+	file := ""
+	for _, e := range c.Env {
+		if e.Name == "PAYMENTS_TLS_CLIENT_CA_FILE" {
+			file = e.Value
+		}
+	}
+	found := false
+	for _, m := range c.VolumeMounts {
+		rel, inside := strings.CutPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/")
+		if !inside {
+			continue
+		}
+		found = true
+		i := slices.IndexFunc(d.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+		if i < 0 || m.SubPath != "" || !m.ReadOnly {
+			t.Fatalf("PAYMENTS_TLS_CLIENT_CA_FILE %s: mount %+v, want a whole, read-only volume", file, m)
+		}
+		cm := d.Spec.Template.Spec.Volumes[i].ConfigMap
+		if cm == nil || cm.Name != b.Name || !slices.Contains(cm.Items, corev1.KeyToPath{Key: b.Spec.Target.ConfigMap.Key, Path: rel}) {
+			t.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE %s is in volume %+v, want the ConfigMap %s's key %s (the trust bundle)", file, d.Spec.Template.Spec.Volumes[i], b.Name, b.Spec.Target.ConfigMap.Key)
+		}
+		if cm != nil && cm.Optional != nil && *cm.Optional {
+			t.Errorf("the trust bundle's volume is optional: without it paymentsd would start trusting nobody")
+		}
+	}
+	if !found {
+		t.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE = %q is under no volumeMount", file)
+	}
+	ns := typed[corev1.Namespace](t, r, "Namespace")
+	if len(ns) != 1 || !selects(labelSelector{MatchLabels: b.Spec.Target.NamespaceSelector.MatchLabels}, ns[0].Labels) {
+		t.Errorf("namespace %s labels %v: trust-manager writes the Bundle only where %v", namespace(env), ns[0].Labels, b.Spec.Target.NamespaceSelector.MatchLabels)
+	}
+	sources := map[string]bool{}
+	for _, src := range b.Spec.Sources {
+		if src.UseDefaultCAs != nil && *src.UseDefaultCAs {
+			t.Errorf("Bundle %s trusts the public CAs (useDefaultCAs): any public certificate would reach paymentsd", b.Name)
+		}
+		if src.Secret != nil {
+			sources[src.Secret.Name] = true
+		}
+	}
+	for _, ci := range typed[clusterIssuer](t, render(t, "cluster"), "ClusterIssuer") {
+		if ci.Spec.CA != nil && !sources[ci.Spec.CA.SecretName] {
+			t.Errorf("Bundle %s does not trust the CA of ClusterIssuer %s (Secret %s): what it signs would be refused", b.Name, ci.Name, ci.Spec.CA.SecretName)
 		}
 	}
 }

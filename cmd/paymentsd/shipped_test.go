@@ -96,6 +96,47 @@ func renderOverlay(t *testing.T, env string) *renderedOverlay {
 	return r
 }
 
+// trustBundle is the Bundle deploy/cluster renders: trust-manager writes
+// it as the ConfigMap name, key key.
+type trustBundle struct{ name, key string }
+
+func renderTrustBundle(t *testing.T) trustBundle {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), "go", "tool", "-modfile=../../tools.go.mod", "kustomize", "build", "../../deploy/cluster")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kustomize build cluster: %v\n%s", err, stderr.Bytes())
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(out))
+	for {
+		var doc struct {
+			Kind     string `yaml:"kind"`
+			Metadata struct {
+				Name string `yaml:"name"`
+			} `yaml:"metadata"`
+			Spec struct {
+				Target struct {
+					ConfigMap struct {
+						Key string `yaml:"key"`
+					} `yaml:"configMap"`
+				} `yaml:"target"`
+			} `yaml:"spec"`
+		}
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if doc.Kind == "Bundle" {
+			return trustBundle{name: doc.Metadata.Name, key: doc.Spec.Target.ConfigMap.Key}
+		}
+	}
+	t.Fatal("deploy/cluster renders no Bundle")
+	return trustBundle{}
+}
+
 // container is the rendered paymentsd container.
 func (r *renderedOverlay) container(t *testing.T) corev1.Container {
 	t.Helper()
@@ -286,8 +327,13 @@ func shellWords(t *testing.T, line string) []string {
 // certificate for the first person PAYMENTS_ADMIN_CALLERS names (as the
 // policy payments-people issues it): the payments in doubt, one resolved
 // with evidence, yesterday exported. The audit names that person; a caller
-// without a certificate, a service's SVID and another person are refused;
-// the event reader reads events and nobody else does.
+// without a certificate, a service's SVID, another person and the same
+// person's certificate for the other environment are refused; the event
+// reader reads events and nobody else does. Then the other runbook steps:
+// the kubelet's probes answered while 100 connections hold the health
+// port, a watch ending when its certificate expires, and the trust
+// domain's CA replaced as docs/identity.md says, nobody refused before the
+// old CA is dropped.
 func TestShippedDeployment(t *testing.T) {
 	t.Parallel()
 	for _, env := range []string{"sandbox", "live"} {
@@ -312,9 +358,12 @@ type shippedPod struct {
 	// (under the stand-in for /), and tlsFiles what it holds.
 	tlsDir   string
 	tlsFiles map[string][]byte
-	port     map[int32]string // container port -> the variable binding it
-	addrOf   map[string]string
-	logs     *logBuffer
+	// bundleDir is where the trust bundle's ConfigMap is mounted, and
+	// bundleFile its file there.
+	bundleDir, bundleFile string
+	port                  map[int32]string // container port -> the variable binding it
+	addrOf                map[string]string
+	logs                  *logBuffer
 }
 
 // startShipped renders deploy/overlays/env with the pinned kustomize and
@@ -357,10 +406,26 @@ func startShipped(t *testing.T, env string) *shippedPod {
 		}
 		return ""
 	}
+	bundle := renderTrustBundle(t)
 	for _, m := range c.VolumeMounts {
 		v, ok := volumes[m.Name]
+		if ok && m.SubPath == "" && v.ConfigMap != nil && v.ConfigMap.Name == bundle.name {
+			// The ConfigMap trust-manager writes for the Bundle, whose one
+			// source is the trust domain's CA.
+			files := map[string][]byte{}
+			for _, item := range v.ConfigMap.Items {
+				if item.Key != bundle.key {
+					t.Fatalf("volume %s projects key %s of the trust bundle, which trust-manager writes as %s", v.Name, item.Key, bundle.key)
+				}
+				files[item.Path] = caPEM
+				pod.bundleFile = item.Path
+			}
+			pod.bundleDir = filepath.Join(root, m.MountPath)
+			atomicWrite(t, pod.bundleDir, files)
+			continue
+		}
 		if !ok || v.Secret == nil || m.SubPath != "" {
-			t.Fatalf("volumeMount %s: want a whole Secret volume, got %+v", m.Name, v)
+			t.Fatalf("volumeMount %s: want a whole Secret volume, or the trust bundle's ConfigMap, got %+v", m.Name, v)
 		}
 		files := map[string][]byte{}
 		for _, item := range v.Secret.Items {
@@ -394,8 +459,8 @@ func startShipped(t *testing.T, env string) *shippedPod {
 		}
 		atomicWrite(t, filepath.Join(root, m.MountPath), files)
 	}
-	if pod.tlsDir == "" {
-		t.Fatal("the pods mount no Secret of the rendered Certificate")
+	if pod.tlsDir == "" || pod.bundleDir == "" {
+		t.Fatal("the pods mount no Secret of the rendered Certificate, or not the trust bundle")
 	}
 
 	// The environment, exactly, but for the mount paths (under root) and
@@ -705,6 +770,13 @@ func testShippedDeployment(t *testing.T, env string) {
 			t.Errorf("ListProviderEvents as %s = %v, want %v", id, err, want)
 		}
 	}
+
+	// The runbooks' other steps: probes answered with the health port
+	// held, a watch ending with its certificate, and the trust domain's CA
+	// replaced (last: it changes the CA).
+	pod.holdHealthPort(t)
+	pod.expiringWatch(t)
+	pod.walkCARotation(t)
 }
 
 func mustURL(t *testing.T, s string) *url.URL {
