@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -321,5 +322,26 @@ func (pod *shippedPod) expiringWatch(t *testing.T) {
 			checkCode(t, "the watch whose certificate expired", it.err, codes.PermissionDenied, service.ReasonCallerNotAllowed)
 			return
 		}
+	}
+}
+
+// stillSettling makes the record of key one whose last request may still
+// be at the provider until until (its quiet period), as a settlement
+// re-send leaves it.
+func stillSettling(t *testing.T, dbURL, key string, until time.Time) {
+	t.Helper()
+	driver, dsn, update, at := "pgx", dbURL, `UPDATE records SET quiet_until = $1 WHERE key = $2`, any(until)
+	if path, ok := strings.CutPrefix(dbURL, "sqlite:"); ok {
+		driver, dsn, update, at = "sqlite", "file:"+path+"?_pragma=busy_timeout(10000)", `UPDATE records SET quiet_until = ?1 WHERE key = ?2`, until.UnixMicro()
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if r, err := db.Exec(update, at, key); err != nil {
+		t.Fatal(err)
+	} else if n, _ := r.RowsAffected(); n != 1 {
+		t.Fatalf("no record of %s to make settling", key)
 	}
 }

@@ -594,7 +594,12 @@ func testShippedDeployment(t *testing.T, env string) {
 		{key: "k-doubt-1", amount: 1250, created: time.Now().Add(-time.Hour), inDoubt: true, caller: caller},
 		{key: "k-doubt-2", amount: 990, created: time.Now().Add(-time.Hour), inDoubt: true, caller: caller},
 		{key: "k-yesterday", amount: 4200, created: yesterday.Add(9 * time.Hour), reply: `{"id":"pay_y"}`, caller: caller},
+		{key: "k-yesterday-other", amount: 700, created: yesterday.Add(10 * time.Hour), reply: `{"id":"pay_o"}`, caller: "spiffe://corp.example/ns/elsewhere/sa/someone"},
 	})
+	// The first is still settling: its last re-send may be at the
+	// provider for a few seconds more, so a resolution now is refused
+	// (PAYMENT_IN_PROGRESS) until then, as on-call meets it.
+	stillSettling(t, db, "k-doubt-1", time.Now().Add(3*time.Second))
 
 	// The on-call person's files, as cmctl writes them in the working
 	// directory: the key it made, and the certificate approver-policy
@@ -699,8 +704,9 @@ func testShippedDeployment(t *testing.T, env string) {
 		if !time.Now().UTC().Truncate(24 * time.Hour).Equal(today) {
 			t.Skip("the day changed (UTC) while the test ran")
 		}
-		if err != nil || len(rows) != 2 || rows[1][slices.Index(exportColumns, "idempotency_key")] != "k-yesterday" {
-			t.Errorf("yesterday.csv = %q, %v; want the header and k-yesterday", rows, err)
+		key := slices.Index(exportColumns, "idempotency_key")
+		if err != nil || len(rows) != 3 || rows[1][key] != "k-yesterday" || rows[2][key] != "k-yesterday-other" {
+			t.Errorf("yesterday.csv = %q, %v; want the header, k-yesterday and k-yesterday-other: every caller's", rows, err)
 		}
 	}
 
@@ -744,6 +750,11 @@ func testShippedDeployment(t *testing.T, env string) {
 		if res := cli("", tt.args...); res.code != tt.want || strings.Contains(res.stdout, "k-doubt") {
 			t.Errorf("%s: paymentsd payments %s:\n%v\nwant exit %d and no payment shown", tt.who, strings.Join(tt.args, " "), res, tt.want)
 		}
+	}
+	// A service exports its own payments, and nobody else's.
+	if res := cli("", append([]string{"export", "--from", "yesterday", "--to", "yesterday", "--format", "jsonl"}, as("svc.crt", "svc.key")...)...); res.code != 0 ||
+		!strings.Contains(res.stdout, `"k-yesterday"`) || strings.Contains(res.stdout, "k-yesterday-other") {
+		t.Errorf("a service's SVID exporting yesterday:\n%v\nwant exit 0, its own k-yesterday, and not another caller's", res)
 	}
 	if res := cli("", "get", "k-doubt-2", "-o", "json"); !strings.Contains(res.stdout, "OUTCOME_UNKNOWN") {
 		t.Errorf("k-doubt-2 after the refusals:\n%v\nwant it still in doubt", res)
