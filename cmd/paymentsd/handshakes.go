@@ -109,19 +109,38 @@ func (h *handshakeRefusals) refuse(port string, remote net.Addr, err error) {
 	}
 	h.logged[[2]string{port, reason}] = &refusalLog{at: now}
 	h.mu.Unlock()
-	attrs := []any{"port", port, "reason", reason, "error", err.Error(), "suppressed", suppressed}
+	// The caller wrote the certificate, and so much of the error: each
+	// is clipped, so that a line stays small whatever it holds.
+	attrs := []any{"port", port, "reason", reason, "error", clip(err.Error()), "suppressed", suppressed}
 	if remote != nil {
 		attrs = append(attrs, "remote_addr", remote.String())
 	}
 	if cert != nil {
-		uris := make([]string, len(cert.URIs))
-		for i, u := range cert.URIs {
-			uris[i] = u.String()
+		var uris, dnsNames []string
+		for _, u := range cert.URIs[:min(len(cert.URIs), maxLoggedNames)] {
+			uris = append(uris, clip(u.String()))
 		}
-		attrs = append(attrs, "peer_uris", uris, "peer_dns_names", cert.DNSNames,
-			"peer_issuer", cert.Issuer.String(), "peer_not_after", cert.NotAfter.UTC().Format(time.RFC3339))
+		for _, n := range cert.DNSNames[:min(len(cert.DNSNames), maxLoggedNames)] {
+			dnsNames = append(dnsNames, clip(n))
+		}
+		attrs = append(attrs, "peer_uris", uris, "peer_dns_names", dnsNames,
+			"peer_issuer", clip(cert.Issuer.String()), "peer_not_after", cert.NotAfter.UTC().Format(time.RFC3339))
 	}
 	h.logger.Warn("TLS handshake refused", attrs...)
+}
+
+// What a refusal's log line holds of a caller's certificate at most.
+const (
+	maxLoggedNames = 4
+	maxLoggedBytes = 256
+)
+
+// clip shortens s to maxLoggedBytes, marking that it did.
+func clip(s string) string {
+	if len(s) <= maxLoggedBytes {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxLoggedBytes], "") + "…"
 }
 
 // refusalReason is why a handshake failed with err, and the caller's

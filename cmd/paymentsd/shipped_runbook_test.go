@@ -2,9 +2,9 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"crypto/tls"
 	"crypto/x509"
+	"database/sql"
 	"fmt"
 	"net/http"
 	"net/url"
