@@ -93,7 +93,7 @@ type Options struct {
 	AdminCallers []Identity
 	EventReaders []Identity
 	// StillTrusted, when set, is asked at every call (but health checks
-	// and reflection) whether the caller's certificate, whose chains were
+	// and reflection), and all along an open stream (see Clock), whether the caller's certificate, whose chains were
 	// verified when its connection opened, would still be: not expired,
 	// and chaining to a client CA still in use. Its error refuses the
 	// call (PERMISSION_DENIED, CALLER_NOT_ALLOWED, and the error in the
@@ -102,10 +102,12 @@ type Options struct {
 	// this, an expired certificate, or one of a CA since removed, would
 	// go on naming its caller there.
 	StillTrusted func(verifiedChains [][]*x509.Certificate) error
-	// Clock is what StillTrusted judges expiry by, and what open streams
-	// wait on to be checked again when their caller's certificate expires;
-	// nil is the host's clock. A stream whose caller StillTrusted (or the
-	// allowlists) no longer admits ends with that refusal.
+	// Clock, the clock StillTrusted judges expiry by, is what an open
+	// stream waits on to be checked again when its caller's certificate
+	// (or a CA of its chain) expires; nil is the host's clock. A stream is
+	// also checked again whenever TrustChanged says, and before each
+	// message it sends; once StillTrusted (or the allowlists) no longer
+	// admits its caller, it ends with that refusal.
 	Clock Clock
 	// TrustChanged, if set, returns a channel that is closed the next time
 	// the client CAs that StillTrusted goes by change: open streams are
