@@ -192,6 +192,7 @@ var apiTypes = map[string]func() any{
 	"cert-manager.io/v1/Certificate":                           func() any { return &certificate{} },
 	"cert-manager.io/v1/ClusterIssuer":                         func() any { return &clusterIssuer{} },
 	"policy.cert-manager.io/v1alpha1/CertificateRequestPolicy": func() any { return &certificateRequestPolicy{} },
+	"trust.cert-manager.io/v1alpha1/Bundle":                    func() any { return &bundle{} },
 	// prometheus-operator's Go types would bring its whole module (and a
 	// second copy of the Kubernetes client libraries) for one object: a
 	// local type holds the fields the manifests use, and strict decoding
@@ -509,6 +510,7 @@ var checks = []check{
 	{"PrometheusAnnotations", checkPrometheusAnnotations},
 	{"ServingCertificate", checkServingCertificate},
 	{"CallerIdentities", checkCallerIdentities},
+	{"ClientCAFromTrustBundle", checkClientCAFromTrustBundle},
 	{"OnCallRBAC", checkOnCallRBAC},
 }
 
@@ -1048,10 +1050,39 @@ func checkHPA(t *testing.T, r *rendered, _ string) {
 // HPA may choose: live, which takes real payments, at least two.
 var minAvailableThroughDrains = map[string]int{"sandbox": 1, "live": 2}
 
+// evictionAllowed is what the eviction API (Kubernetes'
+// pkg/registry/core/pod/storage/eviction.go) answers a drain asking to
+// evict one running pod, ready or not, selected by budget p alone, when n
+// pods are expected and healthy of them are ready.
+func evictionAllowed(p pdb, n, healthy int, ready bool) bool {
+	desired := n // the PDB controller's desiredHealthy
+	if v, ok := p.Spec.MaxUnavailable.(int); ok {
+		desired = n - v
+	} else if v, ok := p.Spec.MinAvailable.(int); ok {
+		desired = v
+	}
+	if !ready {
+		if p.Spec.UnhealthyPodEvictionPolicy == "AlwaysAllow" {
+			return true
+		}
+		// IfHealthyBudget, the default: only while the budget holds
+		// without it.
+		if healthy >= desired && desired > 0 {
+			return true
+		}
+	}
+	return healthy-desired > 0 // disruptionsAllowed
+}
+
 // checkPDB: the budget selects the pods and, at every replica count from
 // the HPA's minimum to its maximum, keeps the environment's floor of pods
-// while still letting a drain evict one; pods that are not ready may
-// always be evicted, so a broken pod never blocks a drain.
+// while still letting a drain evict one. A pod that is not ready is
+// evicted only while the budget holds without it: when every replica's
+// store writes fail at once (the database, shared by all), each holds
+// outcomes it could not record (PaymentsdOutcomesPending: never evict
+// it), and a drain must wait rather than evict them one after the other.
+// (One not-ready pod among ready ones stays evictable: a budget can't keep
+// one pod while it allows a disruption; docs/runbooks.md says so.)
 func checkPDB(t *testing.T, r *rendered, env string) {
 	d := one[deployment](t, r, "Deployment", "apps/v1")
 	p := one[pdb](t, r, "PodDisruptionBudget", "policy/v1")
@@ -1059,8 +1090,8 @@ func checkPDB(t *testing.T, r *rendered, env string) {
 	if !selects(p.Spec.Selector, d.Spec.Template.Metadata.Labels) {
 		t.Errorf("PodDisruptionBudget selector %v does not select the pod labels %v", p.Spec.Selector, d.Spec.Template.Metadata.Labels)
 	}
-	if p.Spec.UnhealthyPodEvictionPolicy != "AlwaysAllow" {
-		t.Errorf("PodDisruptionBudget unhealthyPodEvictionPolicy = %q, want AlwaysAllow: a pod that is not ready takes no traffic, and must not block a drain", p.Spec.UnhealthyPodEvictionPolicy)
+	if p.Spec.UnhealthyPodEvictionPolicy != "IfHealthyBudget" {
+		t.Errorf("PodDisruptionBudget unhealthyPodEvictionPolicy = %q, want IfHealthyBudget, written out (the default since Kubernetes 1.27; AlwaysAllow evicts pods holding unrecorded outcomes)", p.Spec.UnhealthyPodEvictionPolicy)
 	}
 	minAvailable, minSet := p.Spec.MinAvailable.(int)
 	maxUnavailable, maxSet := p.Spec.MaxUnavailable.(int)
@@ -1082,6 +1113,16 @@ func checkPDB(t *testing.T, r *rendered, env string) {
 		}
 		if n-keeps < 1 {
 			t.Errorf("with %d pods, the PodDisruptionBudget lets a drain evict none: nodes could never be drained", n)
+		}
+		// Every replica's writes failing: none ready, each holding
+		// outcomes.
+		if evictionAllowed(p, n, 0, false) {
+			t.Errorf("with %d pods all not ready (the shared store's writes failing), a drain may evict one: it would lose the outcomes it holds", n)
+		}
+		// One replica not ready: its eviction is the budget's one
+		// disruption, as a ready pod's would be (the runbook's case).
+		if !evictionAllowed(p, n, n-1, false) || !evictionAllowed(p, n, n, true) {
+			t.Errorf("with %d pods, a drain may not evict a ready pod, or a lone not-ready one: nodes could not be drained", n)
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/ext"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -41,6 +43,35 @@ type certificate struct {
 			RotationPolicy string `json:"rotationPolicy,omitempty"`
 		} `json:"privateKey,omitempty"`
 		IssuerRef issuerRef `json:"issuerRef"`
+	} `json:"spec"`
+}
+
+// bundle is trust-manager's Bundle (trust.cert-manager.io/v1alpha1), with
+// the fields these manifests may use, decoded strictly as certificate is.
+type bundle struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Sources []struct {
+			Secret *struct {
+				Name string `json:"name"`
+				Key  string `json:"key"`
+			} `json:"secret,omitempty"`
+			ConfigMap *struct {
+				Name string `json:"name"`
+				Key  string `json:"key"`
+			} `json:"configMap,omitempty"`
+			InLine        *string `json:"inLine,omitempty"`
+			UseDefaultCAs *bool   `json:"useDefaultCAs,omitempty"`
+		} `json:"sources"`
+		Target struct {
+			ConfigMap *struct {
+				Key string `json:"key"`
+			} `json:"configMap,omitempty"`
+			NamespaceSelector *struct {
+				MatchLabels map[string]string `json:"matchLabels,omitempty"`
+			} `json:"namespaceSelector,omitempty"`
+		} `json:"target"`
 	} `json:"spec"`
 }
 
@@ -112,10 +143,10 @@ func checkServingCertificate(t *testing.T, r *rendered, env string) {
 		t.Fatalf("rendered %d Certificates, want 1 (paymentsd's serving certificate)", len(certs))
 	}
 	c := certs[0]
-	for _, v := range []string{"PAYMENTS_TLS_CERT_FILE", "PAYMENTS_TLS_KEY_FILE", "PAYMENTS_TLS_CLIENT_CA_FILE"} {
+	for _, v := range []string{"PAYMENTS_TLS_CERT_FILE", "PAYMENTS_TLS_KEY_FILE"} {
 		checkFileFromSecret(t, d, v, c.Spec.SecretName)
 	}
-	for v, file := range map[string]string{"PAYMENTS_TLS_CERT_FILE": "tls.crt", "PAYMENTS_TLS_KEY_FILE": "tls.key", "PAYMENTS_TLS_CLIENT_CA_FILE": "ca.crt"} {
+	for v, file := range map[string]string{"PAYMENTS_TLS_CERT_FILE": "tls.crt", "PAYMENTS_TLS_KEY_FILE": "tls.key"} {
 		if got, _ := envValue(paymentsd(t, d), v); got != tlsMount+file {
 			t.Errorf("%s = %q, want %s%s (the key cert-manager writes)", v, got, tlsMount, file)
 		}
@@ -194,8 +225,12 @@ func checkCallerIdentities(t *testing.T, r *rendered, env string) {
 			parts := strings.Split(path, "/")
 			switch {
 			case variable == "PAYMENTS_ADMIN_CALLERS":
-				if len(parts) != 2 || parts[0] != "people" {
-					t.Errorf("%s: %s is not a person's SPIFFE ID (spiffe://%s/people/NAME)", variable, id, td)
+				// A person on call in this environment: the policy
+				// payments-people issues it only for a request in this
+				// namespace, so no certificate of the other
+				// environment's is an admin here.
+				if len(parts) != 4 || parts[0] != "ns" || parts[1] != namespace(env) || parts[2] != "people" {
+					t.Errorf("%s: %s is not a person's SPIFFE ID in %s (spiffe://%s/ns/%s/people/NAME)", variable, id, namespace(env), td, namespace(env))
 				}
 			case len(parts) != 4 || parts[0] != "ns" || parts[2] != "sa":
 				t.Errorf("%s: %s is not a workload's SPIFFE ID (spiffe://%s/ns/NAMESPACE/sa/NAME)", variable, id, td)
@@ -296,9 +331,10 @@ func TestClusterObjects(t *testing.T) {
 		t.Errorf("%s dnsNames = %+v, want one rule tying the names to the request's namespace", serving.Name, dn)
 	}
 	u := people.Spec.Allowed.URIs
-	if u == nil || u.Required == nil || !*u.Required || len(u.Values) > 0 || len(u.Validations) != 1 ||
-		!strings.Contains(u.Validations[0].Rule, "/people/' + cr.username") {
+	if u == nil || u.Required == nil || !*u.Required || len(u.Values) > 0 || len(u.Validations) != 1 {
 		t.Errorf("%s uris = %+v, want required, and one rule: the SPIFFE ID of the requester's user name", people.Name, u)
+	} else {
+		checkPeopleRule(t, u.Validations[0].Rule, people.Spec.Selector.Namespace.MatchNames)
 	}
 	if people.Spec.Allowed.DNSNames != nil || !slices.Equal(people.Spec.Allowed.Usages, []string{"digital signature", "client auth"}) {
 		t.Errorf("%s allows dnsNames %+v, usages %v; want no DNS name, client auth", people.Name, people.Spec.Allowed.DNSNames, people.Spec.Allowed.Usages)
@@ -326,8 +362,8 @@ func TestClusterObjects(t *testing.T) {
 	}
 	if len(tmpl.Spec.URIs) != 1 || len(tmpl.Spec.DNSNames) > 0 || !slices.Equal(tmpl.Spec.Usages, people.Spec.Allowed.Usages) {
 		t.Errorf("examples/oncall-certificate.yaml uris %v, dnsNames %v, usages %v; want one URI, no DNS name, %v", tmpl.Spec.URIs, tmpl.Spec.DNSNames, tmpl.Spec.Usages, people.Spec.Allowed.Usages)
-	} else if id, err := paymentssvc.ParseIdentity(tmpl.Spec.URIs[0]); err != nil || !strings.Contains(id.String(), "/people/") {
-		t.Errorf("examples/oncall-certificate.yaml URI %s: %v; want a person's SPIFFE ID", tmpl.Spec.URIs[0], err)
+	} else if want, _ := paymentssvc.PersonID(trustDomain, tmpl.Namespace, "alice"); tmpl.Spec.URIs[0] != want.String() {
+		t.Errorf("examples/oncall-certificate.yaml URI %s, want alice's identity in its namespace, %s", tmpl.Spec.URIs[0], want)
 	}
 }
 
@@ -391,4 +427,149 @@ func exampleObject[T any](t *testing.T, file, kind string) *T {
 	}
 	t.Fatalf("%s has no %s", file, kind)
 	return nil
+}
+
+// trustDomain is the SPIFFE trust domain the manifests name (FILL IN in
+// each overlay).
+const trustDomain = "corp.example"
+
+// checkPeopleRule evaluates the payments-people policy's rule as
+// approver-policy does (CEL with its strings extension; self the request's
+// URI, cr its namespace and the requester's user name, which the API
+// server sets) for user names with @, :, upper case and every other
+// printable character, in each namespace the policy applies in: it
+// approves exactly the identity service.PersonID builds for the user name
+// and namespace, the one PAYMENTS_ADMIN_CALLERS is written with, and
+// nothing else: not the user name unescaped, not another case of it, not
+// the other environment's namespace. A user name with no identity gets
+// nothing.
+func checkPeopleRule(t *testing.T, rule string, namespaces []string) {
+	t.Helper()
+	env, err := cel.NewEnv(cel.Variable("self", cel.StringType), cel.Variable("cr", cel.MapType(cel.StringType, cel.StringType)), ext.Strings())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ast, iss := env.Compile(rule)
+	if iss.Err() != nil {
+		t.Fatalf("payments-people rule does not compile: %v", iss.Err())
+	}
+	prg, err := env.Program(ast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	approves := func(self, ns, user string) bool {
+		out, _, err := prg.Eval(map[string]any{"self": self, "cr": map[string]string{"name": "oncall-x", "namespace": ns, "username": user}})
+		return err == nil && out.Value() == true
+	}
+	var printable strings.Builder
+	for c := byte(0x20); c <= 0x7e; c++ {
+		printable.WriteByte(c)
+	}
+	users := []string{"alice", "Alice", "ALICE", "alice@corp.example", "Alice.Smith@Corp.Example", "oidc:alice", "oidc:Alice@corp.example",
+		"system:serviceaccount:ops:tool", "a_b", "a_5fb", "https://idp.example#42", "Jo Bloggs+oncall", printable.String(),
+		"", ".", "..", "José", "tab\there"}
+	for _, ns := range namespaces {
+		for _, user := range users {
+			id, err := paymentssvc.PersonID(trustDomain, ns, user)
+			naive := "spiffe://" + trustDomain + "/people/" + user
+			nsNaive := "spiffe://" + trustDomain + "/ns/" + ns + "/people/" + user
+			if err != nil {
+				for _, self := range []string{naive, nsNaive} {
+					if approves(self, ns, user) {
+						t.Errorf("payments-people approves %q for user %q in %s, which has no identity paymentsd accepts", self, user, ns)
+					}
+				}
+				continue
+			}
+			if !approves(id.String(), ns, user) {
+				t.Errorf("payments-people refuses %s for user %q in %s: the person can't get a certificate", id, user, ns)
+			}
+			if _, err := paymentssvc.ParseIdentity(id.String()); err != nil {
+				t.Errorf("%s (user %q) can't be written in PAYMENTS_ADMIN_CALLERS: %v", id, user, err)
+			}
+			wrong := []string{naive, strings.ToUpper(id.String()[len("spiffe://"):])}
+			if nsNaive != id.String() {
+				wrong = append(wrong, nsNaive)
+			}
+			for _, other := range namespaces {
+				if other != ns {
+					otherID, _ := paymentssvc.PersonID(trustDomain, other, user)
+					wrong = append(wrong, otherID.String())
+				}
+			}
+			for _, self := range wrong {
+				if approves(self, ns, user) {
+					t.Errorf("payments-people approves %q for user %q in %s; only %s", self, user, ns, id)
+				}
+			}
+		}
+	}
+}
+
+// checkClientCAFromTrustBundle: paymentsd verifies callers by the trust
+// bundle (deploy/cluster's Bundle), not by its serving Secret's ca.crt,
+// which holds only the CA that issued paymentsd's own certificate and so
+// can't hold an old and a new CA at once: PAYMENTS_TLS_CLIENT_CA_FILE is
+// the key trust-manager writes, in a whole ConfigMap volume of the
+// Bundle's ConfigMap, which trust-manager writes into this overlay's
+// namespace (its labels match the Bundle's selector). The Bundle trusts
+// every issuer's CA, and never the public CAs (useDefaultCAs), which would
+// let anyone with a public certificate in.
+func checkClientCAFromTrustBundle(t *testing.T, r *rendered, env string) {
+	bundles := typed[bundle](t, render(t, "cluster"), "Bundle")
+	if len(bundles) != 1 {
+		t.Fatalf("deploy/cluster renders %d Bundles, want 1 (the trust bundle)", len(bundles))
+	}
+	b := bundles[0]
+	if b.Spec.Target.ConfigMap == nil || b.Spec.Target.ConfigMap.Key == "" || b.Spec.Target.NamespaceSelector == nil || len(b.Spec.Target.NamespaceSelector.MatchLabels) == 0 {
+		t.Fatalf("Bundle %s target = %+v, want a ConfigMap key in the namespaces a label selects", b.Name, b.Spec.Target)
+	}
+	d := typed[appsv1.Deployment](t, r, "Deployment")[0]
+	c := d.Spec.Template.Spec.Containers[slices.IndexFunc(d.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return c.Name == containerName })]
+	file := ""
+	for _, e := range c.Env {
+		if e.Name == "PAYMENTS_TLS_CLIENT_CA_FILE" {
+			file = e.Value
+		}
+	}
+	found := false
+	for _, m := range c.VolumeMounts {
+		rel, inside := strings.CutPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/")
+		if !inside {
+			continue
+		}
+		found = true
+		i := slices.IndexFunc(d.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+		if i < 0 || m.SubPath != "" || !m.ReadOnly {
+			t.Fatalf("PAYMENTS_TLS_CLIENT_CA_FILE %s: mount %+v, want a whole, read-only volume", file, m)
+		}
+		cm := d.Spec.Template.Spec.Volumes[i].ConfigMap
+		if cm == nil || cm.Name != b.Name || !slices.Contains(cm.Items, corev1.KeyToPath{Key: b.Spec.Target.ConfigMap.Key, Path: rel}) {
+			t.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE %s is in volume %+v, want the ConfigMap %s's key %s (the trust bundle)", file, d.Spec.Template.Spec.Volumes[i], b.Name, b.Spec.Target.ConfigMap.Key)
+		}
+		if cm != nil && cm.Optional != nil && *cm.Optional {
+			t.Errorf("the trust bundle's volume is optional: without it paymentsd would start trusting nobody")
+		}
+	}
+	if !found {
+		t.Errorf("PAYMENTS_TLS_CLIENT_CA_FILE = %q is under no volumeMount", file)
+	}
+	ns := typed[corev1.Namespace](t, r, "Namespace")
+	if len(ns) != 1 || !selects(labelSelector{MatchLabels: b.Spec.Target.NamespaceSelector.MatchLabels}, ns[0].Labels) {
+		t.Errorf("namespace %s labels %v: trust-manager writes the Bundle only where %v", namespace(env), ns[0].Labels, b.Spec.Target.NamespaceSelector.MatchLabels)
+	}
+	sources := map[string]bool{}
+	for _, src := range b.Spec.Sources {
+		if src.UseDefaultCAs != nil && *src.UseDefaultCAs {
+			t.Errorf("Bundle %s trusts the public CAs (useDefaultCAs): any public certificate would reach paymentsd", b.Name)
+		}
+		if src.Secret != nil {
+			sources[src.Secret.Name] = true
+		}
+	}
+	for _, ci := range typed[clusterIssuer](t, render(t, "cluster"), "ClusterIssuer") {
+		if ci.Spec.CA != nil && !sources[ci.Spec.CA.SecretName] {
+			t.Errorf("Bundle %s does not trust the CA of ClusterIssuer %s (Secret %s): what it signs would be refused", b.Name, ci.Name, ci.Spec.CA.SecretName)
+		}
+	}
 }

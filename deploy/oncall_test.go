@@ -65,9 +65,10 @@ func onCallCommands(t *testing.T) []string {
 	return cmds
 }
 
-// apiAccess is one request a command makes of the API server.
+// apiAccess is one request a command makes of the API server: of one
+// object named name, or of any.
 type apiAccess struct {
-	verb, group, resource string
+	verb, group, resource, name string
 }
 
 // onCallStep is what one command of the runbook does, as far as the API
@@ -90,7 +91,8 @@ var certificateRequests = apiAccess{group: "cert-manager.io", resource: "certifi
 // command that asks nothing of the namespace (kubectl auth whoami).
 func parseOnCallStep(t *testing.T, cmd string) (step onCallStep, ok bool) {
 	t.Helper()
-	line, _, _ := strings.Cut(cmd, "|") // what it pipes to runs on the laptop
+	line, _, _ := strings.Cut(cmd, "|")   // what it pipes to runs on the laptop
+	line, _, _ = strings.Cut(line, " > ") // and so does where it writes
 	step.command = cmd
 	var args []string
 	words := strings.Fields(line)
@@ -124,7 +126,9 @@ func parseOnCallStep(t *testing.T, cmd string) (step onCallStep, ok bool) {
 	case words[0] == "kubectl" && len(args) >= 2 && args[0] == "port-forward" && strings.HasPrefix(args[1], "service/"):
 		// kubectl reads the Service, picks one of its pods, and opens the
 		// stream to it.
-		step.access = []apiAccess{{"get", "", "services"}, {"list", "", "pods"}, {"get", "", "pods"}, {"create", "", "pods/portforward"}}
+		step.access = []apiAccess{{"get", "", "services", ""}, {"list", "", "pods", ""}, {"get", "", "pods", ""}, {"create", "", "pods/portforward", ""}}
+	case words[0] == "kubectl" && len(args) == 3 && args[0] == "get" && (args[1] == "configmap" || args[1] == "cm"):
+		step.access = []apiAccess{{"get", "", "configmaps", args[2]}}
 	case words[0] == "kubectl" && len(args) >= 2 && args[0] == "auth" && args[1] == "whoami":
 		return step, false
 	default:
@@ -137,7 +141,7 @@ func parseOnCallStep(t *testing.T, cmd string) (step onCallStep, ok bool) {
 func allows(role *rbacv1.Role, a apiAccess) bool {
 	return slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool {
 		return slices.Contains(r.APIGroups, a.group) && slices.Contains(r.Resources, a.resource) &&
-			slices.Contains(r.Verbs, a.verb) && len(r.ResourceNames) == 0
+			slices.Contains(r.Verbs, a.verb) && (len(r.ResourceNames) == 0 || a.name != "" && slices.Contains(r.ResourceNames, a.name))
 	})
 }
 

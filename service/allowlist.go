@@ -106,13 +106,23 @@ type gate struct {
 	// stillTrusted, if set, says whether certificate chains verified when
 	// their connection opened would still be.
 	stillTrusted func(verifiedChains [][]*x509.Certificate) error
+	// clock is what open streams wait on for their callers' certificates
+	// to expire; trustChanged, if set, returns a channel closed the next
+	// time the client CAs change (see Options).
+	clock        Clock
+	trustChanged func() <-chan struct{}
 }
 
 func (g gate) check(ctx context.Context, fullMethod string) error {
 	if openMethod(fullMethod) || (!g.requireIdentity && g.allowed == nil) {
 		return nil
 	}
-	c := identityOf(ctx)
+	return g.checkCaller(identityOf(ctx), fullMethod)
+}
+
+// checkCaller says whether c may call fullMethod, a method that is not
+// open to all.
+func (g gate) checkCaller(c *caller, fullMethod string) error {
 	if c != nil && len(c.chains) > 0 && g.stillTrusted != nil {
 		// A connection outlives the certificate it was opened with (a
 		// REST one for as long as it is used), and the client CA file
@@ -165,5 +175,10 @@ func (g gate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo,
 	if err := g.check(ss.Context(), info.FullMethod); err != nil {
 		return err
 	}
-	return handler(srv, ss)
+	c := identityOf(ss.Context())
+	if openMethod(info.FullMethod) || c == nil || len(c.chains) == 0 || g.stillTrusted == nil {
+		// Nothing it was admitted on can change while it is open.
+		return handler(srv, ss)
+	}
+	return g.recheckedStream(srv, ss, c, info.FullMethod, handler)
 }

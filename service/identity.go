@@ -53,11 +53,16 @@ func (id Identity) IsZero() bool { return id.kind == 0 }
 // (spiffe://trust-domain/path) or dns: and a lower-case host name
 // (dns:billing.corp.example). Anything else, including a SPIFFE ID in any
 // spelling but its one valid one, is refused: the identity it was meant to
-// name would never match.
+// name would never match. So is a person's SPIFFE ID whose user name is
+// not written as PersonID writes it (alice_41 for Alice, say): no
+// certificate would ever name it.
 func ParseIdentity(s string) (Identity, error) {
 	switch {
 	case strings.HasPrefix(s, "spiffe://"):
 		if err := checkSPIFFEID(s); err != nil {
+			return Identity{}, err
+		}
+		if err := checkPersonPath(s); err != nil {
 			return Identity{}, err
 		}
 		return Identity{kind: kindSPIFFE, value: s}, nil
@@ -223,4 +228,102 @@ func newIdentitySet(ids []Identity) identitySet {
 // has reports whether id is in the set; no identity never is.
 func (s identitySet) has(id Identity) bool {
 	return !id.IsZero() && s[id]
+}
+
+// PersonID is the identity of a person on call in a Kubernetes namespace,
+// as deploy/cluster/policies.yaml has approver-policy issue it (the
+// CertificateRequestPolicy payments-people) for the user name the API
+// server puts on the person's request:
+//
+//	spiffe://<trustDomain>/ns/<namespace>/people/<user name>
+//
+// The user name is written byte for byte, case kept (Kubernetes' user
+// names are case-sensitive), except that each byte outside A-Z a-z 0-9 .
+// and - is written as _ and its two lower-case hex digits: alice@corp.example
+// is alice_40corp.example, oidc:Bob is oidc_3aBob, a_b is a_5fb. So every
+// user name of printable ASCII has exactly one identity, no two share one,
+// and each is a valid SPIFFE ID. A user name with a byte outside printable
+// ASCII (0x20 to 0x7e), empty, "." or ".." has none: the policy refuses
+// to sign for it.
+func PersonID(trustDomain, namespace, userName string) (Identity, error) {
+	name, err := escapeUserName(userName)
+	if err != nil {
+		return Identity{}, err
+	}
+	s := "spiffe://" + trustDomain + "/ns/" + namespace + "/people/" + name
+	if err := checkSPIFFEID(s); err != nil {
+		return Identity{}, err
+	}
+	return Identity{kind: kindSPIFFE, value: s}, nil
+}
+
+// plainUserNameByte reports whether c is written as itself in a person's
+// SPIFFE ID.
+func plainUserNameByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-'
+}
+
+// escapeUserName writes a user name as PersonID does.
+func escapeUserName(userName string) (string, error) {
+	switch userName {
+	case "":
+		return "", errors.New("a person's user name is empty")
+	case ".", "..":
+		return "", errors.New("a person's user name may not be . or ..: no SPIFFE ID can name it")
+	}
+	const hex = "0123456789abcdef"
+	var b strings.Builder
+	for i := 0; i < len(userName); i++ {
+		switch c := userName[i]; {
+		case c < 0x20 || c > 0x7e:
+			return "", errors.New("a person's user name holds a byte outside printable ASCII: no identity is written for it")
+		case plainUserNameByte(c):
+			b.WriteByte(c)
+		default:
+			b.WriteByte('_')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&0xf])
+		}
+	}
+	return b.String(), nil
+}
+
+// checkPersonPath refuses a person's SPIFFE ID (…/ns/<namespace>/people/
+// <name>) whose name is not one that PersonID writes for some user name.
+func checkPersonPath(id string) error {
+	parts := strings.Split(id[len("spiffe://"):], "/")
+	if len(parts) != 5 || parts[1] != "ns" || parts[3] != "people" {
+		return nil
+	}
+	name := parts[4]
+	for i := 0; i < len(name); i++ {
+		if name[i] != '_' {
+			continue
+		}
+		if i+2 >= len(name) {
+			return errors.New("not a person's identity as it is issued: _ must be followed by two lower-case hex digits (see docs/identity.md, people's identities)")
+		}
+		c, ok := unhex(name[i+1], name[i+2])
+		if !ok || c < 0x20 || c > 0x7e || plainUserNameByte(c) {
+			return errors.New("not a person's identity as it is issued: each byte outside A-Z a-z 0-9 . - of the user name is _ and its two lower-case hex digits, and no other is (see docs/identity.md, people's identities)")
+		}
+		i += 2
+	}
+	return nil
+}
+
+// unhex reads two lower-case hex digits.
+func unhex(hi, lo byte) (byte, bool) {
+	digit := func(c byte) (byte, bool) {
+		switch {
+		case '0' <= c && c <= '9':
+			return c - '0', true
+		case 'a' <= c && c <= 'f':
+			return c - 'a' + 10, true
+		}
+		return 0, false
+	}
+	h, ok1 := digit(hi)
+	l, ok2 := digit(lo)
+	return h<<4 | l, ok1 && ok2
 }

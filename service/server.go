@@ -93,7 +93,7 @@ type Options struct {
 	AdminCallers []Identity
 	EventReaders []Identity
 	// StillTrusted, when set, is asked at every call (but health checks
-	// and reflection) whether the caller's certificate, whose chains were
+	// and reflection), and all along an open stream (see Clock), whether the caller's certificate, whose chains were
 	// verified when its connection opened, would still be: not expired,
 	// and chaining to a client CA still in use. Its error refuses the
 	// call (PERMISSION_DENIED, CALLER_NOT_ALLOWED, and the error in the
@@ -102,6 +102,17 @@ type Options struct {
 	// this, an expired certificate, or one of a CA since removed, would
 	// go on naming its caller there.
 	StillTrusted func(verifiedChains [][]*x509.Certificate) error
+	// Clock, the clock StillTrusted judges expiry by, is what an open
+	// stream waits on to be checked again when its caller's certificate
+	// (or a CA of its chain) expires; nil is the host's clock. A stream is
+	// also checked again whenever TrustChanged says, and before each
+	// message it sends; once StillTrusted (or the allowlists) no longer
+	// admits its caller, it ends with that refusal.
+	Clock Clock
+	// TrustChanged, if set, returns a channel that is closed the next time
+	// the client CAs that StillTrusted goes by change: open streams are
+	// checked again then.
+	TrustChanged func() <-chan struct{}
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -164,6 +175,8 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		admins:          newIdentitySet(opts.AdminCallers),
 		readers:         newIdentitySet(opts.EventReaders),
 		stillTrusted:    opts.StillTrusted,
+		clock:           opts.Clock,
+		trustChanged:    opts.TrustChanged,
 	}
 	s := &Server{health: health.NewServer(), storeOK: true}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())

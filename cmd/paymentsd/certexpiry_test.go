@@ -8,7 +8,6 @@ import (
 	"net/http/httptrace"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,8 +23,7 @@ import (
 // expire an hour from now.
 func clockedMTLS(t *testing.T) (in *instance, serverCA, clientCA *testCA, advance func(time.Duration)) {
 	t.Helper()
-	var offset atomic.Int64
-	clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	clock := newTestClock()
 	serverCA, clientCA = newTestCA(t, "server CA"), newTestCA(t, "client CA")
 	certFile, keyFile := writePEMFiles(t, serverCA.issue(t, x509.ExtKeyUsageServerAuth))
 	clientCAFile := filepath.Join(t.TempDir(), "client-ca.pem")
@@ -35,7 +33,7 @@ func clockedMTLS(t *testing.T) (in *instance, serverCA, clientCA *testCA, advanc
 	in = startConfigured(t, with(sandboxEnv(idempotentProvider(t)), "PAYMENTS_TLS_CERT_FILE", certFile, "PAYMENTS_TLS_KEY_FILE", keyFile,
 		"PAYMENTS_TLS_CLIENT_CA_FILE", clientCAFile, "PAYMENTS_ALLOWED_CALLERS", checkout, "PAYMENTS_ADMIN_CALLERS", oncall),
 		nil, func(c *config) { c.testHooks.clock = clock })
-	return in, serverCA, clientCA, func(d time.Duration) { offset.Add(int64(d)) }
+	return in, serverCA, clientCA, clock.advance
 }
 
 // TestExpiredCertificateEndsOpenConnections: a caller whose certificate

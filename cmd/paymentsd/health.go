@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"example.com/paymentsd/service"
 )
 
@@ -22,15 +24,18 @@ type probePort struct {
 	ln  net.Listener
 }
 
-// Limits of the health port: a probe is one small request.
+// Limits of the health port: a probe is one small request, on a connection
+// of its own. Past healthMaxConnections a new connection takes the place of
+// an idle one (connGuard), so connections held open can't turn probes away.
 const (
 	healthReadHeaderTimeout = 5 * time.Second
 	healthIdleTimeout       = 2 * time.Minute
-	healthMaxConnections    = 16
+	healthMaxConnections    = 64
 )
 
-// listenHealth binds the health listener.
-func listenHealth(cfg *config, h http.Handler, logger *slog.Logger) (*probePort, error) {
+// listenHealth binds the health listener; evicted counts the connections
+// closed to make room for new ones.
+func listenHealth(cfg *config, h http.Handler, logger *slog.Logger, evicted prometheus.Counter) (*probePort, error) {
 	if cfg.HealthAddr == "" {
 		return &probePort{}, nil
 	}
@@ -42,10 +47,12 @@ func listenHealth(cfg *config, h http.Handler, logger *slog.Logger) (*probePort,
 	protocols.SetHTTP1(true)
 	// The kubelet's gRPC probe: HTTP/2 with prior knowledge, no TLS.
 	protocols.SetUnencryptedHTTP2(true)
+	guard := newConnGuard(healthMaxConnections, evicted)
 	return &probePort{
-		ln: service.LimitListener(ln, healthMaxConnections),
+		ln: guard.listener(ln),
 		srv: &http.Server{
-			Handler:           h,
+			Handler:           guard.track(h),
+			ConnContext:       guard.connContext,
 			Protocols:         &protocols,
 			MaxHeaderBytes:    service.MaxHeaderBytes,
 			ReadHeaderTimeout: healthReadHeaderTimeout,

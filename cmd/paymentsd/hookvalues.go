@@ -3,17 +3,29 @@ package main
 import (
 	"strings"
 	"time"
+
+	"example.com/paymentsd/service"
 )
 
 // hookValues are the settings a test binary may change (testhooks_on.go);
 // their zero values mean "as in production".
 type hookValues struct {
 	// clock, if set, is this process's clock, as if the host's were off
-	// by some amount. The record store goes by it only for SQLite, whose
-	// database is on this host; PostgreSQL goes by its server's clock.
-	clock func() time.Time
+	// by some amount (or, in a test, as the test moves it). The record
+	// store goes by it only for SQLite, whose database is on this host;
+	// PostgreSQL goes by its server's clock.
+	clock service.Clock
 	// retentionInterval, if set, is how often retention runs.
 	retentionInterval time.Duration
+}
+
+// now is the hooked clock's Now, or nil, its users' own default, when the
+// clock is not hooked.
+func (h hookValues) now() func() time.Time {
+	if h.clock == nil {
+		return nil
+	}
+	return h.clock.Now
 }
 
 // storeClock is the clock the record store at databaseURL should decide
@@ -21,7 +33,16 @@ type hookValues struct {
 // store is SQLite (whose default is this host's clock).
 func (h hookValues) storeClock(databaseURL string) func() time.Time {
 	if h.clock != nil && strings.HasPrefix(databaseURL, "sqlite:") {
-		return h.clock
+		return h.clock.Now
 	}
 	return nil
+}
+
+// offsetClock is the host's clock off by a fixed amount.
+type offsetClock time.Duration
+
+func (c offsetClock) Now() time.Time { return time.Now().Add(time.Duration(c)) }
+
+func (c offsetClock) AfterFunc(at time.Time, f func()) (stop func() bool) {
+	return time.AfterFunc(at.Sub(c.Now()), f).Stop
 }

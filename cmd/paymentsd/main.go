@@ -191,7 +191,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		Retention:          cfg.RecordRetention,
 		TombstoneRetention: cfg.TombstoneRetention,
 		RetentionInterval:  cfg.testHooks.retentionInterval,
-		Now:                cfg.testHooks.clock,
+		Now:                cfg.testHooks.now(),
 		MaxSends:           cfg.MaxInFlight,
 		AdminCallers:       cfg.AdminCallers,
 		// A newcomer trying paymentsd out may list and resolve; simulated
@@ -211,10 +211,11 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		return err
 	}
 
-	now := time.Now
+	var clock service.Clock = service.SystemClock{}
 	if cfg.testHooks.clock != nil {
-		now = cfg.testHooks.clock
+		clock = cfg.testHooks.clock
 	}
+	now := clock.Now
 	serverTLS, err := loadServerTLS(cfg, now, registerer)
 	if err != nil {
 		return err
@@ -244,11 +245,14 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		EventReaders:    cfg.EventReaders,
 		Version:         releaseVersion(),
 	}
+	// Refused TLS handshakes, on every TLS port, are counted and logged.
+	refusals := newHandshakeRefusals(registerer, logger, now)
 	if grpcTLS != nil {
-		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(credentials.NewTLS(grpcTLS)))
+		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(refusals.grpcCreds("grpc", credentials.NewTLS(grpcTLS))))
 	}
 	if serverTLS.requiresClientCerts() {
 		opts.StillTrusted = serverTLS.stillTrusted
+		opts.Clock, opts.TrustChanged = clock, serverTLS.clientCAsChanged
 	}
 	srv, err := service.NewServer(svc, opts)
 	if err != nil {
@@ -274,14 +278,15 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		httpLn.Close()
 		return err
 	}
-	scrape, err := listenMetrics(cfg, registry, logger)
+	evicted := newEvictedConnections(registerer)
+	scrape, err := listenMetrics(cfg, registry, logger, evicted.WithLabelValues("metrics"))
 	if err != nil {
 		grpcLn.Close()
 		httpLn.Close()
 		hooks.close()
 		return err
 	}
-	probes, err := listenHealth(cfg, srv.Health, logger)
+	probes, err := listenHealth(cfg, srv.Health, logger, evicted.WithLabelValues("health"))
 	if err != nil {
 		grpcLn.Close()
 		httpLn.Close()
@@ -308,6 +313,12 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 			MaxReceiveBufferPerStream:     int(cfg.MaxRequestBytes),
 		},
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	if httpTLS != nil {
+		refusals.httpServer("http", httpSrv, logger)
+	}
+	if hooks.tls {
+		refusals.httpServer("webhooks", hooks.srv, logger)
 	}
 
 	errc := make(chan error, 5)

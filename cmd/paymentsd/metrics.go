@@ -23,19 +23,22 @@ type scrapePort struct {
 	ln  net.Listener
 }
 
-// Timeouts of the metrics port: a scrape is one small request.
+// Limits of the metrics port: a scrape is one small request. Past
+// metricsMaxConnections a new connection takes the place of an idle one
+// (connGuard), so connections held open can't lock scrapers out.
 const (
 	metricsReadHeaderTimeout = 5 * time.Second
 	metricsWriteTimeout      = 30 * time.Second
 	metricsIdleTimeout       = 2 * time.Minute
-	metricsMaxConnections    = 16
+	metricsMaxConnections    = 64
 )
 
 // listenMetrics binds the metrics listener. It serves plaintext, even
 // when the other ports serve TLS: a scraper presents no client
 // certificate, and the metrics name no caller and hold no secret; a
-// NetworkPolicy admits only the scraper to the port.
-func listenMetrics(cfg *config, g prometheus.Gatherer, logger *slog.Logger) (*scrapePort, error) {
+// NetworkPolicy admits only the scraper to the port. evicted counts the
+// connections closed to make room for new ones.
+func listenMetrics(cfg *config, g prometheus.Gatherer, logger *slog.Logger, evicted prometheus.Counter) (*scrapePort, error) {
 	if cfg.MetricsAddr == "" {
 		return &scrapePort{}, nil
 	}
@@ -45,10 +48,12 @@ func listenMetrics(cfg *config, g prometheus.Gatherer, logger *slog.Logger) (*sc
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	guard := newConnGuard(metricsMaxConnections, evicted)
 	s := &scrapePort{
-		ln: service.LimitListener(ln, metricsMaxConnections),
+		ln: guard.listener(ln),
 		srv: &http.Server{
-			Handler:           mux,
+			Handler:           guard.track(mux),
+			ConnContext:       guard.connContext,
 			MaxHeaderBytes:    service.MaxHeaderBytes,
 			ReadHeaderTimeout: metricsReadHeaderTimeout,
 			ReadTimeout:       metricsReadHeaderTimeout,

@@ -249,6 +249,16 @@ func TestMonitoringQueriesUseExportedMetrics(t *testing.T) {
 	if _, scraped := families["paymentsd_secret_file_ok"]; scraped || !exp.names["paymentsd_secret_file_ok"] {
 		t.Fatalf("paymentsd_secret_file_ok scraped %v, described %v; want only described (no secret file watched)", scraped, exp.names["paymentsd_secret_file_ok"])
 	}
+	// And what paymentsd exports only with mTLS (the TLS files' expiry,
+	// refused handshakes), as deploy/ runs it.
+	tlsReg := prometheus.NewRegistry()
+	withTLS := startStreamTrustWith(t, func(c *config) { c.registry = tlsReg })
+	tlsExp := exportedBy(t, tlsReg, scrapeMetricsPort(t, withTLS.in))
+	for name := range tlsExp.names {
+		if !exp.names[name] {
+			exp.names[name], exp.labels[name] = true, tlsExp.labels[name]
+		}
+	}
 
 	var qs []query
 	recorded := map[string]bool{} // the names recording rules give their results

@@ -91,8 +91,8 @@ func TestShippedRolesGrantOnlyTheirRole(t *testing.T) {
 }
 
 // TestShippedCARotationEndsOpenConnections: on each overlay as rendered,
-// once the trust domain's CA is replaced in the mounted Secret (the step
-// docs/identity.md "Rotation" ends with: drop the old CA) and paymentsd
+// once the trust domain's CA is replaced in the mounted trust bundle (the
+// step docs/identity.md "Rotation" ends with: drop the old CA) and paymentsd
 // has re-read it, a caller whose certificate only the old CA signed is
 // answered nothing more, not even on the gRPC and REST connections it
 // opened before: the rotation revokes.
@@ -117,12 +117,7 @@ func TestShippedCARotationEndsOpenConnections(t *testing.T) {
 			}
 
 			next := newTestCA(t, "next trust domain CA")
-			files := map[string][]byte{}
-			for k, v := range pod.tlsFiles {
-				files[k] = v
-			}
-			files["ca.crt"] = next.pem
-			atomicWrite(t, pod.tlsDir, files)
+			atomicWrite(t, pod.bundleDir, map[string][]byte{pod.bundleFile: next.pem})
 			pod.logs.waitFor(t, "TLS file reloaded", nil)
 
 			err, code := list()

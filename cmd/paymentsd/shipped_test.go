@@ -96,6 +96,47 @@ func renderOverlay(t *testing.T, env string) *renderedOverlay {
 	return r
 }
 
+// trustBundle is the Bundle deploy/cluster renders: trust-manager writes
+// it as the ConfigMap name, key key.
+type trustBundle struct{ name, key string }
+
+func renderTrustBundle(t *testing.T) trustBundle {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), "go", "tool", "-modfile=../../tools.go.mod", "kustomize", "build", "../../deploy/cluster")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kustomize build cluster: %v\n%s", err, stderr.Bytes())
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(out))
+	for {
+		var doc struct {
+			Kind     string `yaml:"kind"`
+			Metadata struct {
+				Name string `yaml:"name"`
+			} `yaml:"metadata"`
+			Spec struct {
+				Target struct {
+					ConfigMap struct {
+						Key string `yaml:"key"`
+					} `yaml:"configMap"`
+				} `yaml:"target"`
+			} `yaml:"spec"`
+		}
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if doc.Kind == "Bundle" {
+			return trustBundle{name: doc.Metadata.Name, key: doc.Spec.Target.ConfigMap.Key}
+		}
+	}
+	t.Fatal("deploy/cluster renders no Bundle")
+	return trustBundle{}
+}
+
 // container is the rendered paymentsd container.
 func (r *renderedOverlay) container(t *testing.T) corev1.Container {
 	t.Helper()
@@ -286,8 +327,13 @@ func shellWords(t *testing.T, line string) []string {
 // certificate for the first person PAYMENTS_ADMIN_CALLERS names (as the
 // policy payments-people issues it): the payments in doubt, one resolved
 // with evidence, yesterday exported. The audit names that person; a caller
-// without a certificate, a service's SVID and another person are refused;
-// the event reader reads events and nobody else does.
+// without a certificate, a service's SVID, another person and the same
+// person's certificate for the other environment are refused; the event
+// reader reads events and nobody else does. Then the other runbook steps:
+// the kubelet's probes answered while 100 connections hold the health
+// port, a watch ending when its certificate expires, and the trust
+// domain's CA replaced as docs/identity.md says, nobody refused before the
+// old CA is dropped.
 func TestShippedDeployment(t *testing.T) {
 	t.Parallel()
 	for _, env := range []string{"sandbox", "live"} {
@@ -312,9 +358,12 @@ type shippedPod struct {
 	// (under the stand-in for /), and tlsFiles what it holds.
 	tlsDir   string
 	tlsFiles map[string][]byte
-	port     map[int32]string // container port -> the variable binding it
-	addrOf   map[string]string
-	logs     *logBuffer
+	// bundleDir is where the trust bundle's ConfigMap is mounted, and
+	// bundleFile its file there.
+	bundleDir, bundleFile string
+	port                  map[int32]string // container port -> the variable binding it
+	addrOf                map[string]string
+	logs                  *logBuffer
 }
 
 // startShipped renders deploy/overlays/env with the pinned kustomize and
@@ -357,10 +406,26 @@ func startShipped(t *testing.T, env string) *shippedPod {
 		}
 		return ""
 	}
+	bundle := renderTrustBundle(t)
 	for _, m := range c.VolumeMounts {
 		v, ok := volumes[m.Name]
+		if ok && m.SubPath == "" && v.ConfigMap != nil && v.ConfigMap.Name == bundle.name {
+			// The ConfigMap trust-manager writes for the Bundle, whose one
+			// source is the trust domain's CA.
+			files := map[string][]byte{}
+			for _, item := range v.ConfigMap.Items {
+				if item.Key != bundle.key {
+					t.Fatalf("volume %s projects key %s of the trust bundle, which trust-manager writes as %s", v.Name, item.Key, bundle.key)
+				}
+				files[item.Path] = caPEM
+				pod.bundleFile = item.Path
+			}
+			pod.bundleDir = filepath.Join(root, m.MountPath)
+			atomicWrite(t, pod.bundleDir, files)
+			continue
+		}
 		if !ok || v.Secret == nil || m.SubPath != "" {
-			t.Fatalf("volumeMount %s: want a whole Secret volume, got %+v", m.Name, v)
+			t.Fatalf("volumeMount %s: want a whole Secret volume, or the trust bundle's ConfigMap, got %+v", m.Name, v)
 		}
 		files := map[string][]byte{}
 		for _, item := range v.Secret.Items {
@@ -394,8 +459,8 @@ func startShipped(t *testing.T, env string) *shippedPod {
 		}
 		atomicWrite(t, filepath.Join(root, m.MountPath), files)
 	}
-	if pod.tlsDir == "" {
-		t.Fatal("the pods mount no Secret of the rendered Certificate")
+	if pod.tlsDir == "" || pod.bundleDir == "" {
+		t.Fatal("the pods mount no Secret of the rendered Certificate, or not the trust bundle")
 	}
 
 	// The environment, exactly, but for the mount paths (under root) and
@@ -529,7 +594,12 @@ func testShippedDeployment(t *testing.T, env string) {
 		{key: "k-doubt-1", amount: 1250, created: time.Now().Add(-time.Hour), inDoubt: true, caller: caller},
 		{key: "k-doubt-2", amount: 990, created: time.Now().Add(-time.Hour), inDoubt: true, caller: caller},
 		{key: "k-yesterday", amount: 4200, created: yesterday.Add(9 * time.Hour), reply: `{"id":"pay_y"}`, caller: caller},
+		{key: "k-yesterday-other", amount: 700, created: yesterday.Add(10 * time.Hour), reply: `{"id":"pay_o"}`, caller: "spiffe://corp.example/ns/elsewhere/sa/someone"},
 	})
+	// The first is still settling: its last re-send may be at the
+	// provider for a few seconds more, so a resolution now is refused
+	// (PAYMENT_IN_PROGRESS) until then, as on-call meets it.
+	stillSettling(t, db, "k-doubt-1", time.Now().Add(3*time.Second))
 
 	// The on-call person's files, as cmctl writes them in the working
 	// directory: the key it made, and the certificate approver-policy
@@ -634,8 +704,9 @@ func testShippedDeployment(t *testing.T, env string) {
 		if !time.Now().UTC().Truncate(24 * time.Hour).Equal(today) {
 			t.Skip("the day changed (UTC) while the test ran")
 		}
-		if err != nil || len(rows) != 2 || rows[1][slices.Index(exportColumns, "idempotency_key")] != "k-yesterday" {
-			t.Errorf("yesterday.csv = %q, %v; want the header and k-yesterday", rows, err)
+		key := slices.Index(exportColumns, "idempotency_key")
+		if err != nil || len(rows) != 3 || rows[1][key] != "k-yesterday" || rows[2][key] != "k-yesterday-other" {
+			t.Errorf("yesterday.csv = %q, %v; want the header, k-yesterday and k-yesterday-other: every caller's", rows, err)
 		}
 	}
 
@@ -646,7 +717,20 @@ func testShippedDeployment(t *testing.T, env string) {
 		URIs: []*url.URL{mustURL(t, stranger)}, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(8 * time.Hour),
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
-	for name, b := range map[string][]byte{"svc.crt": svcCert, "svc.key": svcKey, "stranger.crt": strangerCert, "stranger.key": strangerKey} {
+	// The same person, on call in the other environment: the policy
+	// payments-people issues a certificate naming the request's namespace,
+	// so theirs from there names another identity.
+	other := map[string]string{"sandbox": "live", "live": "sandbox"}[env]
+	elsewhere := strings.Replace(person, "/ns/"+ns+"/", "/ns/payments-"+other+"/", 1)
+	if elsewhere == person {
+		t.Errorf("the person's identity %s names no environment: the same certificate would be an admin in both", person)
+	}
+	elsewhereCert, elsewhereKey, _ := trustDomain.issueLeaf(t, &x509.Certificate{
+		URIs: []*url.URL{mustURL(t, elsewhere)}, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(8 * time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	for name, b := range map[string][]byte{"svc.crt": svcCert, "svc.key": svcKey, "stranger.crt": strangerCert, "stranger.key": strangerKey,
+		"elsewhere.crt": elsewhereCert, "elsewhere.key": elsewhereKey} {
 		os.WriteFile(filepath.Join(work, name), b, 0o600)
 	}
 	as := func(cert, key string) []string {
@@ -661,10 +745,16 @@ func testShippedDeployment(t *testing.T, env string) {
 		{"a service's SVID, resolving", append([]string{"resolve", "k-doubt-2", "--outcome", "not-created", "--evidence", "x", "--yes"}, as("svc.crt", "svc.key")...), exitDenied},
 		{"a service's SVID, listing another's", append([]string{"list", "--in-doubt", "--caller", reader}, as("svc.crt", "svc.key")...), exitDenied},
 		{"a person not on call", append([]string{"list", "--in-doubt"}, as("stranger.crt", "stranger.key")...), exitDenied},
+		{"the person, with the other environment's certificate", append([]string{"list", "--in-doubt"}, as("elsewhere.crt", "elsewhere.key")...), exitDenied},
 	} {
 		if res := cli("", tt.args...); res.code != tt.want || strings.Contains(res.stdout, "k-doubt") {
 			t.Errorf("%s: paymentsd payments %s:\n%v\nwant exit %d and no payment shown", tt.who, strings.Join(tt.args, " "), res, tt.want)
 		}
+	}
+	// A service exports its own payments, and nobody else's.
+	if res := cli("", append([]string{"export", "--from", "yesterday", "--to", "yesterday", "--format", "jsonl"}, as("svc.crt", "svc.key")...)...); res.code != 0 ||
+		!strings.Contains(res.stdout, `"k-yesterday"`) || strings.Contains(res.stdout, "k-yesterday-other") {
+		t.Errorf("a service's SVID exporting yesterday:\n%v\nwant exit 0, its own k-yesterday, and not another caller's", res)
 	}
 	if res := cli("", "get", "k-doubt-2", "-o", "json"); !strings.Contains(res.stdout, "OUTCOME_UNKNOWN") {
 		t.Errorf("k-doubt-2 after the refusals:\n%v\nwant it still in doubt", res)
@@ -691,6 +781,13 @@ func testShippedDeployment(t *testing.T, env string) {
 			t.Errorf("ListProviderEvents as %s = %v, want %v", id, err, want)
 		}
 	}
+
+	// The runbooks' other steps: probes answered with the health port
+	// held, a watch ending with its certificate, and the trust domain's CA
+	// replaced (last: it changes the CA).
+	pod.holdHealthPort(t)
+	pod.expiringWatch(t)
+	pod.walkCARotation(t)
 }
 
 func mustURL(t *testing.T, s string) *url.URL {

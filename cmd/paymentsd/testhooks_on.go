@@ -21,7 +21,7 @@ func loadTestHooks(getenv func(string) string, problem func(string, ...any)) tes
 		if err != nil {
 			problem("PAYMENTSD_TESTHOOK_CLOCK_OFFSET: want a duration")
 		}
-		h.clock = func() time.Time { return time.Now().Add(off) }
+		h.clock = offsetClock(off)
 	}
 	if v := getenv("PAYMENTSD_TESTHOOK_RETENTION_INTERVAL"); v != "" {
 		d, err := time.ParseDuration(v)

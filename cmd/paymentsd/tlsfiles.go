@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,11 +41,17 @@ type serverTLS struct {
 	cert      atomic.Pointer[tls.Certificate]
 	clientCAs atomic.Pointer[clientCAs] // nil without PAYMENTS_TLS_CLIENT_CA_FILE
 
+	// caChanged is closed, and replaced, each time new client CAs are put
+	// in use.
+	caMu      sync.Mutex
+	caChanged chan struct{}
+
 	// now is the clock certificates are verified by.
 	now func() time.Time
 
-	// notAfter is paymentsd_tls_certificate_expiry_timestamp_seconds.
-	notAfter prometheus.Gauge
+	// notAfter is paymentsd_tls_certificate_expiry_timestamp_seconds;
+	// caNotAfter and caCount, paymentsd_tls_client_ca_*.
+	notAfter, caNotAfter, caCount prometheus.Gauge
 }
 
 // clientCAs are the CAs of PAYMENTS_TLS_CLIENT_CA_FILE as last read: the
@@ -62,7 +69,7 @@ func loadServerTLS(cfg *config, now func() time.Time, reg prometheus.Registerer)
 	if cfg.TLSCertFile == "" {
 		return nil, nil
 	}
-	t := &serverTLS{certFile: cfg.TLSCertFile, keyFile: cfg.TLSKeyFile, caFile: cfg.TLSClientCAFile, now: now,
+	t := &serverTLS{certFile: cfg.TLSCertFile, keyFile: cfg.TLSKeyFile, caFile: cfg.TLSClientCAFile, now: now, caChanged: make(chan struct{}),
 		notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paymentsd_tls_certificate_expiry_timestamp_seconds",
 			Help: "When the serving certificate in use (PAYMENTS_TLS_CERT_FILE) expires, in Unix seconds: it is re-read every PAYMENTS_SECRET_RELOAD_INTERVAL, so this moves forward at each renewal.",
@@ -70,6 +77,19 @@ func loadServerTLS(cfg *config, now func() time.Time, reg prometheus.Registerer)
 	}
 	if err := reg.Register(t.notAfter); err != nil {
 		return nil, fmt.Errorf("register TLS metrics: %w", err)
+	}
+	if t.caFile != "" {
+		t.caNotAfter = prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paymentsd_tls_client_ca_expiry_timestamp_seconds",
+			Help: "When the last to expire of the client CAs in use (PAYMENTS_TLS_CLIENT_CA_FILE) expires, in Unix seconds: after it, no caller's certificate can be verified. During a CA rotation the file holds the next CA too, so this is the next CA's.",
+		})
+		t.caCount = prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paymentsd_tls_client_ca_certificates",
+			Help: "How many CA certificates the client CA file in use (PAYMENTS_TLS_CLIENT_CA_FILE) holds: 2 while a CA rotation's bundle holds the old and the new.",
+		})
+		if err := errors.Join(reg.Register(t.caNotAfter), reg.Register(t.caCount)); err != nil {
+			return nil, fmt.Errorf("register TLS metrics: %w", err)
+		}
 	}
 	certPEM, keyPEM, err := t.readKeyPair()
 	if err != nil {
@@ -146,6 +166,14 @@ func (t *serverTLS) stillTrusted(verifiedChains [][]*x509.Certificate) error {
 	return errors.New("the CA it chains to was removed from PAYMENTS_TLS_CLIENT_CA_FILE since its connection opened")
 }
 
+// clientCAsChanged returns a channel that is closed the next time new
+// client CAs are put in use (service.Options.TrustChanged).
+func (t *serverTLS) clientCAsChanged() <-chan struct{} {
+	t.caMu.Lock()
+	defer t.caMu.Unlock()
+	return t.caChanged
+}
+
 // requiresClientCerts reports whether callers must present certificates.
 func (t *serverTLS) requiresClientCerts() bool {
 	return t != nil && t.caFile != ""
@@ -188,6 +216,7 @@ func (t *serverTLS) useKeyPair(certPEM, keyPEM []byte) ([]slog.Attr, error) {
 func (t *serverTLS) useClientCA(caPEM []byte) ([]slog.Attr, error) {
 	cas := &clientCAs{pool: x509.NewCertPool(), der: map[string]bool{}}
 	n := 0
+	var last time.Time
 	for rest := caPEM; ; {
 		var block *pem.Block
 		block, rest = pem.Decode(rest)
@@ -204,12 +233,21 @@ func (t *serverTLS) useClientCA(caPEM []byte) ([]slog.Attr, error) {
 		cas.pool.AddCert(c)
 		cas.der[string(c.Raw)] = true
 		n++
+		if c.NotAfter.After(last) {
+			last = c.NotAfter
+		}
 	}
 	if n == 0 {
 		return nil, errors.New("the file it names holds no PEM certificates")
 	}
 	t.clientCAs.Store(cas)
-	return []slog.Attr{slog.Int("client_ca_certificates", n)}, nil
+	t.caNotAfter.Set(float64(last.Unix()))
+	t.caCount.Set(float64(n))
+	t.caMu.Lock()
+	close(t.caChanged)
+	t.caChanged = make(chan struct{})
+	t.caMu.Unlock()
+	return []slog.Attr{slog.Int("client_ca_certificates", n), slog.String("client_ca_not_after", last.UTC().Format(time.RFC3339))}, nil
 }
 
 // watch re-reads the files every interval until ctx ends, as the key and
