@@ -158,7 +158,10 @@ func TestResolveEndToEnd(t *testing.T) {
 			env := with(sandboxEnv(p),
 				"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 				"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
-				"PAYMENTS_SETTLEMENT_WINDOW", "1500ms",
+				// Long enough for a send after a person's NOT_CREATED: the
+				// attempt then is bounded by its new window (a person's
+				// word is not the provider's), less the lease's margins.
+				"PAYMENTS_SETTLEMENT_WINDOW", "3s",
 				"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
 				"PAYMENTS_PROVIDER_QUIET_PERIOD", "1s",
 			)

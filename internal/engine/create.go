@@ -98,6 +98,12 @@ func (e *Engine) Create(ctx context.Context, p Payment) Answer {
 		LeaseTTL:    e.leaseTTL, Window: e.window, Quiet: e.quiet, MinSend: e.minSend(),
 	}
 	for {
+		// An outcome this process holds for the key is written first, so
+		// that the claim sees it (record.Claim.Pending covers one that
+		// comes between).
+		if !e.Await(ctx, p.Key) {
+			return Answer{Told: record.TellInProgress}
+		}
 		c.Owner = e.owner()
 		c.Pending = e.outbox.pendingFor(p.Key) != nil
 		// The lease is counted from before the claim could commit, on this

@@ -124,18 +124,16 @@ func Tell(c Call) Told {
 // TellFrom says what a call answered from a record tells its caller: the
 // record its claim found Succeeded (Replay), or the one another claim left
 // when the call stopped waiting for it (Busy). Wait: the call claims
-// again, for the record is in flight, or NotCreated by a person's word,
-// which only lets a new attempt start (a person's word is not the
-// provider's: it is never told as NOT_CREATED).
+// again, for the record is in flight, or NotCreated. A call tells
+// NOT_CREATED only of its own attempt: the record another claim left
+// NotCreated may be a claim that sent nothing (its caller left, and was
+// told so), or a person's word, and either way the next claim starts the
+// key afresh and sends, so what this caller hears is that attempt's
+// answer.
 func TellFrom(r *Record) Told {
 	switch r.State {
 	case Succeeded:
 		return TellPaid
-	case NotCreated:
-		if r.Resolved() {
-			return Wait
-		}
-		return TellNotCreated
 	case OutcomeUnknown:
 		return TellUnknown
 	}

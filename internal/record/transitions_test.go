@@ -411,11 +411,11 @@ func TestTellFrom(t *testing.T) {
 		want Told
 	}{
 		{"succeeded", ended(Succeeded, 0), TellPaid},
-		{"not created", ended(NotCreated, 0), TellNotCreated},
+		{"not created", ended(NotCreated, 0), Wait},
 		{"not created by a person", with(ended(NotCreated, OutcomeUnknown), func(r *Record) { r.ResolvedAt = at(time.Minute) }), Wait},
 		{"not created since a person's resolution", with(ended(NotCreated, OutcomeUnknown), func(r *Record) {
 			r.ResolvedAt, r.AttemptStartedAt = at(time.Minute), at(time.Hour)
-		}), TellNotCreated},
+		}), Wait},
 		{"unknown", ended(OutcomeUnknown, 0), TellUnknown},
 		{"in progress", held("a/1", 0), Wait},
 	} {
