@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -96,11 +95,13 @@ func TestFailover(t *testing.T) {
 // TestAsyncFailover: asynchronous replication, paymentsd through HAProxy,
 // the replica's stream stalled for a moment and the primary SIGKILLed
 // under load. The promoted replica lacks the last commits: whole records,
-// and outcomes. paymentsd, which still holds them, writes them again as
-// soon as its writes resume (docs/postgresql.md), so nothing is lost for
-// good: every payment answered OK is on record with the payment its
-// caller was told, no key is charged twice, and every record settles. The
-// figures say how many outcomes paymentsd wrote again.
+// and outcomes. paymentsd's guarantee needs a store that loses no
+// acknowledged commit (docs/durability.md), so here it can't keep it: what
+// the test asserts is that paymentsd says so before the failover (its
+// replication gauge reads 0, and its start-up log says what a failover can
+// lose); what it measures, and logs as figures for the docs, is what the
+// failover lost: payments answered OK whose records are gone or back in
+// doubt, and keys the provider then charged twice.
 func TestAsyncFailover(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -109,6 +110,10 @@ func TestAsyncFailover(t *testing.T) {
 	c := storetest.StartPatroniCluster(t, true)
 	r := startPayLoad(t, "async", c.Database("pay_async", c.URL), 16)
 	r.waitOK(t, 30)
+	if v := metricOf(t, r.proc, "paymentsd_store_synchronous_commit"); v != 0 {
+		t.Errorf("paymentsd_store_synchronous_commit = %v on an asynchronous cluster, want 0", v)
+	}
+	r.proc.logs.waitFor(t, "the record store's primary does not commit synchronously: a failover to a standby may lose commits it acknowledged", nil)
 	// The replica falls behind, as over a slow or stalled network: the
 	// primary goes on committing without it.
 	resume := c.PauseReplication()
@@ -120,15 +125,12 @@ func TestAsyncFailover(t *testing.T) {
 	kill.recovered = time.Now()
 	r.waitOK(t, 20)
 	r.stop()
-
-	r.checkHonest(t)
 	r.report(t, kill)
-	// Which payments answered OK are on record on the new primary? A
-	// record whose outcome paymentsd logged it could not commit is issue
-	// 23's; any other gap is commits the promoted replica never received:
-	// the whole record, or its outcome.
-	logs := r.proc.logs.String()
-	var noRecord, noOutcome, unrecorded []string
+	waitProviderIdle(t, r.p)
+
+	// Which payments answered OK are on record on the new primary, as
+	// their callers were told?
+	var noRecord, noOutcome []string
 	for _, call := range r.calls {
 		if call.kind != "OK" {
 			continue
@@ -136,37 +138,26 @@ func TestAsyncFailover(t *testing.T) {
 		got, err := r.client.GetMultiCardPayment(t.Context(), &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: call.key})
 		switch {
 		case err == nil && got.GetState() == paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED:
-		case strings.Contains(logs, `"idempotency_key":"`+call.key+`"`):
-			unrecorded = append(unrecorded, call.key)
 		case status.Code(err) == codes.NotFound:
 			noRecord = append(noRecord, call.key)
 		default:
 			noOutcome = append(noOutcome, fmt.Sprintf("%s (%v)", call.key, got.GetState()))
 		}
 	}
-	t.Logf("async failover figures: of %d payments answered OK, lost with the old primary: %d records %v and %d outcomes %v; outcome's commit failed (issue 23): %d %v; outcomes paymentsd found lost and wrote again: %d",
-		r.count("OK"), len(noRecord), noRecord, len(noOutcome), noOutcome, len(unrecorded), unrecorded, len(r.proc.logs.lines(lostOutcomeMsg)))
-	r.settle(t, false)
-	r.checkIssue23(t)
-	// What a caller coming back for a lost key is told, and what the
-	// provider then does.
+	// What a caller coming back for a lost key gets, and what the
+	// provider then does: without the record, the key is sent again.
+	twice := 0
 	for _, key := range noRecord {
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-		_, gerr := r.client.GetMultiCardPayment(ctx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: key})
-		resp, err := r.client.CreateMultiCardPayment(ctx, validRequest(key))
+		r.client.CreateMultiCardPayment(ctx, validRequest(key))
 		cancel()
-		t.Logf("async failover: lost key %s: GetMultiCardPayment %v; CreateMultiCardPayment again %v %s; the provider has now charged it %d times",
-			key, status.Code(gerr), status.Code(err), reasonOf(status.Convert(err))+paymentID(resp), r.p.KeyStats(key).Charges)
+		if r.p.KeyStats(key).Charges > 1 {
+			twice++
+		}
 	}
-	for _, key := range noOutcome {
-		k, _, _ := strings.Cut(key, " ")
-		t.Logf("async failover: key %s lost its outcome; settled, the provider has charged it %d times", k, r.p.KeyStats(k).Charges)
-	}
+	t.Logf("async failover figures: of %d payments answered OK, lost with the old primary: %d records %v and %d outcomes %v; of the lost records' keys, a caller's retry charged %d twice",
+		r.count("OK"), len(noRecord), noRecord, len(noOutcome), noOutcome, twice)
 }
-
-// lostOutcomeMsg is what paymentsd logs for each outcome it writes again
-// because the database lost it.
-const lostOutcomeMsg = "the record store lost a payment's recorded outcome (did the database fail over to a standby without the last commits?); paymentsd writes it again"
 
 // fault is a failure injected into the cluster: at when it began, and
 // recovered when the script saw a leader take writes through every front.
