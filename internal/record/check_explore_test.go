@@ -1,9 +1,9 @@
 package record
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
-	"math/bits"
 	"runtime"
 	"strings"
 	"time"
@@ -77,36 +77,32 @@ func (r report) String() string {
 
 const keepFindings = 5
 
-// fingerprint hashes s's bytes: state is made of one-byte fields only,
-// so it has no padding, and equal states have equal bytes.
+// found notes f, and reports whether the search stops at it: then f is
+// the only finding kept.
+func (r *report) found(f finding, stop func(finding) bool) bool {
+	r.violations++
+	if stop != nil && stop(f) {
+		r.findings = []finding{f}
+		return true
+	}
+	if len(r.findings) < keepFindings {
+		r.findings = append(r.findings, f)
+	}
+	return false
+}
+
+// fingerprint is the first 128 bits of the SHA-256 of s's bytes: state
+// is made of one-byte fields only, so it has no padding, and equal states
+// have equal bytes. (SHA-256 rather than a hash written here: it is
+// assembly, which the race detector does not slow down.)
 func fingerprint(s *state) [2]uint64 {
-	b := unsafe.Slice((*byte)(unsafe.Pointer(s)), unsafe.Sizeof(*s))
-	h1, h2 := uint64(0x9e3779b97f4a7c15), uint64(0xc2b2ae3d27d4eb4f)
-	for len(b) >= 8 {
-		w := binary.LittleEndian.Uint64(b)
-		h1 = bits.RotateLeft64((h1^w)*0xff51afd7ed558ccd, 31)
-		h2 = bits.RotateLeft64((h2^w)*0xc4ceb9fe1a85ec53, 27)
-		b = b[8:]
-	}
-	for _, c := range b {
-		h1 = bits.RotateLeft64((h1^uint64(c))*0xff51afd7ed558ccd, 31)
-		h2 = bits.RotateLeft64((h2^uint64(c))*0xc4ceb9fe1a85ec53, 27)
-	}
-	return [2]uint64{mix(h1), mix(h2 ^ h1)}
+	sum := sha256.Sum256(unsafe.Slice((*byte)(unsafe.Pointer(s)), unsafe.Sizeof(*s)))
+	return [2]uint64{binary.LittleEndian.Uint64(sum[:8]), binary.LittleEndian.Uint64(sum[8:16])}
 }
 
-func mix(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
-}
-
-// explore searches every schedule of b, breadth first; with stop, only
-// until the first violation.
-func explore(b *Bound, stop bool) report {
+// explore searches every schedule of b, breadth first; if stop is not
+// nil, only until a finding it says to stop at.
+func explore(b *Bound, stop func(finding) bool) report {
 	start := time.Now()
 	var rep report
 	var ns nodes
@@ -116,7 +112,8 @@ func explore(b *Bound, stop bool) report {
 	}
 	s0 := initial(b)
 	seen := map[[2]uint64]budgets{}
-	fp0, spent0 := canonical(b, &s0)
+	var c canonizer
+	fp0, spent0 := c.of(b, &s0)
 	set0 := seen[fp0]
 	set0.add(spent0)
 	seen[fp0] = set0
@@ -126,6 +123,7 @@ func explore(b *Bound, stop bool) report {
 	rep.states = 1
 	var ms runtime.MemStats
 	var as []act
+	var n state
 	for depth := 0; len(frontier) > 0; depth++ {
 		rep.depth = depth
 		runtime.ReadMemStats(&ms)
@@ -144,11 +142,7 @@ func explore(b *Bound, stop bool) report {
 			as = it.s.actions(b, as)
 			if len(as) == 0 {
 				if v, why := it.s.doomed(); v != "" {
-					rep.violations++
-					if len(rep.findings) < keepFindings {
-						rep.findings = append(rep.findings, finding{violation: v, why: why, schedule: it.n.schedule()})
-					}
-					if stop {
+					if rep.found(finding{violation: v, why: why, schedule: it.n.schedule()}, stop) {
 						rep.elapsed = time.Since(start)
 						return rep
 					}
@@ -156,7 +150,7 @@ func explore(b *Bound, stop bool) report {
 				continue
 			}
 			for _, a := range as {
-				n, res := it.s.next(b, a, false)
+				res := it.s.next(&n, b, a, false)
 				rep.transitions++
 				if res.resent2xx {
 					rep.resent++
@@ -165,17 +159,13 @@ func explore(b *Bound, stop bool) report {
 					}
 				}
 				if res.violation != "" {
-					rep.violations++
-					if len(rep.findings) < keepFindings {
-						rep.findings = append(rep.findings, finding{violation: res.violation, why: res.why, schedule: append(it.n.schedule(), a)})
-					}
-					if stop {
+					if rep.found(finding{violation: res.violation, why: res.why, schedule: append(it.n.schedule(), a)}, stop) {
 						rep.elapsed = time.Since(start)
 						return rep
 					}
 					continue
 				}
-				fp, spent := canonical(b, &n)
+				fp, spent := c.of(b, &n)
 				set := seen[fp]
 				if set.covers(spent) {
 					continue
@@ -202,8 +192,9 @@ func explore(b *Bound, stop bool) report {
 func describe(b *Bound, schedule []act) string {
 	var sb strings.Builder
 	s := initial(b)
+	var n state
 	for i, a := range schedule {
-		n, res := s.next(b, a, true)
+		res := s.next(&n, b, a, true)
 		fmt.Fprintf(&sb, "%3d. t=%d  %-52s  %s", i+1, s.now, fmt.Sprintf("%q,", a.String()), strings.Join(res.notes, "; "))
 		if res.violation != "" {
 			fmt.Fprintf(&sb, "  *** %s: %s", res.violation, res.why)
@@ -228,7 +219,8 @@ func replay(b *Bound, steps []string) (Violation, int, error) {
 			if a.String() != name {
 				continue
 			}
-			n, res := s.next(b, a, false)
+			var n state
+			res := s.next(&n, b, a, false)
 			if res.violation != "" {
 				return res.violation, i + 1, nil
 			}

@@ -2,6 +2,8 @@ package record
 
 import (
 	"fmt"
+	"math"
+	"strings"
 	"time"
 )
 
@@ -13,7 +15,7 @@ import (
 // time.
 type tick int8
 
-const never tick = -1
+const never tick = math.MinInt8
 
 var checkEpoch = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
@@ -29,7 +31,7 @@ func tickOf(t time.Time) tick {
 		return never
 	}
 	d := t.Sub(checkEpoch) / time.Second
-	if d < 0 || d > 127 {
+	if d < -127 || d > 127 {
 		panic(fmt.Sprintf("check: time %v out of the model's range", t))
 	}
 	return tick(d)
@@ -350,22 +352,52 @@ type Bound struct {
 	Calls int
 	// Faults is how many faults a schedule has at most: store operations
 	// that fail, hang or lose their acknowledgement, replies the provider
-	// loses, crashes, rollbacks.
+	// loses, crashes, failovers that lose commits.
 	Faults int
+	// Off are the kinds of fault that never happen.
+	Off Faults
 	// Time, if not 0, is the last tick; Depth the most steps in a
 	// schedule.
 	Time, Depth int
 	Mode        Mode
 	// Refusals: the provider may refuse a request (401).
 	Refusals bool
-	// Rollback: the store may lose its unreplicated commits.
+	// Rollback: the store may lose its unreplicated commits (an
+	// asynchronous failover).
 	Rollback bool
-	// NoStoreFaults, NoCrashes, NoLostReplies turn those faults off.
-	NoStoreFaults, NoCrashes, NoLostReplies bool
 	// NoPerson: no one resolves keys.
 	NoPerson bool
 	Times    times
 	Rules    Rules
+}
+
+// Faults is a set of kinds of fault.
+type Faults uint8
+
+const (
+	// Fail: a store operation fails; nothing is written.
+	Fail Faults = 1 << iota
+	// AckLost: a store operation commits and its author hears it failed.
+	AckLost
+	// Hang: a store operation's commit is pending while time passes: it
+	// ran late (queued in a pooler) or its commit is stuck; it commits or
+	// fails later, and while it hangs its process's writes are not healthy.
+	Hang
+	// Crash: a process dies and restarts with a new name, its memory
+	// lost; its requests at the provider stay there.
+	Crash
+	// LostReply: the provider's reply to a request never arrives.
+	LostReply
+)
+
+func (f Faults) String() string {
+	var names []string
+	for i, n := range []string{"fail", "ack lost", "hang", "crash", "lost reply"} {
+		if f&(1<<i) != 0 {
+			names = append(names, n)
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // act is one step of a schedule.
@@ -485,7 +517,8 @@ func initial(b *Bound) state {
 	}
 	s.base = s.store
 	for i := range s.procs {
-		s.procs[i].healthy = 0
+		// Healthy long enough: settled from the start.
+		s.procs[i].healthy = tick(-b.Times.Grace)
 	}
 	return s
 }
@@ -496,9 +529,11 @@ func (s *state) actions(b *Bound, as []act) []act {
 	faultsLeft := int(s.faults) < b.Faults
 	variants := func(kind actKind, x, y int8) {
 		as = append(as, act{kind: kind, a: x, b: y})
-		if faultsLeft && !b.NoStoreFaults {
-			for v := opFails; v <= opHangs; v++ {
-				as = append(as, act{kind: kind, a: x, b: y, v: v})
+		if faultsLeft {
+			for v, f := range [...]Faults{opFails: Fail, opAckLost: AckLost, opHangs: Hang} {
+				if f != 0 && b.Off&f == 0 {
+					as = append(as, act{kind: kind, a: x, b: y, v: int8(v)})
+				}
 			}
 		}
 	}
@@ -528,7 +563,7 @@ func (s *state) actions(b *Bound, as []act) []act {
 					continue
 				}
 				as = append(as, act{kind: actProvider, a: k, b: ans})
-				if faultsLeft && !b.NoLostReplies {
+				if faultsLeft && b.Off&LostReply == 0 {
 					as = append(as, act{kind: actProvider, a: k, b: ans, v: 1})
 				}
 			}
@@ -566,7 +601,7 @@ func (s *state) actions(b *Bound, as []act) []act {
 			}
 		}
 	}
-	if faultsLeft && !b.NoCrashes {
+	if faultsLeft && b.Off&Crash == 0 {
 		for p := int8(0); p < int8(b.Replicas); p++ {
 			as = append(as, act{kind: actCrash, a: p})
 		}
@@ -1235,8 +1270,13 @@ func (w *world) answer(k int8, t Told, reply int8) {
 	c.phase, c.owner = idle, owner{}
 }
 
-// from is TellFrom, or the rule it replaced.
+// from is TellFrom, or the rule it replaced; for no record (a failover
+// lost it), Wait: the call claims again, as the engine's wait does when
+// the record is gone.
 func (r Rules) from(rec *Record) Told {
+	if rec == nil {
+		return Wait
+	}
 	if r.AnswerResolved && rec.State == NotCreated {
 		return TellNotCreated
 	}
@@ -1320,15 +1360,15 @@ func (w *world) checkRecords() {
 	}
 }
 
-// next is the state after a in s, and what came of it.
-func (s *state) next(b *Bound, a act, verbose bool) (state, result) {
-	n := *s
-	w := &world{s: &n, b: b, verbose: verbose}
+// next sets n to the state after a in s, and returns what came of it.
+func (s *state) next(n *state, b *Bound, a act, verbose bool) result {
+	*n = *s
+	w := &world{s: n, b: b, verbose: verbose}
 	w.step(a)
 	w.answerCalls()
 	w.checkRecords()
 	n.gcRows()
-	return n, w.res
+	return w.res
 }
 
 // doomed checks a state in which nothing more can happen: a caller told
