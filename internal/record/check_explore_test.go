@@ -65,14 +65,18 @@ type report struct {
 	// provider wrote a 2xx for it, and resentExample is the first.
 	resent        int
 	resentExample []act
-	elapsed       time.Duration
+	// ownPaid counts the transitions that sent a key whose 2xx the
+	// sender's own outbox held, and ownPaidExample is the first.
+	ownPaid        int
+	ownPaidExample []act
+	elapsed        time.Duration
 	// heap is the most heap in use at the start of a level.
 	heap uint64
 }
 
 func (r report) String() string {
-	return fmt.Sprintf("%d states, %d transitions, depth %d (complete: %v), %d violations, %d sends after a provider-written 2xx, in %v, heap %d MiB",
-		r.states, r.transitions, r.depth, r.complete, r.violations, r.resent, r.elapsed.Round(time.Millisecond), r.heap>>20)
+	return fmt.Sprintf("%d states, %d transitions, depth %d (complete: %v), %d violations, %d sends after a provider-written 2xx (%d while the sender's outbox held it), in %v, heap %d MiB",
+		r.states, r.transitions, r.depth, r.complete, r.violations, r.resent, r.ownPaid, r.elapsed.Round(time.Millisecond), r.heap>>20)
 }
 
 const keepFindings = 5
@@ -156,6 +160,12 @@ func explore(b *Bound, stop func(finding) bool) report {
 					rep.resent++
 					if rep.resentExample == nil {
 						rep.resentExample = append(it.n.schedule(), a)
+					}
+				}
+				if res.ownPaid {
+					rep.ownPaid++
+					if rep.ownPaidExample == nil {
+						rep.ownPaidExample = append(it.n.schedule(), a)
 					}
 				}
 				if res.violation != "" {

@@ -487,6 +487,9 @@ type result struct {
 	violation Violation
 	why       string
 	resent2xx bool
+	// ownPaid: the step sent a key whose 2xx its sender's own outbox
+	// holds, not yet written (what the Pending fact prevents).
+	ownPaid bool
 }
 
 // world is a step in progress: the state being changed and what came of it.
@@ -1085,6 +1088,11 @@ func (w *world) send(p, k int8, o owner) {
 	pk := &s.prov[k]
 	if pk.wrote2xx {
 		w.res.resent2xx = true
+	}
+	for _, e := range pr.outbox {
+		if e.used && e.key == k && e.result == Paid {
+			w.res.ownPaid = true
+		}
 	}
 	for _, q := range pk.reqs {
 		if q.used {
