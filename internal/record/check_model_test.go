@@ -367,8 +367,11 @@ type Bound struct {
 	Rollback bool
 	// NoPerson: no one resolves keys.
 	NoPerson bool
-	Times    times
-	Rules    Rules
+	// SlowOutbox: a process's outbox may leave an entry unwritten while
+	// time passes with no fault its process sees (a process that stalls).
+	SlowOutbox bool
+	Times      times
+	Rules      Rules
 }
 
 // Faults is a set of kinds of fault.
@@ -641,7 +644,7 @@ func (s *state) tickEnabled(b *Bound) bool {
 	if b.Time > 0 && int(s.now) >= b.Time {
 		return false
 	}
-	for p := 0; p < b.Replicas; p++ {
+	for p := 0; p < b.Replicas && !b.SlowOutbox; p++ {
 		pr := &s.procs[p]
 		if pr.healthy == s.now {
 			continue
