@@ -45,7 +45,7 @@ func (n *node) schedule() []act {
 
 // finding is a schedule that broke an invariant.
 type finding struct {
-	violation Violation
+	violation invariant
 	why       string
 	schedule  []act
 }
@@ -106,7 +106,7 @@ func fingerprint(s *state) [2]uint64 {
 
 // explore searches every schedule of b, breadth first; if stop is not
 // nil, only until a finding it says to stop at.
-func explore(b *Bound, stop func(finding) bool) report {
+func explore(b *bound, stop func(finding) bool) report {
 	start := time.Now()
 	var rep report
 	var ns nodes
@@ -199,7 +199,7 @@ func explore(b *Bound, stop func(finding) bool) report {
 
 // describe replays schedule and writes it out, a step a line, with what
 // each step did.
-func describe(b *Bound, schedule []act) string {
+func describe(b *bound, schedule []act) string {
 	var sb strings.Builder
 	s := initial(b)
 	var n state
@@ -221,7 +221,7 @@ func describe(b *Bound, schedule []act) string {
 // replay runs the schedule given as the steps' names (as describe writes
 // them) and returns the first invariant it breaks, and at which step
 // (1-based; past the end: when nothing more can happen).
-func replay(b *Bound, steps []string) (Violation, int, error) {
+func replay(b *bound, steps []string) (invariant, int, error) {
 	s := initial(b)
 	for i, name := range steps {
 		found := false

@@ -313,20 +313,20 @@ type times struct {
 	Lease, Quiet, Grace, Deadline, SettleAfter, Window int
 }
 
-// Mode is how the provider answers a key it has created a payment for.
-type Mode int8
+// providerMode is how the provider answers a key it has created a payment for.
+type providerMode int8
 
 const (
-	// ReuseFirst: the first payment, 2xx.
-	ReuseFirst Mode = iota
-	// Reuse409: 409, which proves nothing (Unknown).
-	Reuse409
+	// reuseFirst: the first payment, 2xx.
+	reuseFirst providerMode = iota
+	// reuse409: 409, which proves nothing (Unknown).
+	reuse409
 )
 
-func (m Mode) String() string { return [...]string{"reuse-first", "reuse-409"}[m] }
+func (m providerMode) String() string { return [...]string{"reuse-first", "reuse-409"}[m] }
 
-// Rules switches the checked rules back to earlier ones.
-type Rules struct {
+// rules switch the checked rules back to earlier ones.
+type rules struct {
 	// OKAtDeadline: a caller whose 2xx is received but not committed is
 	// told OK at its deadline (the rule before issue 30).
 	OKAtDeadline bool
@@ -343,8 +343,8 @@ type Rules struct {
 	AnswerResolved bool
 }
 
-// Bound bounds the exploration.
-type Bound struct {
+// bound bounds the exploration.
+type bound struct {
 	Name     string
 	Replicas int
 	Keys     int
@@ -355,11 +355,11 @@ type Bound struct {
 	// loses, crashes, failovers that lose commits.
 	Faults int
 	// Off are the kinds of fault that never happen.
-	Off Faults
+	Off faultKinds
 	// Time, if not 0, is the last tick; Depth the most steps in a
 	// schedule.
 	Time, Depth int
-	Mode        Mode
+	Mode        providerMode
 	// Refusals: the provider may refuse a request (401).
 	Refusals bool
 	// Rollback: the store may lose its unreplicated commits (an
@@ -371,29 +371,29 @@ type Bound struct {
 	// time passes with no fault its process sees (a process that stalls).
 	SlowOutbox bool
 	Times      times
-	Rules      Rules
+	Rules      rules
 }
 
-// Faults is a set of kinds of fault.
-type Faults uint8
+// faultKinds is a set of kinds of fault.
+type faultKinds uint8
 
 const (
-	// Fail: a store operation fails; nothing is written.
-	Fail Faults = 1 << iota
-	// AckLost: a store operation commits and its author hears it failed.
-	AckLost
-	// Hang: a store operation's commit is pending while time passes: it
+	// faultFail: a store operation fails; nothing is written.
+	faultFail faultKinds = 1 << iota
+	// faultAckLost: a store operation commits and its author hears it failed.
+	faultAckLost
+	// faultHang: a store operation's commit is pending while time passes: it
 	// ran late (queued in a pooler) or its commit is stuck; it commits or
 	// fails later, and while it hangs its process's writes are not healthy.
-	Hang
-	// Crash: a process dies and restarts with a new name, its memory
+	faultHang
+	// faultCrash: a process dies and restarts with a new name, its memory
 	// lost; its requests at the provider stay there.
-	Crash
-	// LostReply: the provider's reply to a request never arrives.
-	LostReply
+	faultCrash
+	// faultLostReply: the provider's reply to a request never arrives.
+	faultLostReply
 )
 
-func (f Faults) String() string {
+func (f faultKinds) String() string {
 	var names []string
 	for i, n := range []string{"fail", "ack lost", "hang", "crash", "lost reply"} {
 		if f&(1<<i) != 0 {
@@ -479,15 +479,15 @@ func (a act) String() string {
 	return "?"
 }
 
-// Violation names an invariant a step broke.
-type Violation string
+// invariant names an invariant a step broke.
+type invariant string
 
 // outcome of one step: its notes for the schedule's log, the invariant it
 // broke, and whether it sent a key again after the provider wrote a 2xx
 // for it.
 type result struct {
 	notes     []string
-	violation Violation
+	violation invariant
 	why       string
 	resent2xx bool
 	// ownPaid: the step sent a key whose 2xx its sender's own outbox
@@ -498,7 +498,7 @@ type result struct {
 // world is a step in progress: the state being changed and what came of it.
 type world struct {
 	s   *state
-	b   *Bound
+	b   *bound
 	res result
 	// verbose: keep notes (describe); the search does without.
 	verbose bool
@@ -510,13 +510,13 @@ func (w *world) note(format string, args ...any) {
 	}
 }
 
-func (w *world) violate(v Violation, format string, args ...any) {
+func (w *world) violate(v invariant, format string, args ...any) {
 	if w.res.violation == "" {
 		w.res.violation, w.res.why = v, fmt.Sprintf(format, args...)
 	}
 }
 
-func initial(b *Bound) state {
+func initial(b *bound) state {
 	var s state
 	for i := range s.store {
 		s.store[i] = mrec{leaseExp: never, quietUntil: never, settleBy: never, nextSettle: never, resolvedAt: never, attemptAt: never}
@@ -530,13 +530,13 @@ func initial(b *Bound) state {
 }
 
 // actions lists the steps enabled in s, in a fixed order.
-func (s *state) actions(b *Bound, as []act) []act {
+func (s *state) actions(b *bound, as []act) []act {
 	as = as[:0]
 	faultsLeft := int(s.faults) < b.Faults
 	variants := func(kind actKind, x, y int8) {
 		as = append(as, act{kind: kind, a: x, b: y})
 		if faultsLeft {
-			for v, f := range [...]Faults{opFails: Fail, opAckLost: AckLost, opHangs: Hang} {
+			for v, f := range [...]faultKinds{opFails: faultFail, opAckLost: faultAckLost, opHangs: faultHang} {
 				if f != 0 && b.Off&f == 0 {
 					as = append(as, act{kind: kind, a: x, b: y, v: int8(v)})
 				}
@@ -569,7 +569,7 @@ func (s *state) actions(b *Bound, as []act) []act {
 					continue
 				}
 				as = append(as, act{kind: actProvider, a: k, b: ans})
-				if faultsLeft && b.Off&LostReply == 0 {
+				if faultsLeft && b.Off&faultLostReply == 0 {
 					as = append(as, act{kind: actProvider, a: k, b: ans, v: 1})
 				}
 			}
@@ -607,7 +607,7 @@ func (s *state) actions(b *Bound, as []act) []act {
 			}
 		}
 	}
-	if faultsLeft && b.Off&Crash == 0 {
+	if faultsLeft && b.Off&faultCrash == 0 {
 		for p := int8(0); p < int8(b.Replicas); p++ {
 			as = append(as, act{kind: actCrash, a: p})
 		}
@@ -640,7 +640,7 @@ func (s *state) actions(b *Bound, as []act) []act {
 // no store fault this tick has an outbox entry to write (the takeover
 // grace relies on a healthy process's outbox landing promptly: it is
 // slow only by a fault, a failure or a hang, which counts).
-func (s *state) tickEnabled(b *Bound) bool {
+func (s *state) tickEnabled(b *bound) bool {
 	if b.Time > 0 && int(s.now) >= b.Time {
 		return false
 	}
@@ -698,7 +698,7 @@ func (s *state) pending(p, k int8) bool {
 
 // settled is the Settled fact of process p: its store writes have been
 // healthy for the takeover grace, and none of them hangs.
-func (s *state) settled(b *Bound, p int8) bool {
+func (s *state) settled(b *bound, p int8) bool {
 	pr := &s.procs[p]
 	for _, h := range s.hung {
 		if h.used && h.p == p && h.inc == pr.inc {
@@ -708,16 +708,16 @@ func (s *state) settled(b *Bound, p int8) bool {
 	return pr.healthy != never && int(s.now)-int(pr.healthy) >= b.Times.Grace
 }
 
-func (s *state) factPending(b *Bound, p, k int8) bool {
+func (s *state) factPending(b *bound, p, k int8) bool {
 	return !b.Rules.IgnorePending && s.pending(p, k)
 }
 
-func (s *state) settleEvent(b *Bound, p, k int8, o owner) Settle {
+func (s *state) settleEvent(b *bound, p, k int8, o owner) Settle {
 	return Settle{Owner: o.String(), LeaseTTL: ticks(b.Times.Lease), Quiet: ticks(b.Times.Quiet),
 		Settled: s.settled(b, p), Pending: s.factPending(b, p, k)}
 }
 
-func (s *state) claimEvent(b *Bound, k int8, o owner, settled, pending bool, deadline tick) Claim {
+func (s *state) claimEvent(b *bound, k int8, o owner, settled, pending bool, deadline tick) Claim {
 	c := Claim{
 		Request: Request{Key: keyName(k), BodySHA256: bodyOf(k), RequestID: "r"},
 		Owner:   o.String(), LeaseTTL: ticks(b.Times.Lease), Window: ticks(b.Times.Window), Quiet: ticks(b.Times.Quiet),
@@ -883,7 +883,7 @@ func (w *world) apply(k int8, ev Event, evOwner owner) (Record, Effect) {
 }
 
 // outcomeEvent is e as the Outcome its write applies.
-func (s *state) outcomeEvent(b *Bound, e entry) Outcome {
+func (s *state) outcomeEvent(b *bound, e entry) Outcome {
 	o := Outcome{Owner: e.owner.String(), Result: e.result, ProviderStatus: e.status.http(), Reply: replyBytes(e.reply),
 		QuietFor: ticks(int(e.quietFor)), SettleAfter: ticks(b.Times.SettleAfter)}
 	if e.sent {
@@ -1142,7 +1142,7 @@ func (w *world) provider(k, ans int8, lost bool) {
 		if s.told[k].nc {
 			w.violate("I2", "the provider created k%d after a caller was told NOT_CREATED", k)
 		}
-	case b.Mode == ReuseFirst:
+	case b.Mode == reuseFirst:
 		res, st, reply = Paid, status200, 1
 	default:
 		res, st = Unknown, status409
@@ -1284,7 +1284,7 @@ func (w *world) answer(k int8, t Told, reply int8) {
 // from is TellFrom, or the rule it replaced; for no record (a failover
 // lost it), Wait: the call claims again, as the engine's wait does when
 // the record is gone.
-func (r Rules) from(rec *Record) Told {
+func (r rules) from(rec *Record) Told {
 	if rec == nil {
 		return Wait
 	}
@@ -1326,7 +1326,7 @@ func (w *world) toldNotCreated(k int8) {
 }
 
 // tell is record.Tell, or the rule it replaced.
-func (r Rules) tell(c Call) Told {
+func (r rules) tell(c Call) Told {
 	if r.OKAtDeadline && c.Claim == ClaimAcquired && c.Sent && c.Result == Paid && c.Due {
 		return TellPaid
 	}
@@ -1372,7 +1372,7 @@ func (w *world) checkRecords() {
 }
 
 // next sets n to the state after a in s, and returns what came of it.
-func (s *state) next(n *state, b *Bound, a act, verbose bool) result {
+func (s *state) next(n *state, b *bound, a act, verbose bool) result {
 	*n = *s
 	w := &world{s: n, b: b, verbose: verbose}
 	w.step(a)
@@ -1384,7 +1384,7 @@ func (s *state) next(n *state, b *Bound, a act, verbose bool) result {
 
 // doomed checks a state in which nothing more can happen: a caller told
 // OK must find the key's record SUCCEEDED.
-func (s *state) doomed() (Violation, string) {
+func (s *state) doomed() (invariant, string) {
 	for k := range s.told {
 		if s.told[k].ok && s.store[k].state != Succeeded {
 			return "I2", fmt.Sprintf("a caller of k%d was told OK and its record ends %v", k, s.store[k].state)

@@ -9,7 +9,7 @@ import "slices"
 // once passed forgotten once it has), behave alike: the search visits one
 // of them. Only fingerprints are canonical; the states searched are the
 // ones the schedules reach. Shifting time is sound only with no time bound
-// (Bound.Time 0), and a settlement window that outlasts every schedule.
+// (bound.Time 0), and a settlement window that outlasts every schedule.
 
 // budget is what a state has spent of what only enables steps: faults,
 // and each key's calls. A state that has spent less can do all the same
@@ -58,7 +58,7 @@ type canonizer struct{ n state }
 // of is the fingerprint of s's class, what it has spent aside: the least
 // over the relabellings of processes and keys the bound allows; and what
 // it has spent, as that relabelling has it.
-func (c *canonizer) of(b *Bound, s *state) ([2]uint64, budget) {
+func (c *canonizer) of(b *bound, s *state) ([2]uint64, budget) {
 	if s.faults > 7 || s.callers[0].calls > 3 || s.callers[1].calls > 3 {
 		panic("check: a budget past what the search keeps (7 faults, 3 calls a key)")
 	}
@@ -89,7 +89,7 @@ func (c *canonizer) of(b *Bound, s *state) ([2]uint64, budget) {
 
 // normalize sorts the tables whose order means nothing, forgets what
 // no step reads, and, with no time bound, shifts time so that now is 0.
-func (s *state) normalize(b *Bound) {
+func (s *state) normalize(b *bound) {
 	if b.Time == 0 {
 		s.shiftTime(b)
 	}
@@ -337,7 +337,7 @@ func (s *state) swapOwnerProcs() {
 
 // shiftTime makes every time in s relative to now (which becomes 0), and
 // forgets the times that matter only until they pass once they have.
-func (s *state) shiftTime(b *Bound) {
+func (s *state) shiftTime(b *bound) {
 	now := s.now
 	s.now = 0
 	// passed: a time read only as "has it come?" (Before(t), or t <= now).

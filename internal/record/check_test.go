@@ -50,7 +50,7 @@ import (
 //   - The provider keeps, per key, the requests at it and whether the
 //     payment exists. A request it answers creates the payment if there is
 //     none (2xx); for a key it has created, it answers the first payment
-//     again (ReuseFirst) or 409, which proves nothing (Reuse409); with
+//     again (reuseFirst) or 409, which proves nothing (reuse409); with
 //     Refusals it may refuse a request before any work (401). It answers
 //     every request within the quiet period from its start: the promise
 //     QuietUntil relies on.
@@ -67,12 +67,13 @@ import (
 //     does not pass while a request would outlive its quiet period, nor
 //     while a process that saw no store fault this tick has an outbox
 //     entry to write: a healthy outbox lands promptly, as the takeover
-//     grace assumes (Bound.SlowOutbox lifts this: a process may stall).
+//     grace assumes (bound.SlowOutbox lifts this: a process may stall).
 //
 // Faults, each one of the bound's Faults: a store operation fails (nothing
 // written), loses its acknowledgement (written, its author hears it
-// failed), or hangs (it commits or fails at a later step; it ran late,
-// queued in a pooler, or its commit was stuck); a process crashes and
+// failed), or hangs (it commits, as it then finds the record, or fails at
+// a later step: it ran late, queued in a pooler, or its commit was stuck;
+// only a live process commits it); a process crashes and
 // restarts with a new name, its outbox, calls and waits lost, its
 // requests left at the provider; the provider's reply is lost. A store
 // fault, and a hang while it lasts, is an outage its process saw: its
@@ -93,8 +94,9 @@ import (
 // under -race); PAYMENTS_CHECK_DEEP=1 runs a deeper one (some 7 million
 // states, 20 minutes).
 //
-// Rules switches the rules back to earlier ones, so that tests show what
-// the checker finds with them (TestCheckFinds).
+// A bound's rules switch rules back to the ones they replaced, so that
+// tests show what the checker finds with them (TestCheckFinds,
+// TestCheckPendingFact).
 //
 // A schedule is printed a step a line, each step's name quoted: to replay
 // one, copy the quoted names into checkReplays below, with the bound and
@@ -109,25 +111,25 @@ var checkTimes = times{Lease: 2, Quiet: 3, Grace: 1, Deadline: 1, SettleAfter: 0
 // whose records share processes, their health, crashes and the faults;
 // deep, further, with a process's outbox that may stall, and two keys
 // whose callers retry.
-func checkBounds(deep bool) []Bound {
-	oneKey := Bound{Name: "one key", Replicas: 2, Keys: 1, Calls: 3, Faults: 3, Depth: 12, Refusals: true, Times: checkTimes}
-	twoKeys := Bound{Name: "two keys", Replicas: 2, Keys: 2, Calls: 1, Faults: 3, Depth: 12, Times: checkTimes}
+func checkBounds(deep bool) []bound {
+	oneKey := bound{Name: "one key", Replicas: 2, Keys: 1, Calls: 3, Faults: 3, Depth: 12, Refusals: true, Times: checkTimes}
+	twoKeys := bound{Name: "two keys", Replicas: 2, Keys: 2, Calls: 1, Faults: 3, Depth: 12, Times: checkTimes}
 	if !deep {
-		return []Bound{oneKey, twoKeys}
+		return []bound{oneKey, twoKeys}
 	}
 	oneKey.Depth, twoKeys.Depth = 18, 18
 	stalls := oneKey
 	stalls.Name, stalls.SlowOutbox, stalls.Depth = "one key, stalling outboxes", true, 16
 	retries := twoKeys
 	retries.Name, retries.Calls, retries.Depth = "two keys, retrying", 3, 9
-	return []Bound{oneKey, twoKeys, stalls, retries}
+	return []bound{oneKey, twoKeys, stalls, retries}
 }
 
 func checkDeep() bool { return os.Getenv("PAYMENTS_CHECK_DEEP") == "1" }
 
 func TestCheck(t *testing.T) {
 	for _, b := range checkBounds(checkDeep()) {
-		for _, mode := range []Mode{ReuseFirst, Reuse409} {
+		for _, mode := range []providerMode{reuseFirst, reuse409} {
 			b := b
 			b.Mode = mode
 			t.Run(b.Name+"/"+mode.String(), func(t *testing.T) {
@@ -149,7 +151,7 @@ func TestCheck(t *testing.T) {
 }
 
 // summary is b as a log line has it.
-func (b Bound) summary() string {
+func (b bound) summary() string {
 	s := fmt.Sprintf("%s: %d replicas, %d keys, %d calls, %d faults", b.Name, b.Replicas, b.Keys, b.Calls, b.Faults)
 	if b.Off != 0 {
 		s += fmt.Sprintf(" (no %v)", b.Off)
@@ -164,7 +166,7 @@ func (b Bound) summary() string {
 	if b.Times.Window != checkTimes.Window {
 		s += fmt.Sprintf(", window %d", b.Times.Window)
 	}
-	if b.Rules != (Rules{}) {
+	if b.Rules != (rules{}) {
 		s += fmt.Sprintf(", rules %+v", b.Rules)
 	}
 	return s
@@ -174,16 +176,16 @@ func (b Bound) summary() string {
 // checker finds it broken in, and the invariant it breaks.
 type checkFinding struct {
 	name string
-	b    Bound
-	want Violation
+	b    bound
+	want invariant
 	// also, if set, says what more the schedule must show.
-	also func(b *Bound, schedule []act) bool
+	also func(b *bound, schedule []act) bool
 	why  string
 }
 
 func checkFindings() []checkFinding {
-	base := Bound{Replicas: 2, Keys: 1, Calls: 3, Faults: 3, Depth: 24, Times: checkTimes}
-	with := func(name string, f func(*Bound)) Bound {
+	base := bound{Replicas: 2, Keys: 1, Calls: 3, Faults: 3, Depth: 24, Times: checkTimes}
+	with := func(name string, f func(*bound)) bound {
 		b := base
 		b.Name = name
 		f(&b)
@@ -192,16 +194,16 @@ func checkFindings() []checkFinding {
 	return []checkFinding{
 		{
 			name: "finding 3, the writer cut off alone",
-			b:    with("finding 3, the writer cut off alone", func(b *Bound) { b.Rules.OKAtDeadline = true }),
+			b:    with("finding 3, the writer cut off alone", func(b *bound) { b.Rules.OKAtDeadline = true }),
 			want: "I1",
 			why:  "a caller told OK at its deadline while the 2xx isn't committed, whose process's writes then hang, sees the key sent again by a replica that saw no outage",
 		},
 		{
 			name: "finding 3, the replica dies",
-			b: with("finding 3, the replica dies", func(b *Bound) {
+			b: with("finding 3, the replica dies", func(b *bound) {
 				b.Rules.OKAtDeadline = true
-				b.Off = Hang
-				b.Mode = Reuse409
+				b.Off = faultHang
+				b.Mode = reuse409
 				b.Times.Window = b.Times.Lease + b.Times.Quiet
 			}),
 			want: "I4",
@@ -209,9 +211,9 @@ func checkFindings() []checkFinding {
 		},
 		{
 			name: "finding 1, a failover loses commits",
-			b: with("finding 1, a failover loses commits", func(b *Bound) {
+			b: with("finding 1, a failover loses commits", func(b *bound) {
 				b.Rollback = true
-				b.Off, b.NoPerson, b.Calls = Fail|AckLost|Hang|Crash, true, 2
+				b.Off, b.NoPerson, b.Calls = faultFail|faultAckLost|faultHang|faultCrash, true, 2
 			}),
 			want: "I1",
 			also: fellBackToUnknown,
@@ -219,24 +221,24 @@ func checkFindings() []checkFinding {
 		},
 		{
 			name: "a claim runs after its caller left",
-			b: with("a claim runs after its caller left", func(b *Bound) {
+			b: with("a claim runs after its caller left", func(b *bound) {
 				b.Rules.NoAnswerBy = true
 				b.Refusals = true
-				b.Off, b.NoPerson, b.Calls, b.Faults = Fail|AckLost|LostReply, true, 2, 2
+				b.Off, b.NoPerson, b.Calls, b.Faults = faultFail|faultAckLost|faultLostReply, true, 2, 2
 			}),
 			want: "I2",
 			why:  "a claim queued past its caller's deadline acquires the record the caller has since been told NOT_CREATED of, and settlement sends it once its process is cut off",
 		},
 		{
 			name: "a wait answered from a person's resolution",
-			b:    with("a wait answered from a person's resolution", func(b *Bound) { b.Rules.AnswerResolved = true }),
+			b:    with("a wait answered from a person's resolution", func(b *bound) { b.Rules.AnswerResolved = true }),
 			want: "I2",
 			why:  "a call that waited on another claim is told NOT_CREATED from a person's resolution, and the provider had created the payment",
 		},
 	}
 }
 
-func findingBound(t *testing.T, name string) Bound {
+func findingBound(t *testing.T, name string) bound {
 	t.Helper()
 	for _, f := range checkFindings() {
 		if f.name == name {
@@ -244,7 +246,7 @@ func findingBound(t *testing.T, name string) Bound {
 		}
 	}
 	t.Fatalf("no finding %q", name)
-	return Bound{}
+	return bound{}
 }
 
 // TestCheckFinds shows, for each rule the checker proves, a schedule that
@@ -279,7 +281,7 @@ func TestCheckFinds(t *testing.T) {
 var checkReplays = []struct {
 	finding string
 	steps   []string
-	want    Violation
+	want    invariant
 	fixed   bool
 }{
 	{
@@ -386,7 +388,7 @@ func TestCheckReplay(t *testing.T) {
 			if err != nil || v != tc.want || at != len(tc.steps) {
 				t.Errorf("replay(%s) = %s at step %d (%v), want %s at step %d", b.summary(), v, at, err, tc.want, len(tc.steps))
 			}
-			b.Rules = Rules{}
+			b.Rules = rules{}
 			v, at, err = replay(&b, tc.steps)
 			switch {
 			case tc.fixed && v == tc.want:
@@ -403,8 +405,8 @@ func TestCheckReplay(t *testing.T) {
 // key again. With IgnorePending it does (no invariant breaks, for no
 // caller was told: a send after a provider-written 2xx the checker counts).
 func TestCheckPendingFact(t *testing.T) {
-	b := Bound{Name: "pending", Replicas: 2, Keys: 1, Calls: 3, Faults: 2, Depth: 11, NoPerson: true,
-		Off: Fail | Crash | LostReply, Times: checkTimes}
+	b := bound{Name: "pending", Replicas: 2, Keys: 1, Calls: 3, Faults: 2, Depth: 11, NoPerson: true,
+		Off: faultFail | faultCrash | faultLostReply, Times: checkTimes}
 	ignoring := b
 	ignoring.Rules.IgnorePending = true
 	rep := explore(&ignoring, nil)
@@ -422,7 +424,7 @@ func TestCheckPendingFact(t *testing.T) {
 
 // fellBackToUnknown reports whether, in schedule, a failover takes a
 // record back to OUTCOME_UNKNOWN.
-func fellBackToUnknown(b *Bound, schedule []act) bool {
+func fellBackToUnknown(b *bound, schedule []act) bool {
 	s := initial(b)
 	var n state
 	for _, a := range schedule {
