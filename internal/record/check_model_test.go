@@ -239,7 +239,7 @@ type hungOp struct {
 	op               opKind
 	key              int8
 	owner            owner
-	settled, pending bool  // the facts its author brought
+	settled, pending bool  // the facts as they were when it was issued
 	deadline         tick  // opClaim: its caller's
 	out              entry // opFinish, opRelease: what it writes
 }
@@ -336,6 +336,11 @@ type rules struct {
 	// NoAnswerBy: a claim carries no AnswerBy, so one that runs after its
 	// caller left may acquire the record (the rules as first written).
 	NoAnswerBy bool
+	// IssuedFacts: a claim or settlement that runs late (hung) brings the
+	// facts Settled and Pending as they were when it was issued, not as
+	// they are when it runs: settlement asking its outbox before its
+	// transaction, rather than in it.
+	IssuedFacts bool
 	// AnswerResolved: a call that waited on another claim of its key is
 	// answered from the record as that claim left it, a person's
 	// NOT_CREATED included, rather than as TellFrom says (the engine's
@@ -1238,7 +1243,13 @@ func (w *world) resolveHung(i int, commit bool) {
 	}
 	switch h.op {
 	case opClaim:
-		n, eff := w.apply(h.key, s.claimEvent(b, h.key, h.owner, h.settled, h.pending, h.deadline), h.owner)
+		// The store finds Settled as the statement runs; the engine
+		// brings Pending, found before it sent the claim.
+		settled := h.settled
+		if !b.Rules.IssuedFacts {
+			settled = s.settled(b, h.p)
+		}
+		n, eff := w.apply(h.key, s.claimEvent(b, h.key, h.owner, settled, h.pending, h.deadline), h.owner)
 		if !alive {
 			w.note("%v", eff.Verdict)
 			return
@@ -1252,7 +1263,12 @@ func (w *world) resolveHung(i int, commit bool) {
 			w.push(h.p, entry{key: h.key, owner: h.owner, op: opFinish, result: NothingSent})
 		}
 	case opSettle:
-		ev := Settle{Owner: h.owner.String(), LeaseTTL: ticks(b.Times.Lease), Quiet: ticks(b.Times.Quiet), Settled: h.settled, Pending: h.pending}
+		// The store finds both facts as the statement runs (SettleDue asks
+		// the outbox in its transaction).
+		ev := s.settleEvent(b, h.p, h.key, h.owner)
+		if b.Rules.IssuedFacts {
+			ev.Settled, ev.Pending = h.settled, h.pending
+		}
 		_, eff := w.apply(h.key, ev, h.owner)
 		w.note("%v", eff.Verdict)
 		if alive && eff.Verdict == Acquired {

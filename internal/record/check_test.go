@@ -3,6 +3,7 @@ package record
 import (
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"unsafe"
 )
@@ -419,6 +420,70 @@ func TestCheckPendingFact(t *testing.T) {
 	t.Logf("%s: %v", b.summary(), rep)
 	if rep.ownPaid != 0 {
 		t.Errorf("%s: %d sends of a key whose 2xx the sender's own outbox held, want 0; the first:\n%s", b.summary(), rep.ownPaid, describe(&b, rep.ownPaidExample))
+	}
+}
+
+// TestCheckLateSettlementAsksItsOutbox replays what the deep bound found
+// when a settlement that ran late brought the Pending fact as it was when
+// it was issued: the settlement claim hangs (a pooler queues it); meanwhile
+// its process's call gets a 2xx whose write hangs, and the other process
+// takes the record over; the settlement then runs, acquires the record
+// and sends the key whose 2xx its own outbox holds. Asked as the
+// statement runs (SettleDue asks the outbox in its transaction), the
+// outbox holds it back.
+func TestCheckLateSettlementAsksItsOutbox(t *testing.T) {
+	steps := []string{
+		"caller k0 calls p1",
+		"tick",
+		"tick",
+		"provider answers k0",
+		"outbox p1 writes k0",
+		"tick",
+		"settlement p1 claims k0 (hangs)",
+		"caller k0 calls p1",
+		"tick",
+		"provider answers k0",
+		"outbox p1 writes k0 (hangs)",
+		"tick",
+		"tick",
+		"tick",
+		"tick",
+		"caller k0 calls p2 (commits, acknowledgement lost)",
+		"outbox p2 writes k0",
+		"hung op #0 commits",
+	}
+	for _, tc := range []struct {
+		name    string
+		rules   rules
+		ownPaid bool
+	}{
+		{"facts as issued", rules{IssuedFacts: true}, true},
+		{"facts as the statement runs", rules{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := bound{Name: tc.name, Replicas: 2, Keys: 1, Calls: 3, Faults: 3, Depth: len(steps), Times: checkTimes, Rules: tc.rules}
+			s := initial(&b)
+			var n state
+			var res result
+			for i, name := range steps {
+				var a act
+				found := false
+				for _, a = range s.actions(&b, nil) {
+					if found = a.String() == name; found {
+						break
+					}
+				}
+				if !found {
+					t.Fatalf("%s: step %d, %q, is not possible then", b.summary(), i+1, name)
+				}
+				res = s.next(&n, &b, a, true)
+				s = n
+			}
+			if res.ownPaid != tc.ownPaid {
+				t.Errorf("%s: the last step (%s) sent a key whose 2xx its sender's outbox held = %v, want %v",
+					b.summary(), strings.Join(res.notes, "; "), res.ownPaid, tc.ownPaid)
+			}
+		})
 	}
 }
 
