@@ -1,9 +1,9 @@
 package record
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
-	"math/bits"
 	"runtime"
 	"strings"
 	"time"
@@ -45,7 +45,7 @@ func (n *node) schedule() []act {
 
 // finding is a schedule that broke an invariant.
 type finding struct {
-	violation Violation
+	violation invariant
 	why       string
 	schedule  []act
 }
@@ -65,48 +65,48 @@ type report struct {
 	// provider wrote a 2xx for it, and resentExample is the first.
 	resent        int
 	resentExample []act
-	elapsed       time.Duration
+	// ownPaid counts the transitions that sent a key whose 2xx the
+	// sender's own outbox held, and ownPaidExample is the first.
+	ownPaid        int
+	ownPaidExample []act
+	elapsed        time.Duration
 	// heap is the most heap in use at the start of a level.
 	heap uint64
 }
 
 func (r report) String() string {
-	return fmt.Sprintf("%d states, %d transitions, depth %d (complete: %v), %d violations, %d sends after a provider-written 2xx, in %v, heap %d MiB",
-		r.states, r.transitions, r.depth, r.complete, r.violations, r.resent, r.elapsed.Round(time.Millisecond), r.heap>>20)
+	return fmt.Sprintf("%d states, %d transitions, depth %d (complete: %v), %d violations, %d sends after a provider-written 2xx (%d while the sender's outbox held it), in %v, heap %d MiB",
+		r.states, r.transitions, r.depth, r.complete, r.violations, r.resent, r.ownPaid, r.elapsed.Round(time.Millisecond), r.heap>>20)
 }
 
 const keepFindings = 5
 
-// fingerprint hashes s's bytes: state is made of one-byte fields only,
-// so it has no padding, and equal states have equal bytes.
+// found notes f, and reports whether the search stops at it: then f is
+// the only finding kept.
+func (r *report) found(f finding, stop func(finding) bool) bool {
+	r.violations++
+	if stop != nil && stop(f) {
+		r.findings = []finding{f}
+		return true
+	}
+	if len(r.findings) < keepFindings {
+		r.findings = append(r.findings, f)
+	}
+	return false
+}
+
+// fingerprint is the first 128 bits of the SHA-256 of s's bytes: state
+// is made of one-byte fields only, so it has no padding, and equal states
+// have equal bytes. (SHA-256 rather than a hash written here: it is
+// assembly, which the race detector does not slow down.)
 func fingerprint(s *state) [2]uint64 {
-	b := unsafe.Slice((*byte)(unsafe.Pointer(s)), unsafe.Sizeof(*s))
-	h1, h2 := uint64(0x9e3779b97f4a7c15), uint64(0xc2b2ae3d27d4eb4f)
-	for len(b) >= 8 {
-		w := binary.LittleEndian.Uint64(b)
-		h1 = bits.RotateLeft64((h1^w)*0xff51afd7ed558ccd, 31)
-		h2 = bits.RotateLeft64((h2^w)*0xc4ceb9fe1a85ec53, 27)
-		b = b[8:]
-	}
-	for _, c := range b {
-		h1 = bits.RotateLeft64((h1^uint64(c))*0xff51afd7ed558ccd, 31)
-		h2 = bits.RotateLeft64((h2^uint64(c))*0xc4ceb9fe1a85ec53, 27)
-	}
-	return [2]uint64{mix(h1), mix(h2 ^ h1)}
+	sum := sha256.Sum256(unsafe.Slice((*byte)(unsafe.Pointer(s)), unsafe.Sizeof(*s)))
+	return [2]uint64{binary.LittleEndian.Uint64(sum[:8]), binary.LittleEndian.Uint64(sum[8:16])}
 }
 
-func mix(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
-}
-
-// explore searches every schedule of b, breadth first; with stop, only
-// until the first violation.
-func explore(b *Bound, stop bool) report {
+// explore searches every schedule of b, breadth first; if stop is not
+// nil, only until a finding it says to stop at.
+func explore(b *bound, stop func(finding) bool) report {
 	start := time.Now()
 	var rep report
 	var ns nodes
@@ -116,7 +116,8 @@ func explore(b *Bound, stop bool) report {
 	}
 	s0 := initial(b)
 	seen := map[[2]uint64]budgets{}
-	fp0, spent0 := canonical(b, &s0)
+	var c canonizer
+	fp0, spent0 := c.of(b, &s0)
 	set0 := seen[fp0]
 	set0.add(spent0)
 	seen[fp0] = set0
@@ -126,6 +127,7 @@ func explore(b *Bound, stop bool) report {
 	rep.states = 1
 	var ms runtime.MemStats
 	var as []act
+	var n state
 	for depth := 0; len(frontier) > 0; depth++ {
 		rep.depth = depth
 		runtime.ReadMemStats(&ms)
@@ -144,11 +146,7 @@ func explore(b *Bound, stop bool) report {
 			as = it.s.actions(b, as)
 			if len(as) == 0 {
 				if v, why := it.s.doomed(); v != "" {
-					rep.violations++
-					if len(rep.findings) < keepFindings {
-						rep.findings = append(rep.findings, finding{violation: v, why: why, schedule: it.n.schedule()})
-					}
-					if stop {
+					if rep.found(finding{violation: v, why: why, schedule: it.n.schedule()}, stop) {
 						rep.elapsed = time.Since(start)
 						return rep
 					}
@@ -156,7 +154,7 @@ func explore(b *Bound, stop bool) report {
 				continue
 			}
 			for _, a := range as {
-				n, res := it.s.next(b, a, false)
+				res := it.s.next(&n, b, a, false)
 				rep.transitions++
 				if res.resent2xx {
 					rep.resent++
@@ -164,18 +162,20 @@ func explore(b *Bound, stop bool) report {
 						rep.resentExample = append(it.n.schedule(), a)
 					}
 				}
-				if res.violation != "" {
-					rep.violations++
-					if len(rep.findings) < keepFindings {
-						rep.findings = append(rep.findings, finding{violation: res.violation, why: res.why, schedule: append(it.n.schedule(), a)})
+				if res.ownPaid {
+					rep.ownPaid++
+					if rep.ownPaidExample == nil {
+						rep.ownPaidExample = append(it.n.schedule(), a)
 					}
-					if stop {
+				}
+				if res.violation != "" {
+					if rep.found(finding{violation: res.violation, why: res.why, schedule: append(it.n.schedule(), a)}, stop) {
 						rep.elapsed = time.Since(start)
 						return rep
 					}
 					continue
 				}
-				fp, spent := canonical(b, &n)
+				fp, spent := c.of(b, &n)
 				set := seen[fp]
 				if set.covers(spent) {
 					continue
@@ -199,11 +199,12 @@ func explore(b *Bound, stop bool) report {
 
 // describe replays schedule and writes it out, a step a line, with what
 // each step did.
-func describe(b *Bound, schedule []act) string {
+func describe(b *bound, schedule []act) string {
 	var sb strings.Builder
 	s := initial(b)
+	var n state
 	for i, a := range schedule {
-		n, res := s.next(b, a, true)
+		res := s.next(&n, b, a, true)
 		fmt.Fprintf(&sb, "%3d. t=%d  %-52s  %s", i+1, s.now, fmt.Sprintf("%q,", a.String()), strings.Join(res.notes, "; "))
 		if res.violation != "" {
 			fmt.Fprintf(&sb, "  *** %s: %s", res.violation, res.why)
@@ -220,7 +221,7 @@ func describe(b *Bound, schedule []act) string {
 // replay runs the schedule given as the steps' names (as describe writes
 // them) and returns the first invariant it breaks, and at which step
 // (1-based; past the end: when nothing more can happen).
-func replay(b *Bound, steps []string) (Violation, int, error) {
+func replay(b *bound, steps []string) (invariant, int, error) {
 	s := initial(b)
 	for i, name := range steps {
 		found := false
@@ -228,7 +229,8 @@ func replay(b *Bound, steps []string) (Violation, int, error) {
 			if a.String() != name {
 				continue
 			}
-			n, res := s.next(b, a, false)
+			var n state
+			res := s.next(&n, b, a, false)
 			if res.violation != "" {
 				return res.violation, i + 1, nil
 			}

@@ -2,6 +2,8 @@ package record
 
 import (
 	"fmt"
+	"math"
+	"strings"
 	"time"
 )
 
@@ -13,7 +15,7 @@ import (
 // time.
 type tick int8
 
-const never tick = -1
+const never tick = math.MinInt8
 
 var checkEpoch = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
@@ -29,7 +31,7 @@ func tickOf(t time.Time) tick {
 		return never
 	}
 	d := t.Sub(checkEpoch) / time.Second
-	if d < 0 || d > 127 {
+	if d < -127 || d > 127 {
 		panic(fmt.Sprintf("check: time %v out of the model's range", t))
 	}
 	return tick(d)
@@ -237,7 +239,7 @@ type hungOp struct {
 	op               opKind
 	key              int8
 	owner            owner
-	settled, pending bool  // the facts its author brought
+	settled, pending bool  // the facts as they were when it was issued
 	deadline         tick  // opClaim: its caller's
 	out              entry // opFinish, opRelease: what it writes
 }
@@ -311,20 +313,20 @@ type times struct {
 	Lease, Quiet, Grace, Deadline, SettleAfter, Window int
 }
 
-// Mode is how the provider answers a key it has created a payment for.
-type Mode int8
+// providerMode is how the provider answers a key it has created a payment for.
+type providerMode int8
 
 const (
-	// ReuseFirst: the first payment, 2xx.
-	ReuseFirst Mode = iota
-	// Reuse409: 409, which proves nothing (Unknown).
-	Reuse409
+	// reuseFirst: the first payment, 2xx.
+	reuseFirst providerMode = iota
+	// reuse409: 409, which proves nothing (Unknown).
+	reuse409
 )
 
-func (m Mode) String() string { return [...]string{"reuse-first", "reuse-409"}[m] }
+func (m providerMode) String() string { return [...]string{"reuse-first", "reuse-409"}[m] }
 
-// Rules switches the checked rules back to earlier ones.
-type Rules struct {
+// rules switch the checked rules back to earlier ones.
+type rules struct {
 	// OKAtDeadline: a caller whose 2xx is received but not committed is
 	// told OK at its deadline (the rule before issue 30).
 	OKAtDeadline bool
@@ -334,6 +336,11 @@ type Rules struct {
 	// NoAnswerBy: a claim carries no AnswerBy, so one that runs after its
 	// caller left may acquire the record (the rules as first written).
 	NoAnswerBy bool
+	// IssuedFacts: a claim or settlement that runs late (hung) brings the
+	// facts Settled and Pending as they were when it was issued, not as
+	// they are when it runs: settlement asking its outbox before its
+	// transaction, rather than in it.
+	IssuedFacts bool
 	// AnswerResolved: a call that waited on another claim of its key is
 	// answered from the record as that claim left it, a person's
 	// NOT_CREATED included, rather than as TellFrom says (the engine's
@@ -341,8 +348,8 @@ type Rules struct {
 	AnswerResolved bool
 }
 
-// Bound bounds the exploration.
-type Bound struct {
+// bound bounds the exploration.
+type bound struct {
 	Name     string
 	Replicas int
 	Keys     int
@@ -350,22 +357,55 @@ type Bound struct {
 	Calls int
 	// Faults is how many faults a schedule has at most: store operations
 	// that fail, hang or lose their acknowledgement, replies the provider
-	// loses, crashes, rollbacks.
+	// loses, crashes, failovers that lose commits.
 	Faults int
+	// Off are the kinds of fault that never happen.
+	Off faultKinds
 	// Time, if not 0, is the last tick; Depth the most steps in a
 	// schedule.
 	Time, Depth int
-	Mode        Mode
+	Mode        providerMode
 	// Refusals: the provider may refuse a request (401).
 	Refusals bool
-	// Rollback: the store may lose its unreplicated commits.
+	// Rollback: the store may lose its unreplicated commits (an
+	// asynchronous failover).
 	Rollback bool
-	// NoStoreFaults, NoCrashes, NoLostReplies turn those faults off.
-	NoStoreFaults, NoCrashes, NoLostReplies bool
 	// NoPerson: no one resolves keys.
 	NoPerson bool
-	Times    times
-	Rules    Rules
+	// SlowOutbox: a process's outbox may leave an entry unwritten while
+	// time passes with no fault its process sees (a process that stalls).
+	SlowOutbox bool
+	Times      times
+	Rules      rules
+}
+
+// faultKinds is a set of kinds of fault.
+type faultKinds uint8
+
+const (
+	// faultFail: a store operation fails; nothing is written.
+	faultFail faultKinds = 1 << iota
+	// faultAckLost: a store operation commits and its author hears it failed.
+	faultAckLost
+	// faultHang: a store operation's commit is pending while time passes: it
+	// ran late (queued in a pooler) or its commit is stuck; it commits or
+	// fails later, and while it hangs its process's writes are not healthy.
+	faultHang
+	// faultCrash: a process dies and restarts with a new name, its memory
+	// lost; its requests at the provider stay there.
+	faultCrash
+	// faultLostReply: the provider's reply to a request never arrives.
+	faultLostReply
+)
+
+func (f faultKinds) String() string {
+	var names []string
+	for i, n := range []string{"fail", "ack lost", "hang", "crash", "lost reply"} {
+		if f&(1<<i) != 0 {
+			names = append(names, n)
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // act is one step of a schedule.
@@ -444,23 +484,26 @@ func (a act) String() string {
 	return "?"
 }
 
-// Violation names an invariant a step broke.
-type Violation string
+// invariant names an invariant a step broke.
+type invariant string
 
 // outcome of one step: its notes for the schedule's log, the invariant it
 // broke, and whether it sent a key again after the provider wrote a 2xx
 // for it.
 type result struct {
 	notes     []string
-	violation Violation
+	violation invariant
 	why       string
 	resent2xx bool
+	// ownPaid: the step sent a key whose 2xx its sender's own outbox
+	// holds, not yet written (what the Pending fact prevents).
+	ownPaid bool
 }
 
 // world is a step in progress: the state being changed and what came of it.
 type world struct {
 	s   *state
-	b   *Bound
+	b   *bound
 	res result
 	// verbose: keep notes (describe); the search does without.
 	verbose bool
@@ -472,33 +515,36 @@ func (w *world) note(format string, args ...any) {
 	}
 }
 
-func (w *world) violate(v Violation, format string, args ...any) {
+func (w *world) violate(v invariant, format string, args ...any) {
 	if w.res.violation == "" {
 		w.res.violation, w.res.why = v, fmt.Sprintf(format, args...)
 	}
 }
 
-func initial(b *Bound) state {
+func initial(b *bound) state {
 	var s state
 	for i := range s.store {
 		s.store[i] = mrec{leaseExp: never, quietUntil: never, settleBy: never, nextSettle: never, resolvedAt: never, attemptAt: never}
 	}
 	s.base = s.store
 	for i := range s.procs {
-		s.procs[i].healthy = 0
+		// Healthy long enough: settled from the start.
+		s.procs[i].healthy = tick(-b.Times.Grace)
 	}
 	return s
 }
 
 // actions lists the steps enabled in s, in a fixed order.
-func (s *state) actions(b *Bound, as []act) []act {
+func (s *state) actions(b *bound, as []act) []act {
 	as = as[:0]
 	faultsLeft := int(s.faults) < b.Faults
 	variants := func(kind actKind, x, y int8) {
 		as = append(as, act{kind: kind, a: x, b: y})
-		if faultsLeft && !b.NoStoreFaults {
-			for v := opFails; v <= opHangs; v++ {
-				as = append(as, act{kind: kind, a: x, b: y, v: v})
+		if faultsLeft {
+			for v, f := range [...]faultKinds{opFails: faultFail, opAckLost: faultAckLost, opHangs: faultHang} {
+				if f != 0 && b.Off&f == 0 {
+					as = append(as, act{kind: kind, a: x, b: y, v: int8(v)})
+				}
 			}
 		}
 	}
@@ -528,7 +574,7 @@ func (s *state) actions(b *Bound, as []act) []act {
 					continue
 				}
 				as = append(as, act{kind: actProvider, a: k, b: ans})
-				if faultsLeft && !b.NoLostReplies {
+				if faultsLeft && b.Off&faultLostReply == 0 {
 					as = append(as, act{kind: actProvider, a: k, b: ans, v: 1})
 				}
 			}
@@ -566,7 +612,7 @@ func (s *state) actions(b *Bound, as []act) []act {
 			}
 		}
 	}
-	if faultsLeft && !b.NoCrashes {
+	if faultsLeft && b.Off&faultCrash == 0 {
 		for p := int8(0); p < int8(b.Replicas); p++ {
 			as = append(as, act{kind: actCrash, a: p})
 		}
@@ -599,11 +645,11 @@ func (s *state) actions(b *Bound, as []act) []act {
 // no store fault this tick has an outbox entry to write (the takeover
 // grace relies on a healthy process's outbox landing promptly: it is
 // slow only by a fault, a failure or a hang, which counts).
-func (s *state) tickEnabled(b *Bound) bool {
+func (s *state) tickEnabled(b *bound) bool {
 	if b.Time > 0 && int(s.now) >= b.Time {
 		return false
 	}
-	for p := 0; p < b.Replicas; p++ {
+	for p := 0; p < b.Replicas && !b.SlowOutbox; p++ {
 		pr := &s.procs[p]
 		if pr.healthy == s.now {
 			continue
@@ -657,7 +703,7 @@ func (s *state) pending(p, k int8) bool {
 
 // settled is the Settled fact of process p: its store writes have been
 // healthy for the takeover grace, and none of them hangs.
-func (s *state) settled(b *Bound, p int8) bool {
+func (s *state) settled(b *bound, p int8) bool {
 	pr := &s.procs[p]
 	for _, h := range s.hung {
 		if h.used && h.p == p && h.inc == pr.inc {
@@ -667,16 +713,16 @@ func (s *state) settled(b *Bound, p int8) bool {
 	return pr.healthy != never && int(s.now)-int(pr.healthy) >= b.Times.Grace
 }
 
-func (s *state) factPending(b *Bound, p, k int8) bool {
+func (s *state) factPending(b *bound, p, k int8) bool {
 	return !b.Rules.IgnorePending && s.pending(p, k)
 }
 
-func (s *state) settleEvent(b *Bound, p, k int8, o owner) Settle {
+func (s *state) settleEvent(b *bound, p, k int8, o owner) Settle {
 	return Settle{Owner: o.String(), LeaseTTL: ticks(b.Times.Lease), Quiet: ticks(b.Times.Quiet),
 		Settled: s.settled(b, p), Pending: s.factPending(b, p, k)}
 }
 
-func (s *state) claimEvent(b *Bound, k int8, o owner, settled, pending bool, deadline tick) Claim {
+func (s *state) claimEvent(b *bound, k int8, o owner, settled, pending bool, deadline tick) Claim {
 	c := Claim{
 		Request: Request{Key: keyName(k), BodySHA256: bodyOf(k), RequestID: "r"},
 		Owner:   o.String(), LeaseTTL: ticks(b.Times.Lease), Window: ticks(b.Times.Window), Quiet: ticks(b.Times.Quiet),
@@ -842,7 +888,7 @@ func (w *world) apply(k int8, ev Event, evOwner owner) (Record, Effect) {
 }
 
 // outcomeEvent is e as the Outcome its write applies.
-func (s *state) outcomeEvent(b *Bound, e entry) Outcome {
+func (s *state) outcomeEvent(b *bound, e entry) Outcome {
 	o := Outcome{Owner: e.owner.String(), Result: e.result, ProviderStatus: e.status.http(), Reply: replyBytes(e.reply),
 		QuietFor: ticks(int(e.quietFor)), SettleAfter: ticks(b.Times.SettleAfter)}
 	if e.sent {
@@ -1051,6 +1097,11 @@ func (w *world) send(p, k int8, o owner) {
 	if pk.wrote2xx {
 		w.res.resent2xx = true
 	}
+	for _, e := range pr.outbox {
+		if e.used && e.key == k && e.result == Paid {
+			w.res.ownPaid = true
+		}
+	}
 	for _, q := range pk.reqs {
 		if q.used {
 			w.violate("I3", "k%d sent while another request for it is at the provider", k)
@@ -1096,7 +1147,7 @@ func (w *world) provider(k, ans int8, lost bool) {
 		if s.told[k].nc {
 			w.violate("I2", "the provider created k%d after a caller was told NOT_CREATED", k)
 		}
-	case b.Mode == ReuseFirst:
+	case b.Mode == reuseFirst:
 		res, st, reply = Paid, status200, 1
 	default:
 		res, st = Unknown, status409
@@ -1192,7 +1243,13 @@ func (w *world) resolveHung(i int, commit bool) {
 	}
 	switch h.op {
 	case opClaim:
-		n, eff := w.apply(h.key, s.claimEvent(b, h.key, h.owner, h.settled, h.pending, h.deadline), h.owner)
+		// The store finds Settled as the statement runs; the engine
+		// brings Pending, found before it sent the claim.
+		settled := h.settled
+		if !b.Rules.IssuedFacts {
+			settled = s.settled(b, h.p)
+		}
+		n, eff := w.apply(h.key, s.claimEvent(b, h.key, h.owner, settled, h.pending, h.deadline), h.owner)
 		if !alive {
 			w.note("%v", eff.Verdict)
 			return
@@ -1206,7 +1263,12 @@ func (w *world) resolveHung(i int, commit bool) {
 			w.push(h.p, entry{key: h.key, owner: h.owner, op: opFinish, result: NothingSent})
 		}
 	case opSettle:
-		ev := Settle{Owner: h.owner.String(), LeaseTTL: ticks(b.Times.Lease), Quiet: ticks(b.Times.Quiet), Settled: h.settled, Pending: h.pending}
+		// The store finds both facts as the statement runs (SettleDue asks
+		// the outbox in its transaction).
+		ev := s.settleEvent(b, h.p, h.key, h.owner)
+		if b.Rules.IssuedFacts {
+			ev.Settled, ev.Pending = h.settled, h.pending
+		}
 		_, eff := w.apply(h.key, ev, h.owner)
 		w.note("%v", eff.Verdict)
 		if alive && eff.Verdict == Acquired {
@@ -1235,8 +1297,13 @@ func (w *world) answer(k int8, t Told, reply int8) {
 	c.phase, c.owner = idle, owner{}
 }
 
-// from is TellFrom, or the rule it replaced.
-func (r Rules) from(rec *Record) Told {
+// from is TellFrom, or the rule it replaced; for no record (a failover
+// lost it), Wait: the call claims again, as the engine's wait does when
+// the record is gone.
+func (r rules) from(rec *Record) Told {
+	if rec == nil {
+		return Wait
+	}
 	if r.AnswerResolved && rec.State == NotCreated {
 		return TellNotCreated
 	}
@@ -1275,7 +1342,7 @@ func (w *world) toldNotCreated(k int8) {
 }
 
 // tell is record.Tell, or the rule it replaced.
-func (r Rules) tell(c Call) Told {
+func (r rules) tell(c Call) Told {
 	if r.OKAtDeadline && c.Claim == ClaimAcquired && c.Sent && c.Result == Paid && c.Due {
 		return TellPaid
 	}
@@ -1320,20 +1387,20 @@ func (w *world) checkRecords() {
 	}
 }
 
-// next is the state after a in s, and what came of it.
-func (s *state) next(b *Bound, a act, verbose bool) (state, result) {
-	n := *s
-	w := &world{s: &n, b: b, verbose: verbose}
+// next sets n to the state after a in s, and returns what came of it.
+func (s *state) next(n *state, b *bound, a act, verbose bool) result {
+	*n = *s
+	w := &world{s: n, b: b, verbose: verbose}
 	w.step(a)
 	w.answerCalls()
 	w.checkRecords()
 	n.gcRows()
-	return n, w.res
+	return w.res
 }
 
 // doomed checks a state in which nothing more can happen: a caller told
 // OK must find the key's record SUCCEEDED.
-func (s *state) doomed() (Violation, string) {
+func (s *state) doomed() (invariant, string) {
 	for k := range s.told {
 		if s.told[k].ok && s.store[k].state != Succeeded {
 			return "I2", fmt.Sprintf("a caller of k%d was told OK and its record ends %v", k, s.store[k].state)

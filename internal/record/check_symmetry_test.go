@@ -9,7 +9,7 @@ import "slices"
 // once passed forgotten once it has), behave alike: the search visits one
 // of them. Only fingerprints are canonical; the states searched are the
 // ones the schedules reach. Shifting time is sound only with no time bound
-// (Bound.Time 0), and a settlement window that outlasts every schedule.
+// (bound.Time 0), and a settlement window that outlasts every schedule.
 
 // budget is what a state has spent of what only enables steps: faults,
 // and each key's calls. A state that has spent less can do all the same
@@ -51,34 +51,37 @@ func (set *budgets) add(b budget) {
 	set[i/64] |= 1 << (i % 64)
 }
 
-// canonical is the fingerprint of s's class, what it has spent aside: the
-// least over the relabellings of processes and keys the bound allows; and
-// what it has spent, as that relabelling has it.
-func canonical(b *Bound, s *state) ([2]uint64, budget) {
+// canonizer computes canonical fingerprints in states of its own, which
+// it reuses.
+type canonizer struct{ n state }
+
+// of is the fingerprint of s's class, what it has spent aside: the least
+// over the relabellings of processes and keys the bound allows; and what
+// it has spent, as that relabelling has it.
+func (c *canonizer) of(b *bound, s *state) ([2]uint64, budget) {
 	if s.faults > 7 || s.callers[0].calls > 3 || s.callers[1].calls > 3 {
 		panic("check: a budget past what the search keeps (7 faults, 3 calls a key)")
 	}
-	fp := func(n state) ([2]uint64, budget) {
-		n.normalize(b)
-		spent := budget{n.faults, n.callers[0].calls, n.callers[1].calls}
-		n.faults, n.callers[0].calls, n.callers[1].calls = 0, 0, 0
-		return fingerprint(&n), spent
-	}
-	best, spent := fp(*s)
-	try := func(n state) {
-		f, sp := fp(n)
-		if f[0] < best[0] || f[0] == best[0] && (f[1] < best[1] || f[1] == best[1] && sp.less(spent)) {
-			best, spent = f, sp
+	var best [2]uint64
+	var spent budget
+	for i, swap := range [...]struct{ procs, keys bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		if swap.procs && b.Replicas != 2 || swap.keys && b.Keys != 2 {
+			continue
 		}
-	}
-	if b.Replicas == 2 {
-		try(s.swapProcs())
-	}
-	if b.Keys == 2 {
-		k := s.swapKeys()
-		try(k)
-		if b.Replicas == 2 {
-			try(k.swapProcs())
+		n := &c.n
+		*n = *s
+		if swap.keys {
+			n.swapKeys()
+		}
+		if swap.procs {
+			n.swapProcs()
+		}
+		n.normalize(b)
+		sp := budget{n.faults, n.callers[0].calls, n.callers[1].calls}
+		n.faults, n.callers[0].calls, n.callers[1].calls = 0, 0, 0
+		f := fingerprint(n)
+		if i == 0 || f[0] < best[0] || f[0] == best[0] && (f[1] < best[1] || f[1] == best[1] && sp.less(spent)) {
+			best, spent = f, sp
 		}
 	}
 	return best, spent
@@ -86,7 +89,7 @@ func canonical(b *Bound, s *state) ([2]uint64, budget) {
 
 // normalize sorts the tables whose order means nothing, forgets what
 // no step reads, and, with no time bound, shifts time so that now is 0.
-func (s *state) normalize(b *Bound) {
+func (s *state) normalize(b *bound) {
 	if b.Time == 0 {
 		s.shiftTime(b)
 	}
@@ -242,10 +245,9 @@ func sortRows(rows *[maxRows]row) {
 	})
 }
 
-// swapProcs is s with processes 1 and 2 exchanged.
-func (s *state) swapProcs() state {
-	n := *s
-	n.procs[0], n.procs[1] = s.procs[1], s.procs[0]
+// swapProcs exchanges processes 1 and 2 in s.
+func (n *state) swapProcs() {
+	n.procs[0], n.procs[1] = n.procs[1], n.procs[0]
 	n.swapOwnerProcs()
 	for i := range n.hung {
 		if n.hung[i].used {
@@ -257,7 +259,6 @@ func (s *state) swapProcs() state {
 			n.callers[i].p = 1 - n.callers[i].p
 		}
 	}
-	return n
 }
 
 func (o *owner) swapProc() {
@@ -266,14 +267,13 @@ func (o *owner) swapProc() {
 	}
 }
 
-// swapKeys is s with keys 0 and 1 exchanged.
-func (s *state) swapKeys() state {
-	n := *s
-	n.store[0], n.store[1] = s.store[1], s.store[0]
-	n.base[0], n.base[1] = s.base[1], s.base[0]
-	n.prov[0], n.prov[1] = s.prov[1], s.prov[0]
-	n.callers[0], n.callers[1] = s.callers[1], s.callers[0]
-	n.told[0], n.told[1] = s.told[1], s.told[0]
+// swapKeys exchanges keys 0 and 1 in s.
+func (n *state) swapKeys() {
+	n.store[0], n.store[1] = n.store[1], n.store[0]
+	n.base[0], n.base[1] = n.base[1], n.base[0]
+	n.prov[0], n.prov[1] = n.prov[1], n.prov[0]
+	n.callers[0], n.callers[1] = n.callers[1], n.callers[0]
+	n.told[0], n.told[1] = n.told[1], n.told[0]
 	sw := func(k *int8) { *k = 1 - *k }
 	for i := range n.rows {
 		if n.rows[i].used {
@@ -301,7 +301,6 @@ func (s *state) swapKeys() state {
 			}
 		}
 	}
-	return n
 }
 
 // swapOwnerProcs exchanges processes 1 and 2 in every owner in s.
@@ -338,7 +337,7 @@ func (s *state) swapOwnerProcs() {
 
 // shiftTime makes every time in s relative to now (which becomes 0), and
 // forgets the times that matter only until they pass once they have.
-func (s *state) shiftTime(b *Bound) {
+func (s *state) shiftTime(b *bound) {
 	now := s.now
 	s.now = 0
 	// passed: a time read only as "has it come?" (Before(t), or t <= now).

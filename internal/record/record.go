@@ -18,6 +18,9 @@
 //   - A request is sent only by the holder of a committed claim (the
 //     record InProgress under its lease), and only while no earlier request
 //     for the key may still be at the provider (QuietUntil).
+//   - A call's claim acquires only while its caller waits (AnswerBy): one
+//     that runs later, queued in a pooler, writes nothing, so no attempt
+//     starts that no caller follows.
 //   - An expired lease is taken over only by another process whose store
 //     writes have been healthy for the takeover grace, and never while the
 //     claimant's own process holds an unwritten outcome for the key: after
@@ -29,7 +32,13 @@
 //     word stands in for that proof) and whose request was refused before
 //     any work, or never sent.
 //   - A caller hears OK only once the 2xx is committed, and NOT_CREATED
-//     only once that is committed (Tell).
+//     only once that is committed (Tell), and never on a person's word
+//     (TellFrom).
+//
+// They hold only with a store that never loses a commit it acknowledged:
+// an asynchronous failover that does can take a record a caller was told
+// OK of back to an earlier unknown attempt, which settlement then sends
+// again (the checker shows it).
 package record
 
 import (
