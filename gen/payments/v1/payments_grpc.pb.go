@@ -54,8 +54,10 @@ type PaymentsServiceClient interface {
 	//     IDEMPOTENCY_KEY_REUSED.
 	//   - One at a time: while a call for a key is in flight, another call
 	//     with that key waits for its outcome (within its own deadline) and
-	//     gets the same answer; if its deadline runs out first it gets
-	//     ABORTED (409), reason PAYMENT_IN_PROGRESS, with a RetryInfo.
+	//     gets the same answer (the payment, or that its outcome is unknown;
+	//     a call that ended creating nothing lets the waiter make its own
+	//     attempt); if its deadline runs out first it gets ABORTED (409),
+	//     reason PAYMENT_IN_PROGRESS, with a RetryInfo.
 	//   - A key whose attempts certainly created nothing is not replayed:
 	//     calling again makes a new attempt.
 	//   - A key whose outcome is unknown is settled by paymentsd itself in the
@@ -79,20 +81,26 @@ type PaymentsServiceClient interface {
 	//     NOT_FOUND with that reason. Once the tombstone is gone too, the
 	//     key is unknown again: never reuse a key, make a new one per
 	//     payment.
-	//   - A provider's 2xx is answered once its record is committed, or, if
-	//     the record store is slow or down, when the call's deadline comes
-	//     first: the answer is the provider's reply either way, and paymentsd
-	//     goes on writing it, however long the store is down, holding the
-	//     key meanwhile (no replica sends it again). A refusal that proves no
+	//   - Told OK means durable: a provider's 2xx is answered only once its
+	//     record is committed, where every replica finds it. If the record
+	//     store is slow or down and the call's deadline comes first, the call
+	//     gets PAYMENT_OUTCOME_UNKNOWN (retry with the same key: the retry
+	//     replays the payment once it is recorded), and paymentsd goes on
+	//     writing it, however long the store is down, holding the key
+	//     meanwhile (no replica sends it again). A refusal that proves no
 	//     payment exists is answered PAYMENT_NOT_CREATED only once recorded;
-	//     otherwise PAYMENT_OUTCOME_UNKNOWN. Only a replica that dies between
-	//     the provider's answer and its record leaves the key to settlement,
+	//     otherwise PAYMENT_OUTCOME_UNKNOWN. Only a replica that dies before
+	//     the provider's answer is recorded leaves the key to settlement,
 	//     which sends it again once its lease and quiet period have passed.
+	//     This holds on a record store that never loses a commit it
+	//     acknowledged (SQLite, one PostgreSQL server, or strictly
+	//     synchronous replication).
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
-	//     REQUEST_NOT_SENT (a missing record proves nothing: another call's
-	//     claim may be about to commit), or PAYMENT_OUTCOME_UNKNOWN when the
-	//     record shows an earlier call with the key may have created the
-	//     payment, or PAYMENT_IN_PROGRESS while another call holds it.
+	//     REQUEST_NOT_SENT when the call read nothing of the key's record (a
+	//     missing record proves nothing: another call's claim may be about
+	//     to commit), PAYMENT_OUTCOME_UNKNOWN when what it read shows an
+	//     earlier call with the key may have created the payment, or
+	//     PAYMENT_IN_PROGRESS while another call holds it.
 	//
 	// Retrying a call with the same idempotency_key is always safe and is the
 	// way to learn an uncertain outcome. A new key is safe only after
@@ -297,8 +305,10 @@ type PaymentsServiceClient interface {
 	//     and resolved are true, provider_http_status is 0 (paymentsd never
 	//     saw the provider's answer), and payment is the reply the person
 	//     recorded, or an empty object if they recorded none.
-	//   - after NOT_CREATED: a new attempt with the key, as after any
-	//     PAYMENT_NOT_CREATED, with a new settlement window.
+	//   - after NOT_CREATED: a new attempt with the key, with a new
+	//     settlement window. A person's word is not the provider's, so that
+	//     attempt's refusal is not taken as proof that no payment exists:
+	//     short of a 2xx its outcome is PAYMENT_OUTCOME_UNKNOWN, and settled.
 	//
 	// Only admins (PAYMENTS_ADMIN_CALLERS) may resolve; see
 	// ListMultiCardPayments for who is one.
@@ -321,8 +331,8 @@ type PaymentsServiceClient interface {
 	// FAILED_PRECONDITION (422), reason RECORD_NOT_UNKNOWN, when the record
 	// is not PAYMENT_STATE_OUTCOME_UNKNOWN (its ErrorInfo metadata "state"
 	// says what it is: a resolution is never undone or redone here); reason
-	// PAYMENT_ATTEMPT_SUCCEEDED for NOT_CREATED when an attempt for the key
-	// got a 2xx (see attempt_history): the payment exists; ABORTED
+	// PAYMENT_ATTEMPT_SUCCEEDED is no longer given (a 2xx always makes the
+	// record PAYMENT_STATE_SUCCEEDED, which is RECORD_NOT_UNKNOWN); ABORTED
 	// (409), reason PAYMENT_IN_PROGRESS, with a RetryInfo, while a request
 	// with the key is being sent or may still be at the provider (its quiet
 	// period): a person never races paymentsd's own sender, so retry after
@@ -406,8 +416,10 @@ type PaymentsServiceServer interface {
 	//     IDEMPOTENCY_KEY_REUSED.
 	//   - One at a time: while a call for a key is in flight, another call
 	//     with that key waits for its outcome (within its own deadline) and
-	//     gets the same answer; if its deadline runs out first it gets
-	//     ABORTED (409), reason PAYMENT_IN_PROGRESS, with a RetryInfo.
+	//     gets the same answer (the payment, or that its outcome is unknown;
+	//     a call that ended creating nothing lets the waiter make its own
+	//     attempt); if its deadline runs out first it gets ABORTED (409),
+	//     reason PAYMENT_IN_PROGRESS, with a RetryInfo.
 	//   - A key whose attempts certainly created nothing is not replayed:
 	//     calling again makes a new attempt.
 	//   - A key whose outcome is unknown is settled by paymentsd itself in the
@@ -431,20 +443,26 @@ type PaymentsServiceServer interface {
 	//     NOT_FOUND with that reason. Once the tombstone is gone too, the
 	//     key is unknown again: never reuse a key, make a new one per
 	//     payment.
-	//   - A provider's 2xx is answered once its record is committed, or, if
-	//     the record store is slow or down, when the call's deadline comes
-	//     first: the answer is the provider's reply either way, and paymentsd
-	//     goes on writing it, however long the store is down, holding the
-	//     key meanwhile (no replica sends it again). A refusal that proves no
+	//   - Told OK means durable: a provider's 2xx is answered only once its
+	//     record is committed, where every replica finds it. If the record
+	//     store is slow or down and the call's deadline comes first, the call
+	//     gets PAYMENT_OUTCOME_UNKNOWN (retry with the same key: the retry
+	//     replays the payment once it is recorded), and paymentsd goes on
+	//     writing it, however long the store is down, holding the key
+	//     meanwhile (no replica sends it again). A refusal that proves no
 	//     payment exists is answered PAYMENT_NOT_CREATED only once recorded;
-	//     otherwise PAYMENT_OUTCOME_UNKNOWN. Only a replica that dies between
-	//     the provider's answer and its record leaves the key to settlement,
+	//     otherwise PAYMENT_OUTCOME_UNKNOWN. Only a replica that dies before
+	//     the provider's answer is recorded leaves the key to settlement,
 	//     which sends it again once its lease and quiet period have passed.
+	//     This holds on a record store that never loses a commit it
+	//     acknowledged (SQLite, one PostgreSQL server, or strictly
+	//     synchronous replication).
 	//   - If the record can't be written, nothing is sent: UNAVAILABLE with
-	//     REQUEST_NOT_SENT (a missing record proves nothing: another call's
-	//     claim may be about to commit), or PAYMENT_OUTCOME_UNKNOWN when the
-	//     record shows an earlier call with the key may have created the
-	//     payment, or PAYMENT_IN_PROGRESS while another call holds it.
+	//     REQUEST_NOT_SENT when the call read nothing of the key's record (a
+	//     missing record proves nothing: another call's claim may be about
+	//     to commit), PAYMENT_OUTCOME_UNKNOWN when what it read shows an
+	//     earlier call with the key may have created the payment, or
+	//     PAYMENT_IN_PROGRESS while another call holds it.
 	//
 	// Retrying a call with the same idempotency_key is always safe and is the
 	// way to learn an uncertain outcome. A new key is safe only after
@@ -649,8 +667,10 @@ type PaymentsServiceServer interface {
 	//     and resolved are true, provider_http_status is 0 (paymentsd never
 	//     saw the provider's answer), and payment is the reply the person
 	//     recorded, or an empty object if they recorded none.
-	//   - after NOT_CREATED: a new attempt with the key, as after any
-	//     PAYMENT_NOT_CREATED, with a new settlement window.
+	//   - after NOT_CREATED: a new attempt with the key, with a new
+	//     settlement window. A person's word is not the provider's, so that
+	//     attempt's refusal is not taken as proof that no payment exists:
+	//     short of a 2xx its outcome is PAYMENT_OUTCOME_UNKNOWN, and settled.
 	//
 	// Only admins (PAYMENTS_ADMIN_CALLERS) may resolve; see
 	// ListMultiCardPayments for who is one.
@@ -673,8 +693,8 @@ type PaymentsServiceServer interface {
 	// FAILED_PRECONDITION (422), reason RECORD_NOT_UNKNOWN, when the record
 	// is not PAYMENT_STATE_OUTCOME_UNKNOWN (its ErrorInfo metadata "state"
 	// says what it is: a resolution is never undone or redone here); reason
-	// PAYMENT_ATTEMPT_SUCCEEDED for NOT_CREATED when an attempt for the key
-	// got a 2xx (see attempt_history): the payment exists; ABORTED
+	// PAYMENT_ATTEMPT_SUCCEEDED is no longer given (a 2xx always makes the
+	// record PAYMENT_STATE_SUCCEEDED, which is RECORD_NOT_UNKNOWN); ABORTED
 	// (409), reason PAYMENT_IN_PROGRESS, with a RetryInfo, while a request
 	// with the key is being sent or may still be at the provider (its quiet
 	// period): a person never races paymentsd's own sender, so retry after
