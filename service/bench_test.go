@@ -196,4 +196,3 @@ func BenchmarkGRPC(b *testing.B) {
 		})
 	}
 }
-

@@ -2,11 +2,11 @@ package service
 
 import (
 	"bytes"
-	"errors"
 	"context"
 	"crypto/sha256"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"path/filepath"
 	"strings"
