@@ -21,7 +21,28 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 )
+
+// restJSON is the gateway's marshaler.
+var restJSON = restMarshaler{&runtime.JSONPb{
+	// Every scalar, enum and list, default or not (the OpenAPI document's
+	// required fields); a message field that is unset is left out, never
+	// null.
+	MarshalOptions: protojson.MarshalOptions{EmitDefaultValues: true},
+	// A misspelt field must not be silently dropped in a payments API:
+	// unknown fields are an error that names the field.
+	UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+}}
+
+// RESTJSON is m in JSON as the REST API writes it: every field, false,
+// zero and empty ones included, and a payment's provider reply as its
+// payment, exactly as received, rather than as payment_json. The
+// operators' CLI writes -o json with it, so that a script reads the same
+// JSON from either.
+func RESTJSON(m proto.Message) ([]byte, error) {
+	return restJSON.Marshal(m)
+}
 
 // strictDecoder is the gateway's JSON decoder, refusing anything but
 // whitespace after the request's JSON value: `{…}{…}` is not one request.

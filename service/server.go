@@ -32,7 +32,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	paymentsgw "example.com/paymentsd/gen/gateway/payments/v1"
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -251,15 +250,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		// A form-encoded POST must not turn into a GET, nor a header
 		// change the method.
 		runtime.WithDisablePathLengthFallback(),
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, restMarshaler{&runtime.JSONPb{
-			// Every scalar, enum and list, default or not (the OpenAPI
-			// document's required fields); a message field that is unset
-			// is left out, never null.
-			MarshalOptions: protojson.MarshalOptions{EmitDefaultValues: true},
-			// A misspelt field must not be silently dropped in a payments
-			// API: unknown fields are an error that names the field.
-			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
-		}}),
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, restJSON),
 		runtime.WithIncomingHeaderMatcher(func(h string) (string, bool) {
 			if http.CanonicalHeaderKey(h) == "X-Request-Id" {
 				return RequestIDHeader, true

@@ -27,11 +27,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/service"
 )
 
 // The CLI's exit statuses. main exits 1 for any other error.
@@ -491,7 +491,7 @@ func paymentsList(ctx context.Context, args []string, env func(string) string, s
 			}
 			shown++
 			if asJSON {
-				b, err := protojson.Marshal(p)
+				b, err := service.RESTJSON(p)
 				if err != nil {
 					return err
 				}
@@ -619,7 +619,7 @@ func paymentsGet(ctx context.Context, args []string, env func(string) string, st
 		return callError("get", err)
 	}
 	if asJSON {
-		b, err := protojson.Marshal(p)
+		b, err := service.RESTJSON(p)
 		if err != nil {
 			return err
 		}
@@ -839,7 +839,7 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 	}
 	fmt.Fprintf(stderr, "Resolved %s: %s -> %s.\n", printable(key), stateName(resp.GetAuditEntry().GetFromState()), stateName(resp.GetAuditEntry().GetToState()))
 	if asJSON {
-		b, err := protojson.Marshal(resp)
+		b, err := service.RESTJSON(resp)
 		if err != nil {
 			return err
 		}
