@@ -106,6 +106,8 @@ type gate struct {
 	// stillTrusted, if set, says whether certificate chains verified when
 	// their connection opened would still be.
 	stillTrusted func(verifiedChains [][]*x509.Certificate) error
+	// env is the environment served, which refusals name.
+	env paymentsv1.Environment
 }
 
 func (g gate) check(ctx context.Context, fullMethod string) error {
@@ -121,7 +123,7 @@ func (g gate) check(ctx context.Context, fullMethod string) error {
 		if err := g.stillTrusted(c.chains); err != nil {
 			msg := "this caller's client certificate is no longer trusted (" + err.Error() + "); this call sent nothing to the provider: connect again with a current certificate"
 			st := status.New(codes.PermissionDenied, msg)
-			return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: map[string]string{"problem": err.Error()}})
+			return withDetails(st, g.notAllowed(map[string]string{"problem": err.Error()}))
 		}
 	}
 	if c == nil || c.id.IsZero() {
@@ -132,7 +134,7 @@ func (g gate) check(ctx context.Context, fullMethod string) error {
 			md["problem"] = c.problem.Error()
 		}
 		st := status.New(codes.PermissionDenied, msg)
-		return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: md})
+		return withDetails(st, g.notAllowed(md))
 	}
 	if g.allowed == nil || g.allowed.has(c.id) || g.admits(c.id, fullMethod) {
 		return nil
@@ -145,7 +147,14 @@ func (g gate) check(ctx context.Context, fullMethod string) error {
 		msg = "this caller's identity is an event reader, which reads provider events and nothing else; this call sent nothing to the provider: a caller that pays or looks payments up must be in PAYMENTS_ALLOWED_CALLERS"
 	}
 	st := status.New(codes.PermissionDenied, msg)
-	return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: map[string]string{"caller": c.id.String()}})
+	return withDetails(st, g.notAllowed(map[string]string{"caller": c.id.String()}))
+}
+
+// notAllowed is CALLER_NOT_ALLOWED's ErrorInfo, with md and, as every
+// reason's, the environment.
+func (g gate) notAllowed(md map[string]string) *errdetails.ErrorInfo {
+	md["environment"] = envName(g.env)
+	return &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: md}
 }
 
 // admits reports whether id's role, admin or event reader, admits it to

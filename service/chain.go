@@ -42,6 +42,8 @@ type unaryChain struct {
 	recovered func(ctx context.Context, p any) error
 	// stop ends when the drain's hard stop cuts calls off.
 	stop context.Context
+	// env is the environment served, which refusals name.
+	env paymentsv1.Environment
 }
 
 // intercept is the chain as a grpc.UnaryServerInterceptor.
@@ -119,7 +121,7 @@ func (c *unaryChain) validate(req any, fullMethod string) error {
 	if err == nil || fullMethod != paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName {
 		return err
 	}
-	if withInfo, err2 := status.Convert(err).WithDetails(notSentInfo()); err2 == nil {
+	if withInfo, err2 := status.Convert(err).WithDetails(notSentInfo(c.env)); err2 == nil {
 		return withInfo.Err()
 	}
 	return err

@@ -91,7 +91,7 @@ func unquoteSFString(s string) (string, error) {
 // (INVALID_ARGUMENT, REQUEST_NOT_SENT, a field violation naming both
 // places), as is a header that can't hold a key. req is the gateway's own
 // copy of the body.
-func applyHeaderKey(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) error {
+func applyHeaderKey(ctx context.Context, env paymentsv1.Environment, req *paymentsv1.CreateMultiCardPaymentRequest) error {
 	c, ok := ctx.Value(gatewayCallKey{}).(*gatewayCall)
 	if !ok {
 		return nil
@@ -101,7 +101,7 @@ func applyHeaderKey(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentR
 	case !present:
 		return nil
 	case err != nil:
-		return headerKeyRefusal(err.Error(), &errdetails.BadRequest_FieldViolation{
+		return headerKeyRefusal(env, err.Error(), &errdetails.BadRequest_FieldViolation{
 			Field:       IdempotencyKeyHeader,
 			Description: err.Error(),
 		})
@@ -110,7 +110,7 @@ func applyHeaderKey(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentR
 		return nil
 	case req.GetIdempotencyKey() != key:
 		msg := fmt.Sprintf("the body's idempotencyKey %s differs from the %s header's %s; send one key, in either place or the same in both", quoteKey(req.GetIdempotencyKey()), IdempotencyKeyHeader, quoteKey(key))
-		return headerKeyRefusal(msg,
+		return headerKeyRefusal(env, msg,
 			&errdetails.BadRequest_FieldViolation{Field: "idempotency_key", Description: "differs from the " + IdempotencyKeyHeader + " header"},
 			&errdetails.BadRequest_FieldViolation{Field: IdempotencyKeyHeader, Description: "differs from the body's idempotencyKey"},
 		)
@@ -135,9 +135,9 @@ func noKeyError(err error) error {
 	}})
 }
 
-func headerKeyRefusal(msg string, violations ...*errdetails.BadRequest_FieldViolation) error {
+func headerKeyRefusal(env paymentsv1.Environment, msg string, violations ...*errdetails.BadRequest_FieldViolation) error {
 	st := status.New(codes.InvalidArgument, msg+"; nothing was sent")
-	return withDetails(st, notSentInfo(), &errdetails.BadRequest{FieldViolations: violations})
+	return withDetails(st, notSentInfo(env), &errdetails.BadRequest{FieldViolations: violations})
 }
 
 // markReplayed sets Idempotent-Replayed: true on a REST answer replayed
