@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
@@ -126,13 +127,28 @@ func noKeyError(err error) error {
 	if !ok || st.Code() != codes.InvalidArgument {
 		return err
 	}
-	p := proto.CloneOf(st.Proto())
-	p.Message = "the request has no idempotency key: send the payment's key in the body's idempotencyKey or in an " + IdempotencyKeyHeader + " header; " + p.Message
-	with := status.FromProto(p)
-	return withDetails(with, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+	// One BadRequest: validation's, but for its idempotency_key, which
+	// now says where else the key may come.
+	br := &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
 		{Field: "idempotency_key", Description: "missing: give it here or in the " + IdempotencyKeyHeader + " header"},
 		{Field: IdempotencyKeyHeader, Description: "missing: give it here or in the body's idempotencyKey"},
-	}})
+	}}
+	with := status.New(codes.InvalidArgument, "the request has no idempotency key: send the payment's key in the body's idempotencyKey or in an "+IdempotencyKeyHeader+" header; "+st.Message())
+	var details []protoadapt.MessageV1
+	for _, d := range st.Details() {
+		if v, ok := d.(*errdetails.BadRequest); ok {
+			for _, fv := range v.GetFieldViolations() {
+				if fv.GetField() != "idempotency_key" {
+					br.FieldViolations = append(br.FieldViolations, fv)
+				}
+			}
+			continue
+		}
+		if m, ok := d.(protoadapt.MessageV1); ok {
+			details = append(details, m)
+		}
+	}
+	return withDetails(with, append(details, br)...)
 }
 
 func headerKeyRefusal(env paymentsv1.Environment, msg string, violations ...*errdetails.BadRequest_FieldViolation) error {

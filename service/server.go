@@ -16,7 +16,6 @@ import (
 
 	"buf.build/go/protovalidate"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
-	validatemw "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/protovalidate"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +31,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	paymentsgw "example.com/paymentsd/gen/gateway/payments/v1"
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -205,7 +205,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		streamAccessLog(opts.Logger),
 		allowed.stream,
 		recovery.StreamServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger, env))),
-		validatemw.StreamServerInterceptor(validator),
+		validateStream(validator),
 		s.hardStopStream,
 	)
 
@@ -510,6 +510,13 @@ func (c *chainedEvents) ListProviderEvents(ctx context.Context, req *paymentsv1.
 // refusals do.
 func restError(env paymentsv1.Environment) runtime.ErrorHandlerFunc {
 	return func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+		if st, ok := status.FromError(err); ok && gatewayRefusal(r) && st.Code() == codes.InvalidArgument {
+			// What the gateway could not read (the body, a query
+			// parameter), said in the caller's terms.
+			p := proto.CloneOf(st.Proto())
+			p.Message = decodeErrorMessage(p.Message)
+			err = status.FromProto(p).Err()
+		}
 		if st, ok := status.FromError(err); ok && createsPayment(r) && gatewayRefusal(r) {
 			if withInfo, err2 := st.WithDetails(notSentInfo(env)); err2 == nil {
 				err = withInfo.Err()
