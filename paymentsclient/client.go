@@ -352,7 +352,7 @@ func sameRequest(recorded, req *paymentsv1.CreateMultiCardPaymentRequest) bool {
 // has no record of is ErrNotFound (and ErrKeyExpired too when retention
 // deleted it). It never calls the provider.
 func (c *Client) Get(ctx context.Context, key string) (*paymentsv1.GetMultiCardPaymentResponse, error) {
-	e := &Error{IdempotencyKey: key, target: c.target}
+	e := &Error{IdempotencyKey: key, target: c.target, lookup: true}
 	if key == "" {
 		e.Code, e.kind = codes.InvalidArgument, ErrInvalidRequest
 		e.Err = status.Error(codes.InvalidArgument, "the idempotency key is empty; nothing was sent")

@@ -115,12 +115,23 @@ type Error struct {
 	reached bool
 	// target is the client connection's target, for ErrNotReached.
 	target string
+	// lookup: the error is Get's, whose ErrOutcomeUnknown means the
+	// record could not be read, and is said so.
+	lookup bool
 }
+
+// lookupFailed is what Get's ErrOutcomeUnknown says: the lookup's own
+// words, not Create's advice on paying.
+const lookupFailed = "paymentsd's record of the key could not be read, so what it says is not known: look the key up again later"
 
 // Error says what happened to the money, for the key, and why.
 func (e *Error) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "paymentsclient: idempotency key %q: %v", e.IdempotencyKey, e.kind)
+	what := fmt.Sprint(e.kind)
+	if e.lookup && e.kind == ErrOutcomeUnknown {
+		what = lookupFailed
+	}
+	fmt.Fprintf(&b, "paymentsclient: idempotency key %q: %s", e.IdempotencyKey, what)
 	if e.kind == ErrNotReached && e.target != "" {
 		fmt.Fprintf(&b, " (target %q)", e.target)
 	}

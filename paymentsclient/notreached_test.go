@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,4 +146,39 @@ func TestReachedThenLost(t *testing.T) {
 			t.Errorf("Create once paymentsd is gone = %v, want ErrOutcomeUnknown", err)
 		}
 	})
+}
+
+// TestGetFailureSaysLookup: a lookup that fails says so in a lookup's
+// words (look the key up again), still matching ErrOutcomeUnknown, rather
+// than Create's advice about paying and new keys.
+func TestGetFailureSaysLookup(t *testing.T) {
+	t.Parallel()
+	p, stop, err := launch(t.TempDir(), paymentsdOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := paymentsclient.New(conn, paymentsclient.WithBackoff(10*time.Millisecond, 200*time.Millisecond))
+	key := paymentsclient.NewIdempotencyKey()
+	if _, err := c.Create(t.Context(), payment(key)); err != nil {
+		stop()
+		t.Fatalf("Create = %v, want the payment", err)
+	}
+	stop()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	_, err = c.Get(ctx, key)
+	if !errors.Is(err, paymentsclient.ErrOutcomeUnknown) {
+		t.Fatalf("Get once paymentsd is gone = %v, want ErrOutcomeUnknown", err)
+	}
+	for _, create := range []string{"new key", "retry with the same idempotency key"} {
+		if strings.Contains(err.Error(), create) {
+			t.Errorf("Get once paymentsd is gone = %q: Create's advice (%q), not a lookup's", err, create)
+		}
+	}
 }
