@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,5 +103,105 @@ func TestSummarize(t *testing.T) {
 	got = summarize(direct, 1, samples)
 	if got.StoreOpsPerCall != nil || got.CommitsPerCall != 0 || got.OutcomeCommitP50Micros != 0 || got.ServiceProviderCPURatio != 0 {
 		t.Errorf("summarize(direct) = store ops %v, commits %v, outcome p50 %v, CPU ratio %v; want none", got.StoreOpsPerCall, got.CommitsPerCall, got.OutcomeCommitP50Micros, got.ServiceProviderCPURatio)
+	}
+}
+
+// exposition is paymentsd's /metrics as its Prometheus client writes
+// them, cut to the families the benchmark reads (and one it doesn't).
+const exposition = `# HELP paymentsd_provider_connections_opened_total Connections opened to the provider.
+# TYPE paymentsd_provider_connections_opened_total counter
+paymentsd_provider_connections_opened_total{environment="sandbox"} 12
+# HELP paymentsd_replays_total Calls answered from an earlier record.
+# TYPE paymentsd_replays_total counter
+paymentsd_replays_total{environment="sandbox"} 1
+# HELP paymentsd_store_commits_total Write transactions committed.
+# TYPE paymentsd_store_commits_total counter
+paymentsd_store_commits_total{environment="sandbox"} 700
+# HELP paymentsd_store_duration_seconds Record store operations.
+# TYPE paymentsd_store_duration_seconds histogram
+paymentsd_store_duration_seconds_bucket{environment="sandbox",op="begin",le="0.001"} 400
+paymentsd_store_duration_seconds_bucket{environment="sandbox",op="begin",le="+Inf"} 500
+paymentsd_store_duration_seconds_sum{environment="sandbox",op="begin"} 0.9
+paymentsd_store_duration_seconds_count{environment="sandbox",op="begin"} 500
+paymentsd_store_duration_seconds_bucket{environment="sandbox",op="finish",le="0.001"} 300
+paymentsd_store_duration_seconds_bucket{environment="sandbox",op="finish",le="+Inf"} 499
+paymentsd_store_duration_seconds_sum{environment="sandbox",op="finish"} 0.8
+paymentsd_store_duration_seconds_count{environment="sandbox",op="finish"} 499
+# HELP paymentsd_outcome_commit_seconds From the provider's answer to its record's commit.
+# TYPE paymentsd_outcome_commit_seconds histogram
+paymentsd_outcome_commit_seconds_bucket{environment="sandbox",le="0.001"} 200
+paymentsd_outcome_commit_seconds_bucket{environment="sandbox",le="0.01"} 480
+paymentsd_outcome_commit_seconds_bucket{environment="sandbox",le="+Inf"} 500
+paymentsd_outcome_commit_seconds_sum{environment="sandbox"} 1.5
+paymentsd_outcome_commit_seconds_count{environment="sandbox"} 500
+# HELP go_goroutines Number of goroutines.
+# TYPE go_goroutines gauge
+go_goroutines 42
+`
+
+func TestParseMetrics(t *testing.T) {
+	t.Parallel()
+	inf := math.Inf(1)
+	full := serviceMetrics{
+		connsOpened: 12, replays: 1, commits: 700, hasCommits: true,
+		storeOps: map[string]float64{"begin": 500, "finish": 499},
+		window:   map[float64]float64{0.001: 200, 0.01: 480, inf: 500},
+	}
+	tests := []struct {
+		name    string
+		text    string
+		want    serviceMetrics
+		wantErr bool
+	}{
+		{"as paymentsd writes them", exposition, full, false},
+		{
+			// The text format allows a timestamp after the value.
+			"with timestamps",
+			strings.ReplaceAll(exposition, "} 12\n", "} 12 1764300000000\n"),
+			full, false,
+		},
+		{
+			// Series of two environments (or replicas) add up.
+			"two series of a counter",
+			exposition + `paymentsd_provider_connections_opened_total{environment="live"} 3` + "\n",
+			func() serviceMetrics { m := full; m.connsOpened = 15; return m }(), false,
+		},
+		{
+			// An op is a label's value, wherever the label is.
+			"labels in another order",
+			strings.ReplaceAll(exposition, `{environment="sandbox",op="begin"`, `{op="begin",environment="sandbox"`),
+			full, false,
+		},
+		{
+			"a paymentsd without store commits or the outcome histogram",
+			`# TYPE paymentsd_provider_connections_opened_total counter
+paymentsd_provider_connections_opened_total{environment="sandbox"} 2
+# TYPE paymentsd_store_duration_seconds histogram
+paymentsd_store_duration_seconds_bucket{environment="sandbox",op="begin",le="+Inf"} 4
+paymentsd_store_duration_seconds_sum{environment="sandbox",op="begin"} 0.1
+paymentsd_store_duration_seconds_count{environment="sandbox",op="begin"} 4
+`,
+			serviceMetrics{connsOpened: 2, storeOps: map[string]float64{"begin": 4}, window: map[float64]float64{}}, false,
+		},
+		{"not paymentsd's", "# TYPE go_goroutines gauge\ngo_goroutines 42\n", serviceMetrics{}, true},
+		{"not Prometheus text", "<html>502 Bad Gateway</html>\n", serviceMetrics{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := parseMetrics(strings.NewReader(tt.text))
+			if tt.wantErr {
+				if err == nil {
+					t.Errorf("parseMetrics = %+v, want an error", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("parseMetrics = %v", err)
+			}
+			if diff := cmp.Diff(tt.want, got, cmp.AllowUnexported(serviceMetrics{})); diff != "" {
+				t.Errorf("parseMetrics differs (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
