@@ -1,12 +1,14 @@
 // Package docs_test keeps the documentation true: its links resolve, each
 // page's contents list its headings, the README maps every page, and
-// every shell command block either runs against a paymentsd --simulate or
-// says what it needs that a test cannot give it. docs/development.md
+// every shell command block either runs against a paymentsd --simulate, in
+// a shell that has only what its page set up, or says what it needs that a
+// test cannot give it. docs/development.md
 // ("Writing the docs", "Command blocks") is the convention it checks.
 package docs_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -338,21 +340,23 @@ func TestCommandBlocks(t *testing.T) {
 	if prism == "" && os.Getenv("CI") == "true" {
 		t.Fatal("PAYMENTS_DOCS_PRISM is not set: under CI the docs' REST requests must go through the contract validator (.ci/run installs it)")
 	}
+	// The test's own paymentsd --simulate, built where no block can
+	// find it.
 	bin := t.TempDir()
 	build := exec.CommandContext(t.Context(), "go", "build", "-o", filepath.Join(bin, "paymentsd"), "./cmd/paymentsd")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/paymentsd: %v\n%s", err, out)
 	}
+	modCache, err := exec.CommandContext(t.Context(), "go", "env", "GOMODCACHE").Output()
+	if err != nil {
+		t.Fatalf("go env GOMODCACHE: %v", err)
+	}
 	for _, w := range work {
 		t.Run(w.page.path, func(t *testing.T) {
 			grpcAddr, httpAddr := simulate(t, filepath.Join(bin, "paymentsd"), w.env)
-			env := []string{"PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH"), "PAYMENTS_CLI_ADDR=" + grpcAddr}
-			for _, kv := range os.Environ() {
-				if !strings.HasPrefix(kv, "PATH=") && !strings.HasPrefix(kv, "PAYMENTS_CLI_") {
-					env = append(env, kv)
-				}
-			}
+			env := newcomerEnv(t, strings.TrimSpace(string(modCache)))
+			env = append(env, "PAYMENTS_CLI_ADDR="+grpcAddr)
 			restAddr := httpAddr
 			var violations func() []string
 			if prism != "" {
@@ -361,12 +365,17 @@ func TestCommandBlocks(t *testing.T) {
 			// REST requests (and only those: /metrics, /readyz are not in
 			// the OpenAPI document) go through the contract validator.
 			ports := strings.NewReplacer("localhost:9090", grpcAddr, "localhost:8080/v1/", restAddr+"/v1/", "localhost:8080", httpAddr)
+			// The page's blocks share one terminal, as a reader's would:
+			// what a block exports (PATH, after go install) the next one
+			// has. Each block ends by writing its environment here.
+			state := filepath.Join(t.TempDir(), "env")
 			for _, b := range w.blocks {
 				// A guard against a command that never ends, not a timed
 				// assertion: the first grpcurl build takes minutes.
 				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 				defer cancel()
-				cmd := exec.CommandContext(ctx, "bash", "-e", "-o", "pipefail", "-c", ports.Replace(b.body))
+				script := ports.Replace(b.body) + "\nenv -0 >" + shellQuote(state) + "\n"
+				cmd := exec.CommandContext(ctx, "bash", "-e", "-o", "pipefail", "-c", script)
 				cmd.Dir = root
 				cmd.Env = env
 				cmd.Stdin = strings.NewReader("")
@@ -376,6 +385,11 @@ func TestCommandBlocks(t *testing.T) {
 					continue
 				}
 				t.Logf("%s:%d:\n%s", w.page.path, b.line, out)
+				after, err := os.ReadFile(state)
+				if err != nil {
+					t.Fatalf("%s:%d: the block's environment: %v", w.page.path, b.line, err)
+				}
+				env = blockEnv(after)
 			}
 			if violations != nil {
 				for _, v := range violations() {
@@ -384,6 +398,54 @@ func TestCommandBlocks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// newcomerEnv is the environment a page's blocks start in: a newcomer's
+// shell in a fresh clone. It has the test's own environment (Go, curl,
+// the module cache), but no paymentsd on the PATH, and a GOPATH of its own
+// whose bin directory is not on the PATH either: a block that runs a bare
+// paymentsd fails unless the page has installed it and put it there.
+// The module cache stays the test's, so that nothing is downloaded again.
+func newcomerEnv(t *testing.T, modCache string) []string {
+	t.Helper()
+	var path []string
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		if fi, err := os.Stat(filepath.Join(cmp.Or(dir, "."), "paymentsd")); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			continue
+		}
+		path = append(path, dir)
+	}
+	env := []string{
+		"PATH=" + strings.Join(path, string(os.PathListSeparator)),
+		"GOPATH=" + t.TempDir(),
+		"GOMODCACHE=" + modCache,
+	}
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case name == "PATH", name == "GOPATH", name == "GOMODCACHE", name == "GOBIN", strings.HasPrefix(name, "PAYMENTS_CLI_"):
+		default:
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// blockEnv reads the environment a block left, as env -0 wrote it.
+func blockEnv(b []byte) []string {
+	var env []string
+	for _, kv := range strings.Split(string(b), "\x00") {
+		if kv == "" || strings.HasPrefix(kv, "_=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// shellQuote quotes s for bash.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // startPrism starts `prism proxy doc http://upstream --errors` on a free

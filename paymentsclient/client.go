@@ -30,6 +30,18 @@
 //	CALLER_NOT_ALLOWED                                ErrCallerNotAllowed
 //	anything else                                     looks the key up
 //
+// A call none of whose attempts reached a paymentsd returns ErrNotReached,
+// a configuration error: nothing was sent, so it says nothing of the money.
+// It stops at once when what answered is certainly not paymentsd's gRPC
+// port (paymentsd's REST port, another gRPC server, a certificate the
+// client does not trust, TLS to a plaintext port). When nothing answers at
+// all (nothing listening, a name that does not resolve), paymentsd may be
+// starting: a Client that has never reached paymentsd goes on trying for
+// WithNotReachedTimeout (10 s by default), one that has (an outage) until
+// its deadline, as for any UNAVAILABLE. An attempt that had a connection
+// to paymentsd and lost it may have reached it, and is never
+// ErrNotReached.
+//
 // ErrNotCreated is said only when every attempt Create made was answered
 // by paymentsd. An attempt that got no answer after it may have left this
 // process (cut off by a timeout, a connection lost under it) may reach
@@ -61,6 +73,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -80,13 +93,19 @@ const (
 
 // Client calls paymentsd. It is safe for concurrent use.
 type Client struct {
-	rpc            paymentsv1.PaymentsServiceClient
-	backoffBase    time.Duration
-	backoffMax     time.Duration
-	lookupTimeout  time.Duration
-	attemptTimeout time.Duration
-	maxAttempts    int
-	callOpts       []grpc.CallOption
+	rpc               paymentsv1.PaymentsServiceClient
+	backoffBase       time.Duration
+	backoffMax        time.Duration
+	lookupTimeout     time.Duration
+	attemptTimeout    time.Duration
+	maxAttempts       int
+	notReachedTimeout time.Duration
+	callOpts          []grpc.CallOption
+	// target is conn's target, for ErrNotReached's message; "" if conn
+	// does not say.
+	target string
+	// reached is set once a call has reached paymentsd.
+	reached atomic.Bool
 }
 
 // Option configures a Client.
@@ -139,10 +158,14 @@ func WithCallOptions(opts ...grpc.CallOption) Option {
 // *grpc.ClientConn from DialTLS or grpc.NewClient.
 func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
 	c := &Client{
-		rpc:           paymentsv1.NewPaymentsServiceClient(conn),
-		backoffBase:   DefaultBackoffBase,
-		backoffMax:    DefaultBackoffMax,
-		lookupTimeout: DefaultLookupTimeout,
+		rpc:               paymentsv1.NewPaymentsServiceClient(conn),
+		backoffBase:       DefaultBackoffBase,
+		backoffMax:        DefaultBackoffMax,
+		lookupTimeout:     DefaultLookupTimeout,
+		notReachedTimeout: DefaultNotReachedTimeout,
+	}
+	if t, ok := conn.(interface{ Target() string }); ok {
+		c.target = t.Target()
 	}
 	for _, o := range opts {
 		o(c)
@@ -164,26 +187,43 @@ func (c *Client) Create(ctx context.Context, req *paymentsv1.CreateMultiCardPaym
 			kind: ErrInvalidRequest,
 		}
 	}
-	e := &Error{IdempotencyKey: key}
+	e := &Error{IdempotencyKey: key, target: c.target}
 	// Attempts, and the waits between them, end in time for the lookup.
 	actx, cancel := c.attemptWindow(ctx)
 	defer cancel()
+	var notConnectedSince time.Time
 	for {
 		var at peer.Peer
 		resp, err := c.attempt(actx, req, grpc.Peer(&at))
 		e.Attempts++
 		if err == nil {
+			c.reached.Store(true)
 			return resp, nil
 		}
 		a := readAnswer(err)
-		if a.reason == "" && at.Addr != nil {
-			// No answer from paymentsd, and the attempt had a connection
-			// to go out on: it may have been cut off on its way, and may
-			// reach paymentsd yet. (One refused before it had a
-			// connection never left this process.)
-			e.unanswered = true
+		r := reachOf(a, at)
+		if r == reachedPaymentsd {
+			c.reached.Store(true)
+			e.reached = true
+			if a.reason == "" {
+				// No answer from paymentsd, and the attempt had a
+				// connection to go out on: it may have been cut off on
+				// its way, and may reach paymentsd yet. (One refused
+				// before it had a connection never left this process.)
+				e.unanswered = true
+			}
 		}
 		e.Code, e.Reason, e.RetryAfter, e.Err = a.st.Code(), a.reason, a.retryAfter, err
+		if r != reachedPaymentsd && !e.reached && (r == notPaymentsd || c.gaveUpReaching(&notConnectedSince)) {
+			// Nothing this call sent has reached paymentsd, and
+			// retrying won't reach it.
+			e.kind = ErrNotReached
+			return nil, e
+		}
+		if r == notPaymentsd {
+			// An earlier attempt reached paymentsd: its record speaks.
+			return c.fromRecord(ctx, actx, req, e)
+		}
 		v, kind := classify(a)
 		switch {
 		case v == stop:
@@ -241,16 +281,24 @@ func (c *Client) fromRecord(ctx, actx context.Context, req *paymentsv1.CreateMul
 	err := ctx.Err()
 	if err == nil && c.lookupTimeout > 0 {
 		lctx, cancel := context.WithTimeout(ctx, c.lookupTimeout)
-		rec, err = c.rpc.GetMultiCardPayment(lctx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: e.IdempotencyKey}, c.callOpts...)
+		var at peer.Peer
+		rec, err = c.rpc.GetMultiCardPayment(lctx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: e.IdempotencyKey}, append(c.callOpts, grpc.Peer(&at))...)
 		cancel()
+		if err == nil || reachOf(readAnswer(err), at) == reachedPaymentsd {
+			c.reached.Store(true)
+		}
 	}
 	e.ctxErr = outOfTime(ctx, actx)
 	if err != nil || rec == nil {
 		// The last answer stands; a failed (or cancelled) lookup proves
 		// nothing.
 		e.kind = ErrOutcomeUnknown
-		if e.Reason == ReasonInProgress {
+		switch {
+		case e.Reason == ReasonInProgress:
 			e.kind = ErrInProgress
+		case !e.reached && !c.reached.Load():
+			// No attempt, nor the lookup, ever reached paymentsd.
+			e.kind = ErrNotReached
 		}
 		return nil, e
 	}
@@ -304,20 +352,32 @@ func sameRequest(recorded, req *paymentsv1.CreateMultiCardPaymentRequest) bool {
 // has no record of is ErrNotFound (and ErrKeyExpired too when retention
 // deleted it). It never calls the provider.
 func (c *Client) Get(ctx context.Context, key string) (*paymentsv1.GetMultiCardPaymentResponse, error) {
-	e := &Error{IdempotencyKey: key}
+	e := &Error{IdempotencyKey: key, target: c.target, lookup: true}
 	if key == "" {
 		e.Code, e.kind = codes.InvalidArgument, ErrInvalidRequest
 		e.Err = status.Error(codes.InvalidArgument, "the idempotency key is empty; nothing was sent")
 		return nil, e
 	}
+	var notConnectedSince time.Time
 	for {
-		rec, err := c.rpc.GetMultiCardPayment(ctx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: key}, c.callOpts...)
+		var at peer.Peer
+		rec, err := c.rpc.GetMultiCardPayment(ctx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: key}, append(c.callOpts, grpc.Peer(&at))...)
 		e.Attempts++
 		if err == nil {
+			c.reached.Store(true)
 			return rec, nil
 		}
 		a := readAnswer(err)
+		r := reachOf(a, at)
+		if r == reachedPaymentsd {
+			c.reached.Store(true)
+			e.reached = true
+		}
 		e.Code, e.Reason, e.RetryAfter, e.Err = a.st.Code(), a.reason, a.retryAfter, err
+		if r != reachedPaymentsd && !e.reached && (r == notPaymentsd || c.gaveUpReaching(&notConnectedSince)) {
+			e.kind = ErrNotReached
+			return nil, e
+		}
 		switch {
 		case a.reason == ReasonKeyExpired:
 			e.kind = ErrKeyExpired
@@ -339,10 +399,27 @@ func (c *Client) Get(ctx context.Context, key string) (*paymentsv1.GetMultiCardP
 		if !transient || ended(ctx) || !sleep(ctx, c.delay(e.Attempts, a.retryAfter)) {
 			// What the record says is not known.
 			e.kind = ErrOutcomeUnknown
+			if !e.reached && !c.reached.Load() {
+				e.kind = ErrNotReached
+			}
 			e.ctxErr = outOfTime(ctx, ctx)
 			return nil, e
 		}
 	}
+}
+
+// gaveUpReaching reports whether a call whose attempts have found no
+// connection since *since (set now, if zero) should stop: only a Client
+// that has never reached paymentsd gives up, once WithNotReachedTimeout's
+// time has passed.
+func (c *Client) gaveUpReaching(since *time.Time) bool {
+	if c.reached.Load() || c.notReachedTimeout <= 0 {
+		return false
+	}
+	if since.IsZero() {
+		*since = time.Now()
+	}
+	return time.Since(*since) >= c.notReachedTimeout
 }
 
 // delay is how long to wait before the attempt after attempt n: the

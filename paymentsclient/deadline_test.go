@@ -209,7 +209,9 @@ func TestCreateNotCreatedAfterAttemptsThatNeverLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	c := paymentsclient.New(conn, paymentsclient.WithBackoff(10*time.Millisecond, 200*time.Millisecond))
+	// However long paymentsd takes to start on a loaded machine, the
+	// client waits for it (not only WithNotReachedTimeout's default).
+	c := paymentsclient.New(conn, paymentsclient.WithBackoff(10*time.Millisecond, 200*time.Millisecond), paymentsclient.WithNotReachedTimeout(0))
 	key := paymentsclient.NewIdempotencyKey()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()

@@ -32,7 +32,8 @@ const (
 // Sentinels for errors.Is. Every error Create and Get return is an *Error
 // that matches exactly one of the "what happened to the money" sentinels
 // (ErrNotCreated, ErrOutcomeUnknown, ErrInProgress, ErrKeyReused,
-// ErrKeyExpired, ErrKeyNotOwned, ErrCallerNotAllowed, ErrNotFound), and
+// ErrKeyExpired, ErrKeyNotOwned, ErrCallerNotAllowed, ErrNotFound,
+// ErrNotReached), and
 // possibly ErrInvalidRequest as well. One from a call that ran out of time
 // matches the context's error too: context.DeadlineExceeded or
 // context.Canceled.
@@ -67,6 +68,15 @@ var (
 	ErrInvalidRequest = errors.New("the request is invalid")
 	// ErrNotFound: Get found no record of the key.
 	ErrNotFound = errors.New("no record of the idempotency key")
+	// ErrNotReached: no attempt reached a paymentsd, so nothing was sent
+	// by this call. Usually the client's configuration is wrong: its
+	// target is not paymentsd's gRPC port (the REST port, another gRPC
+	// server, a host that does not exist, nothing listening), or TLS does
+	// not match the port (TLS to a plaintext port, a certificate the
+	// client does not trust). The error's Err says which. Earlier calls
+	// with the key stand: fix the configuration and retry with the same
+	// key; never pay again under a new one.
+	ErrNotReached = errors.New("paymentsd was not reached, so nothing was sent: check the client's target address, port and TLS settings, then retry with the same idempotency key")
 )
 
 // Error is the error Create and Get return. It matches its sentinel with
@@ -101,12 +111,30 @@ type Error struct {
 	// transport failure, or cut off) after it may have left this process,
 	// so it may reach paymentsd yet.
 	unanswered bool
+	// reached: an attempt reached paymentsd, or may have.
+	reached bool
+	// target is the client connection's target, for ErrNotReached.
+	target string
+	// lookup: the error is Get's, whose ErrOutcomeUnknown means the
+	// record could not be read, and is said so.
+	lookup bool
 }
+
+// lookupFailed is what Get's ErrOutcomeUnknown says: the lookup's own
+// words, not Create's advice on paying.
+const lookupFailed = "paymentsd's record of the key could not be read, so what it says is not known: look the key up again later"
 
 // Error says what happened to the money, for the key, and why.
 func (e *Error) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "paymentsclient: idempotency key %q: %v", e.IdempotencyKey, e.kind)
+	what := fmt.Sprint(e.kind)
+	if e.lookup && e.kind == ErrOutcomeUnknown {
+		what = lookupFailed
+	}
+	fmt.Fprintf(&b, "paymentsclient: idempotency key %q: %s", e.IdempotencyKey, what)
+	if e.kind == ErrNotReached && e.target != "" {
+		fmt.Fprintf(&b, " (target %q)", e.target)
+	}
 	if e.State != paymentsv1.PaymentState_PAYMENT_STATE_UNSPECIFIED {
 		fmt.Fprintf(&b, " (record state %s)", e.State)
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -39,6 +40,10 @@ type paymentsd struct {
 	provider *upstreamtest.Server
 	conn     *grpc.ClientConn
 	addr     string
+	// rest is its HTTP port's handler (REST, health, metrics), served
+	// in plaintext at restAddr.
+	rest     http.Handler
+	restAddr string
 }
 
 type paymentsdOptions struct {
@@ -151,6 +156,20 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 		}
 		lns = []net.Listener{ln}
 	}
+	restLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	rest := &http.Server{Handler: srv.HTTP, ReadHeaderTimeout: 5 * time.Second}
+	restServed := make(chan struct{})
+	go func() {
+		defer close(restServed)
+		rest.Serve(restLn)
+	}()
+	stops = append(stops, func() {
+		rest.Close()
+		<-restServed
+	})
 	var served sync.WaitGroup
 	for _, ln := range lns {
 		served.Add(1)
@@ -186,7 +205,7 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 		return nil, nil, err
 	}
 	stops = append(stops, func() { conn.Close() })
-	return &paymentsd{provider: provider, conn: conn, addr: addr}, stop, nil
+	return &paymentsd{provider: provider, conn: conn, addr: addr, rest: srv.HTTP, restAddr: restLn.Addr().String()}, stop, nil
 }
 
 // ready waits until the client connection is up, so that a test's

@@ -10,7 +10,9 @@ import (
 )
 
 // TestREADMESnippet compiles README "Calling it from Go"'s snippet as the
-// body of a function, so the README's example stays true to the API. The
+// body of a function, so the README's example stays true to the API, and
+// checks that its switch handles the errors that need handling of their
+// own. The
 // package it compiles exists only in a go build -overlay.
 func TestREADMESnippet(t *testing.T) {
 	if testing.Short() {
@@ -31,6 +33,14 @@ func TestREADMESnippet(t *testing.T) {
 		t.Fatal(`README "Calling it from Go" has no Go snippet`)
 	}
 	snippet, _, _ = strings.Cut(snippet, "```")
+	// A caller copies the switch as it is: each error that asks for its
+	// own handling has a case. Without ErrInvalidRequest's, a request
+	// that can never succeed is retried.
+	for _, sentinel := range []string{"ErrNotCreated", "ErrInvalidRequest"} {
+		if !strings.Contains(snippet, "case errors.Is(err, paymentsclient."+sentinel+"):") {
+			t.Errorf("README's snippet has no case for paymentsclient.%s", sentinel)
+		}
+	}
 
 	src := `package main
 

@@ -111,6 +111,8 @@ type gate struct {
 	// time the client CAs change (see Options).
 	clock        Clock
 	trustChanged func() <-chan struct{}
+	// env is the environment served, which refusals name.
+	env paymentsv1.Environment
 }
 
 func (g gate) check(ctx context.Context, fullMethod string) error {
@@ -131,7 +133,7 @@ func (g gate) checkCaller(c *caller, fullMethod string) error {
 		if err := g.stillTrusted(c.chains); err != nil {
 			msg := "this caller's client certificate is no longer trusted (" + err.Error() + "); this call sent nothing to the provider: connect again with a current certificate"
 			st := status.New(codes.PermissionDenied, msg)
-			return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: map[string]string{"problem": err.Error()}})
+			return withDetails(st, g.notAllowed(map[string]string{"problem": err.Error()}))
 		}
 	}
 	if c == nil || c.id.IsZero() {
@@ -142,7 +144,7 @@ func (g gate) checkCaller(c *caller, fullMethod string) error {
 			md["problem"] = c.problem.Error()
 		}
 		st := status.New(codes.PermissionDenied, msg)
-		return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: md})
+		return withDetails(st, g.notAllowed(md))
 	}
 	if g.allowed == nil || g.allowed.has(c.id) || g.admits(c.id, fullMethod) {
 		return nil
@@ -155,7 +157,14 @@ func (g gate) checkCaller(c *caller, fullMethod string) error {
 		msg = "this caller's identity is an event reader, which reads provider events and nothing else; this call sent nothing to the provider: a caller that pays or looks payments up must be in PAYMENTS_ALLOWED_CALLERS"
 	}
 	st := status.New(codes.PermissionDenied, msg)
-	return withDetails(st, &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: map[string]string{"caller": c.id.String()}})
+	return withDetails(st, g.notAllowed(map[string]string{"caller": c.id.String()}))
+}
+
+// notAllowed is CALLER_NOT_ALLOWED's ErrorInfo, with md and, as every
+// reason's, the environment.
+func (g gate) notAllowed(md map[string]string) *errdetails.ErrorInfo {
+	md["environment"] = envName(g.env)
+	return &errdetails.ErrorInfo{Reason: ReasonCallerNotAllowed, Domain: ErrorDomain, Metadata: md}
 }
 
 // admits reports whether id's role, admin or event reader, admits it to

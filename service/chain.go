@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
@@ -42,6 +41,8 @@ type unaryChain struct {
 	recovered func(ctx context.Context, p any) error
 	// stop ends when the drain's hard stop cuts calls off.
 	stop context.Context
+	// env is the environment served, which refusals name.
+	env paymentsv1.Environment
 }
 
 // intercept is the chain as a grpc.UnaryServerInterceptor.
@@ -90,7 +91,7 @@ func (c *unaryChain) admitted(ctx context.Context, req any, info *grpc.UnaryServ
 			resp, err = nil, c.recovered(ctx, p)
 		}
 	}()
-	if err := c.validate(req, info.FullMethod); err != nil {
+	if err := c.validate(ctx, req, info.FullMethod); err != nil {
 		return nil, err
 	}
 	// The hard stop cancels the handler's context, so that a call cut off
@@ -108,44 +109,20 @@ func (c *unaryChain) admitted(ctx context.Context, req any, info *grpc.UnaryServ
 	return resp, err
 }
 
-// validate checks req against its protovalidate rules, as
-// go-grpc-middleware's protovalidate interceptor does, with one addition:
-// a CreateMultiCardPayment request it refuses carries ErrorInfo
-// REQUEST_NOT_SENT, as every refusal made before the key's record is read
-// does: this call sent nothing, and an earlier valid call with the key
-// may have paid.
-func (c *unaryChain) validate(req any, fullMethod string) error {
-	err := c.validationError(req)
+// validate checks req against its protovalidate rules (validationError),
+// with one addition: a CreateMultiCardPayment request it refuses carries
+// ErrorInfo REQUEST_NOT_SENT, as every refusal made before the key's record
+// is read does: this call sent nothing, and an earlier valid call with the
+// key may have paid.
+func (c *unaryChain) validate(ctx context.Context, req any, fullMethod string) error {
+	err := validationError(ctx, c.validator, req)
 	if err == nil || fullMethod != paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName {
 		return err
 	}
-	if withInfo, err2 := status.Convert(err).WithDetails(notSentInfo()); err2 == nil {
+	if withInfo, err2 := status.Convert(err).WithDetails(notSentInfo(c.env)); err2 == nil {
 		return withInfo.Err()
 	}
 	return err
-}
-
-func (c *unaryChain) validationError(req any) error {
-	msg, ok := req.(proto.Message)
-	if !ok {
-		return status.Errorf(codes.Internal, "unsupported message type: %T", req)
-	}
-	err := c.validator.Validate(msg)
-	if err == nil {
-		return nil
-	}
-	var valErr *protovalidate.ValidationError
-	if errors.As(err, &valErr) {
-		// Message is invalid.
-		st := status.New(codes.InvalidArgument, err.Error())
-		ds, detErr := st.WithDetails(valErr.ToProto())
-		if detErr != nil {
-			return st.Err()
-		}
-		return ds.Err()
-	}
-	// A rule's CEL expression doesn't compile or type-check.
-	return status.Error(codes.Internal, err.Error())
 }
 
 // accessLine holds a call line's fields, so that the line costs one

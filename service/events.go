@@ -197,7 +197,7 @@ func (e *Events) ListProviderEvents(ctx context.Context, req *paymentsv1.ListPro
 		if ctx.Err() != nil {
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
-		return nil, refusal(codes.ResourceExhausted, "paymentsd is reading as many event pages as its memory allows: retry after a short delay", false, time.Second).Err()
+		return nil, refusal(e.env, codes.ResourceExhausted, "paymentsd is reading as many event pages as its memory allows: retry after a short delay", false, time.Second).Err()
 	}
 	release := func() { e.pages.Release(held) }
 	events, err := e.store.ListEvents(ctx, store.EventQuery{

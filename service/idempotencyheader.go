@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
@@ -91,7 +92,7 @@ func unquoteSFString(s string) (string, error) {
 // (INVALID_ARGUMENT, REQUEST_NOT_SENT, a field violation naming both
 // places), as is a header that can't hold a key. req is the gateway's own
 // copy of the body.
-func applyHeaderKey(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) error {
+func applyHeaderKey(ctx context.Context, env paymentsv1.Environment, req *paymentsv1.CreateMultiCardPaymentRequest) error {
 	c, ok := ctx.Value(gatewayCallKey{}).(*gatewayCall)
 	if !ok {
 		return nil
@@ -101,7 +102,7 @@ func applyHeaderKey(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentR
 	case !present:
 		return nil
 	case err != nil:
-		return headerKeyRefusal(err.Error(), &errdetails.BadRequest_FieldViolation{
+		return headerKeyRefusal(env, err.Error(), &errdetails.BadRequest_FieldViolation{
 			Field:       IdempotencyKeyHeader,
 			Description: err.Error(),
 		})
@@ -110,7 +111,7 @@ func applyHeaderKey(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentR
 		return nil
 	case req.GetIdempotencyKey() != key:
 		msg := fmt.Sprintf("the body's idempotencyKey %s differs from the %s header's %s; send one key, in either place or the same in both", quoteKey(req.GetIdempotencyKey()), IdempotencyKeyHeader, quoteKey(key))
-		return headerKeyRefusal(msg,
+		return headerKeyRefusal(env, msg,
 			&errdetails.BadRequest_FieldViolation{Field: "idempotency_key", Description: "differs from the " + IdempotencyKeyHeader + " header"},
 			&errdetails.BadRequest_FieldViolation{Field: IdempotencyKeyHeader, Description: "differs from the body's idempotencyKey"},
 		)
@@ -126,18 +127,33 @@ func noKeyError(err error) error {
 	if !ok || st.Code() != codes.InvalidArgument {
 		return err
 	}
-	p := proto.CloneOf(st.Proto())
-	p.Message = "the request has no idempotency key: send the payment's key in the body's idempotencyKey or in an " + IdempotencyKeyHeader + " header; " + p.Message
-	with := status.FromProto(p)
-	return withDetails(with, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+	// One BadRequest: validation's, but for its idempotency_key, which
+	// now says where else the key may come.
+	br := &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
 		{Field: "idempotency_key", Description: "missing: give it here or in the " + IdempotencyKeyHeader + " header"},
 		{Field: IdempotencyKeyHeader, Description: "missing: give it here or in the body's idempotencyKey"},
-	}})
+	}}
+	with := status.New(codes.InvalidArgument, "the request has no idempotency key: send the payment's key in the body's idempotencyKey or in an "+IdempotencyKeyHeader+" header; "+st.Message())
+	var details []protoadapt.MessageV1
+	for _, d := range st.Details() {
+		if v, ok := d.(*errdetails.BadRequest); ok {
+			for _, fv := range v.GetFieldViolations() {
+				if fv.GetField() != "idempotency_key" {
+					br.FieldViolations = append(br.FieldViolations, fv)
+				}
+			}
+			continue
+		}
+		if m, ok := d.(protoadapt.MessageV1); ok {
+			details = append(details, m)
+		}
+	}
+	return withDetails(with, append(details, br)...)
 }
 
-func headerKeyRefusal(msg string, violations ...*errdetails.BadRequest_FieldViolation) error {
+func headerKeyRefusal(env paymentsv1.Environment, msg string, violations ...*errdetails.BadRequest_FieldViolation) error {
 	st := status.New(codes.InvalidArgument, msg+"; nothing was sent")
-	return withDetails(st, notSentInfo(), &errdetails.BadRequest{FieldViolations: violations})
+	return withDetails(st, notSentInfo(env), &errdetails.BadRequest{FieldViolations: violations})
 }
 
 // markReplayed sets Idempotent-Replayed: true on a REST answer replayed

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/engine"
 )
 
@@ -101,12 +102,12 @@ func appendKey(attrs []slog.Attr, key string) []slog.Attr { return engine.Append
 // come after the provider call, so its ErrorInfo says
 // PAYMENT_OUTCOME_UNKNOWN: that reason is all that tells it from a
 // provider 500, also Internal.
-func recoverPanic(logger *slog.Logger) func(ctx context.Context, p any) error {
+func recoverPanic(logger *slog.Logger, env paymentsv1.Environment) func(ctx context.Context, p any) error {
 	return func(ctx context.Context, p any) error {
 		logger.ErrorContext(ctx, "panic in handler", slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
 		st := status.New(codes.Internal, "paymentsd failed while handling the call; if it reached the provider, a payment may have been created: retry with the same idempotency key")
 		return withDetails(st,
-			&errdetails.ErrorInfo{Reason: ReasonOutcomeUnknown, Domain: ErrorDomain},
+			&errdetails.ErrorInfo{Reason: ReasonOutcomeUnknown, Domain: ErrorDomain, Metadata: map[string]string{"environment": envName(env)}},
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
 	}
 }

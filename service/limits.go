@@ -149,6 +149,24 @@ type limiter struct {
 	max     int64
 	n       atomic.Int64
 	watches *limiter
+	// env is the environment served, which refusals name.
+	env paymentsv1.Environment
+	// The refusals made at tap time are built once: a flood of streams
+	// meets them thousands of times a second. grpc-go sends a tap error's
+	// details (grpc-status-details-bin) along with its code and message.
+	errOverloaded, errOverloadedLookup error
+}
+
+// newLimiter caps calls in flight at max, and WatchProviderEvents streams
+// at MaxWatchStreams, for a server of env.
+func newLimiter(max int, env paymentsv1.Environment) *limiter {
+	return &limiter{
+		max:                 int64(max),
+		watches:             &limiter{max: MaxWatchStreams},
+		env:                 env,
+		errOverloaded:       refusal(env, codes.ResourceExhausted, overloaded, true, time.Second).Err(),
+		errOverloadedLookup: refusal(env, codes.ResourceExhausted, overloadedLookup, false, time.Second).Err(),
+	}
 }
 
 func (l *limiter) acquire() bool {
@@ -167,14 +185,7 @@ const (
 	tooManyWatches   = "paymentsd has too many WatchProviderEvents streams open; watch again later, or read with ListProviderEvents"
 )
 
-// The refusals made at tap time are built once: a flood of streams meets
-// them thousands of times a second. grpc-go sends a tap error's details
-// (grpc-status-details-bin) along with its code and message.
-var (
-	errOverloaded       = refusal(codes.ResourceExhausted, overloaded, true, time.Second).Err()
-	errOverloadedLookup = refusal(codes.ResourceExhausted, overloadedLookup, false, time.Second).Err()
-	errTooManyWatches   = status.Error(codes.ResourceExhausted, tooManyWatches)
-)
+var errTooManyWatches = status.Error(codes.ResourceExhausted, tooManyWatches)
 
 // tap admits a gRPC stream as soon as its headers arrive, before grpc-go
 // starts a goroutine for it, so a flood of streams that never send a
@@ -185,10 +196,10 @@ func (l *limiter) tap(ctx context.Context, info *tap.Info) (context.Context, err
 	if openMethod(info.FullMethodName) {
 		return ctx, nil
 	}
-	slots, refused := l, errOverloadedLookup
+	slots, refused := l, l.errOverloadedLookup
 	switch {
 	case info.FullMethodName == paymentsv1.PaymentsService_CreateMultiCardPayment_FullMethodName:
-		refused = errOverloaded
+		refused = l.errOverloaded
 	case info.FullMethodName == paymentsv1.ProviderEventsService_WatchProviderEvents_FullMethodName && l.watches != nil:
 		slots, refused = l.watches, errTooManyWatches
 	}
@@ -208,7 +219,7 @@ func (l *limiter) limitHTTP(next http.Handler) http.Handler {
 			if createsPayment(r) {
 				msg = overloaded
 			}
-			refuse(w, r, http.StatusTooManyRequests, codes.ResourceExhausted, msg, time.Second)
+			refuse(w, r, l.env, http.StatusTooManyRequests, codes.ResourceExhausted, msg, time.Second)
 			return
 		}
 		defer l.release()

@@ -21,7 +21,30 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
+
+// restJSON is the gateway's marshaler.
+var restJSON = restMarshaler{&runtime.JSONPb{
+	// Every scalar, enum and list, default or not (the OpenAPI document's
+	// required fields); a message field that is unset is left out, never
+	// null.
+	MarshalOptions: protojson.MarshalOptions{EmitDefaultValues: true},
+	// A misspelt field must not be silently dropped in a payments API:
+	// unknown fields are an error that names the field.
+	UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+}}
+
+// RESTJSON is m in JSON as the REST API writes it: every field, false,
+// zero and empty ones included, and a payment's provider reply as its
+// payment, exactly as received, rather than as payment_json. The
+// operators' CLI writes -o json with it, so that a script reads the same
+// JSON from either.
+func RESTJSON(m proto.Message) ([]byte, error) {
+	return restJSON.Marshal(m)
+}
 
 // strictDecoder is the gateway's JSON decoder, refusing anything but
 // whitespace after the request's JSON value: `{…}{…}` is not one request.
@@ -48,13 +71,15 @@ func (m restMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 // requireJSON refuses, with 415, a request body that is not declared as
 // JSON. It runs inside the gateway, after routing, so a wrong method still
 // gets 405 and an unknown path 404.
-func requireJSON(next runtime.HandlerFunc) runtime.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
-		if r.ContentLength != 0 && !isJSON(r.Header.Get("Content-Type")) {
-			refuse(w, r, http.StatusUnsupportedMediaType, codes.InvalidArgument, "the request body must be JSON, sent with Content-Type: application/json", 0)
-			return
+func requireJSON(env paymentsv1.Environment) runtime.Middleware {
+	return func(next runtime.HandlerFunc) runtime.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+			if r.ContentLength != 0 && !isJSON(r.Header.Get("Content-Type")) {
+				refuse(w, r, env, http.StatusUnsupportedMediaType, codes.InvalidArgument, "the request body must be JSON, sent with Content-Type: application/json", 0)
+				return
+			}
+			next(w, r, params)
 		}
-		next(w, r, params)
 	}
 }
 
@@ -124,20 +149,24 @@ func (rs routes) allowed(path string) []string {
 // routingError answers the gateway's routing failures in its own
 // google.rpc.Status shape; a method the path does not serve gets 405 and an
 // Allow header naming the methods it does (rather than the gateway's
-// default, 501).
-func (rs routes) routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
-	if httpStatus != http.StatusMethodNotAllowed {
-		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
-		return
+// default, 501), and ErrorInfo REQUEST_NOT_SENT, as the REST port's other
+// refusals: whatever the call meant to do, it sent nothing.
+func (rs routes) routingError(env paymentsv1.Environment) runtime.RoutingErrorHandlerFunc {
+	return func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+		if httpStatus != http.StatusMethodNotAllowed {
+			runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
+			return
+		}
+		allow := rs.allowed(r.URL.Path)
+		if len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+		}
+		st := status.Newf(codes.Unimplemented, "%s is not allowed on this path; use %s; nothing was sent", r.Method, strings.Join(allow, " or "))
+		runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, &runtime.HTTPStatusError{
+			HTTPStatus: http.StatusMethodNotAllowed,
+			Err:        withDetails(st, notSentInfo(env)),
+		})
 	}
-	allow := rs.allowed(r.URL.Path)
-	if len(allow) > 0 {
-		w.Header().Set("Allow", strings.Join(allow, ", "))
-	}
-	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, &runtime.HTTPStatusError{
-		HTTPStatus: http.StatusMethodNotAllowed,
-		Err:        status.Errorf(codes.Unimplemented, "%s is not allowed on this path; use %s", r.Method, strings.Join(allow, " or ")),
-	})
 }
 
 // readDeadline gives every request on the HTTP port readTimeout, from when
@@ -176,12 +205,12 @@ func closeAfter(w http.ResponseWriter, r *http.Request) {
 // 413 and one that takes longer than readTimeout (from the request's start)
 // with 408, before it reaches the gateway. The deadline is lifted once the
 // body is in, so a long call is not cut off by it.
-func limitBody(max int64, readTimeout time.Duration, next http.Handler) http.Handler {
+func limitBody(max int64, readTimeout time.Duration, env paymentsv1.Environment, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > max {
 			// Not worth draining: the connection ends with the answer.
 			closeAfter(w, r)
-			refuse(w, r, http.StatusRequestEntityTooLarge, codes.InvalidArgument, fmt.Sprintf("request body is over the limit of %d bytes", max), 0)
+			refuse(w, r, env, http.StatusRequestEntityTooLarge, codes.InvalidArgument, fmt.Sprintf("request body is over the limit of %d bytes", max), 0)
 			return
 		}
 		rc := http.NewResponseController(w)
@@ -195,12 +224,12 @@ func limitBody(max int64, readTimeout time.Duration, next http.Handler) http.Han
 			switch {
 			case errors.As(err, &tooLarge):
 				closeAfter(w, r)
-				refuse(w, r, http.StatusRequestEntityTooLarge, codes.InvalidArgument, fmt.Sprintf("request body is over the limit of %d bytes", max), 0)
+				refuse(w, r, env, http.StatusRequestEntityTooLarge, codes.InvalidArgument, fmt.Sprintf("request body is over the limit of %d bytes", max), 0)
 			case errors.Is(err, os.ErrDeadlineExceeded):
 				closeAfter(w, r)
-				refuse(w, r, http.StatusRequestTimeout, codes.DeadlineExceeded, fmt.Sprintf("the request body did not arrive within %v", readTimeout), time.Second)
+				refuse(w, r, env, http.StatusRequestTimeout, codes.DeadlineExceeded, fmt.Sprintf("the request body did not arrive within %v", readTimeout), time.Second)
 			default:
-				refuse(w, r, http.StatusBadRequest, codes.InvalidArgument, "could not read the request body", 0)
+				refuse(w, r, env, http.StatusBadRequest, codes.InvalidArgument, "could not read the request body", 0)
 			}
 			return
 		}
@@ -243,10 +272,10 @@ func createsPayment(r *http.Request) bool {
 	return r.Method == http.MethodPost && r.URL.Path == createPath
 }
 
-// refuse answers r, turned away before anything was sent, with refusal's
-// status.
-func refuse(w http.ResponseWriter, r *http.Request, httpStatus int, code codes.Code, msg string, retryDelay time.Duration) {
-	writeStatusJSON(w, httpStatus, refusal(code, msg, createsPayment(r), retryDelay))
+// refuse answers r, turned away before anything was sent by a server of
+// env, with refusal's status.
+func refuse(w http.ResponseWriter, r *http.Request, env paymentsv1.Environment, httpStatus int, code codes.Code, msg string, retryDelay time.Duration) {
+	writeStatusJSON(w, httpStatus, refusal(env, code, msg, createsPayment(r), retryDelay))
 }
 
 // writeStatusJSON writes st as the gateway writes an error: its

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
 
 // An oversized body over HTTP/2 is refused without closing the connection
@@ -15,7 +17,7 @@ import (
 func TestOversizedBodyKeepsHTTP2Connection(t *testing.T) {
 	t.Parallel()
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", limitBody(10, time.Second, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })))
+	mux.Handle("/v1/", limitBody(10, time.Second, paymentsv1.Environment_ENVIRONMENT_SANDBOX, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })))
 	srv := httptest.NewUnstartedServer(readDeadline(time.Second, mux))
 	srv.EnableHTTP2 = true
 	srv.StartTLS()

@@ -16,7 +16,6 @@ import (
 
 	"buf.build/go/protovalidate"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
-	validatemw "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/protovalidate"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,7 +31,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	paymentsgw "example.com/paymentsd/gen/gateway/payments/v1"
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
@@ -168,8 +167,10 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	if readTimeout <= 0 {
 		readTimeout = DefaultReadTimeout
 	}
-	limit := &limiter{max: int64(maxInFlight), watches: &limiter{max: MaxWatchStreams}}
+	env := environmentOf(svc)
+	limit := newLimiter(maxInFlight, env)
 	allowed := gate{
+		env:             env,
 		requireIdentity: opts.RequireIdentity,
 		allowed:         newIdentitySet(opts.AllowedCallers),
 		admins:          newIdentitySet(opts.AdminCallers),
@@ -204,8 +205,9 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		logger:    opts.Logger,
 		gate:      allowed,
 		validator: validator,
-		recovered: recoverPanic(opts.Logger),
+		recovered: recoverPanic(opts.Logger, env),
 		stop:      s.stopCtx,
+		env:       env,
 	}).intercept
 
 	// The same, for streams (WatchProviderEvents, health Watch,
@@ -215,8 +217,8 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		streamRequestID,
 		streamAccessLog(opts.Logger),
 		allowed.stream,
-		recovery.StreamServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger))),
-		validatemw.StreamServerInterceptor(validator),
+		recovery.StreamServerInterceptor(recovery.WithRecoveryHandlerContext(recoverPanic(opts.Logger, env))),
+		validateStream(validator),
 		s.hardStopStream,
 	)
 
@@ -259,27 +261,19 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		return nil, err
 	}
 	gateway := runtime.NewServeMux(
-		runtime.WithRoutingErrorHandler(rs.routingError),
-		runtime.WithMiddlewares(requireJSON),
+		runtime.WithRoutingErrorHandler(rs.routingError(env)),
+		runtime.WithMiddlewares(requireJSON(env)),
 		// A form-encoded POST must not turn into a GET, nor a header
 		// change the method.
 		runtime.WithDisablePathLengthFallback(),
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, restMarshaler{&runtime.JSONPb{
-			// Every scalar, enum and list, default or not (the OpenAPI
-			// document's required fields); a message field that is unset
-			// is left out, never null.
-			MarshalOptions: protojson.MarshalOptions{EmitDefaultValues: true},
-			// A misspelt field must not be silently dropped in a payments
-			// API: unknown fields are an error that names the field.
-			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
-		}}),
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, restJSON),
 		runtime.WithIncomingHeaderMatcher(func(h string) (string, bool) {
 			if http.CanonicalHeaderKey(h) == "X-Request-Id" {
 				return RequestIDHeader, true
 			}
 			return runtime.DefaultHeaderMatcher(h)
 		}),
-		runtime.WithErrorHandler(restError),
+		runtime.WithErrorHandler(restError(env)),
 		runtime.WithForwardResponseOption(markReplayed),
 		// X-Request-Id is set on every answer by withRequestID, with the
 		// ID the call was given.
@@ -287,7 +281,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	)
 	// The gateway calls the service in-process, through the same chain as
 	// gRPC calls, rather than over a loopback connection.
-	if err := paymentsgw.RegisterPaymentsServiceHandlerServer(context.Background(), gateway, &chained{svc: svc, chain: chain}); err != nil {
+	if err := paymentsgw.RegisterPaymentsServiceHandlerServer(context.Background(), gateway, &chained{svc: svc, chain: chain, env: env}); err != nil {
 		return nil, fmt.Errorf("register gateway: %w", err)
 	}
 	if opts.Events != nil {
@@ -304,7 +298,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	}
 
 	mux := http.NewServeMux()
-	v1 := limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, trackGatewayCall(dropEmptyQuery(rest))))
+	v1 := limit.limitHTTP(limitBody(int64(opts.MaxRequestBytes), readTimeout, env, trackGatewayCall(dropEmptyQuery(rest))))
 	mux.Handle("/v1/", v1)
 	// The list, named on its own: otherwise the pattern below would have
 	// ServeMux redirect it to the collection with a trailing slash.
@@ -313,7 +307,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	// which would also match the collection with a trailing slash and an
 	// empty key: that is no lookup, and no list either.
 	mux.HandleFunc("GET /v1/multi-card-payments/{$}", func(w http.ResponseWriter, r *http.Request) {
-		refuse(w, r, http.StatusNotFound, codes.NotFound, "no idempotency key in the path: look one up with GET /v1/multi-card-payments/{idempotency_key}, or list with GET /v1/multi-card-payments", 0)
+		refuse(w, r, env, http.StatusNotFound, codes.NotFound, "no idempotency key in the path: look one up with GET /v1/multi-card-payments/{idempotency_key}, or list with GET /v1/multi-card-payments", 0)
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
@@ -455,6 +449,7 @@ type chained struct {
 	paymentsv1.UnimplementedPaymentsServiceServer
 	svc   paymentsv1.PaymentsServiceServer
 	chain grpc.UnaryServerInterceptor
+	env   paymentsv1.Environment
 }
 
 var (
@@ -465,7 +460,7 @@ var (
 )
 
 func (c *chained) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.CreateMultiCardPaymentRequest) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
-	if err := applyHeaderKey(ctx, req); err != nil {
+	if err := applyHeaderKey(ctx, c.env, req); err != nil {
 		// Refused like a body the gateway could not decode, but with
 		// REQUEST_NOT_SENT already in its details.
 		markReachedService(ctx)
@@ -526,19 +521,38 @@ func (c *chainedEvents) ListProviderEvents(ctx context.Context, req *paymentsv1.
 // gateway's own refusal of a CreateMultiCardPayment call (a body it could
 // not decode) carries ErrorInfo REQUEST_NOT_SENT, as paymentsd's other
 // refusals do.
-func restError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
-	if st, ok := status.FromError(err); ok && createsPayment(r) && gatewayRefusal(r) {
-		if withInfo, err2 := st.WithDetails(notSentInfo()); err2 == nil {
-			err = withInfo.Err()
+func restError(env paymentsv1.Environment) runtime.ErrorHandlerFunc {
+	return func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+		if st, ok := status.FromError(err); ok && gatewayRefusal(r) && st.Code() == codes.InvalidArgument {
+			// What the gateway could not read (the body, a query
+			// parameter), said in the caller's terms.
+			p := proto.CloneOf(st.Proto())
+			p.Message = decodeErrorMessage(p.Message)
+			err = status.FromProto(p).Err()
 		}
+		if st, ok := status.FromError(err); ok && createsPayment(r) && gatewayRefusal(r) {
+			if withInfo, err2 := st.WithDetails(notSentInfo(env)); err2 == nil {
+				err = withInfo.Err()
+			}
+		}
+		if st, ok := status.FromError(err); ok {
+			setRetryAfter(w, st)
+		}
+		if hasReason(err, ReasonKeyReused) || hasReason(err, ReasonRecordNotUnknown) || hasReason(err, ReasonRecordChanged) || (hasReason(err, ReasonKeyExpired) && createsPayment(r)) {
+			w = statusOverride{ResponseWriter: w, status: http.StatusUnprocessableEntity}
+		}
+		runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
 	}
-	if st, ok := status.FromError(err); ok {
-		setRetryAfter(w, st)
+}
+
+// environmentOf is the environment svc serves, which the transport's own
+// refusals name as the Service's errors do; unspecified for a service
+// other than *Service (a test's).
+func environmentOf(svc paymentsv1.PaymentsServiceServer) paymentsv1.Environment {
+	if s, ok := svc.(*Service); ok {
+		return s.env
 	}
-	if hasReason(err, ReasonKeyReused) || hasReason(err, ReasonRecordNotUnknown) || hasReason(err, ReasonRecordChanged) || (hasReason(err, ReasonKeyExpired) && createsPayment(r)) {
-		w = statusOverride{ResponseWriter: w, status: http.StatusUnprocessableEntity}
-	}
-	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+	return paymentsv1.Environment_ENVIRONMENT_UNSPECIFIED
 }
 
 // statusOverride writes status instead of the status it is given.

@@ -47,15 +47,15 @@ const (
 	ReasonNotSent = "REQUEST_NOT_SENT"
 )
 
-// refusal is the status of a call paymentsd turned away before sending
-// anything, without reading the key's record. A CreateMultiCardPayment
-// call's carries ErrorInfo REQUEST_NOT_SENT; any other call's carries no
-// reason, since a lookup turned away says nothing about the payment it
-// looks up. A retryDelay adds a RetryInfo.
-func refusal(code codes.Code, msg string, create bool, retryDelay time.Duration) *status.Status {
+// refusal is the status of a call paymentsd (serving env) turned away
+// before sending anything, without reading the key's record. A
+// CreateMultiCardPayment call's carries ErrorInfo REQUEST_NOT_SENT; any
+// other call's carries no reason, since a lookup turned away says nothing
+// about the payment it looks up. A retryDelay adds a RetryInfo.
+func refusal(env paymentsv1.Environment, code codes.Code, msg string, create bool, retryDelay time.Duration) *status.Status {
 	var details []protoadapt.MessageV1
 	if create {
-		details = append(details, notSentInfo())
+		details = append(details, notSentInfo(env))
 	}
 	if retryDelay > 0 {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)})
@@ -69,8 +69,11 @@ func refusal(code codes.Code, msg string, create bool, retryDelay time.Duration)
 	return st
 }
 
-func notSentInfo() *errdetails.ErrorInfo {
-	return &errdetails.ErrorInfo{Reason: ReasonNotSent, Domain: ErrorDomain}
+// notSentInfo is REQUEST_NOT_SENT's ErrorInfo, for a refusal made outside
+// the Service (which has errorInfo): like every reason, it names the
+// environment.
+func notSentInfo(env paymentsv1.Environment) *errdetails.ErrorInfo {
+	return &errdetails.ErrorInfo{Reason: ReasonNotSent, Domain: ErrorDomain, Metadata: map[string]string{"environment": envName(env)}}
 }
 
 // Service implements paymentsv1.PaymentsServiceServer against one provider

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -12,10 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"example.com/paymentsd/internal/proc"
 )
@@ -397,74 +398,69 @@ func (m serviceMetrics) commitCount() float64 {
 
 // readMetrics reads paymentsd's /metrics.
 func (s *serviceProcess) readMetrics(ctx context.Context, client *http.Client) (serviceMetrics, error) {
-	m := serviceMetrics{storeOps: map[string]float64{}, window: map[float64]float64{}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.httpAddr+"/metrics", nil)
 	if err != nil {
-		return m, err
+		return serviceMetrics{}, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return m, err
+		return serviceMetrics{}, err
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	found := false
-	for sc.Scan() {
-		// paymentsd_store_duration_seconds_count{environment="sandbox",op="begin"} 3
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, labels, value, ok := parseSample(line)
-		if !ok {
-			continue
-		}
-		switch name {
-		case "paymentsd_provider_connections_opened_total":
-			m.connsOpened, found = value, true
-		case "paymentsd_replays_total":
-			m.replays = value
-		case "paymentsd_store_commits_total":
-			m.commits += value
-			m.hasCommits = true
-		case "paymentsd_outcome_commit_seconds_bucket":
-			if _, le, ok := strings.Cut(labels, `le="`); ok {
-				le, _, _ = strings.Cut(le, `"`)
-				if bound, err := strconv.ParseFloat(le, 64); err == nil {
-					m.window[bound] += value
-				}
-			}
-		case "paymentsd_store_duration_seconds_count":
-			if _, op, ok := strings.Cut(labels, `op="`); ok {
-				op, _, _ = strings.Cut(op, `"`)
-				m.storeOps[op] += value
-			}
-		}
-	}
+	m, err := parseMetrics(resp.Body)
 	io.Copy(io.Discard, resp.Body)
-	if err := sc.Err(); err != nil {
-		return m, err
-	}
-	if !found {
-		return m, errors.New("GET /metrics: no paymentsd_provider_connections_opened_total")
+	if err != nil {
+		return m, fmt.Errorf("GET /metrics: %w", err)
 	}
 	return m, nil
 }
 
-// parseSample splits a Prometheus text sample line.
-func parseSample(line string) (name, labels string, value float64, ok bool) {
-	i := strings.LastIndexByte(line, ' ')
-	if i < 0 {
-		return "", "", 0, false
-	}
-	v, err := strconv.ParseFloat(line[i+1:], 64)
+// parseMetrics reads the figures of serviceMetrics from paymentsd's
+// /metrics, in Prometheus's text format, with Prometheus's own parser.
+// A counter's series (one per environment) add up.
+func parseMetrics(r io.Reader) (serviceMetrics, error) {
+	m := serviceMetrics{storeOps: map[string]float64{}, window: map[float64]float64{}}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
 	if err != nil {
-		return "", "", 0, false
+		return m, err
 	}
-	series := line[:i]
-	name, labels, _ = strings.Cut(series, "{")
-	return name, labels, v, true
+	opened, ok := families["paymentsd_provider_connections_opened_total"]
+	if !ok {
+		return m, errors.New("no paymentsd_provider_connections_opened_total")
+	}
+	m.connsOpened = counterSum(opened)
+	m.replays = counterSum(families["paymentsd_replays_total"])
+	if commits, ok := families["paymentsd_store_commits_total"]; ok {
+		m.commits, m.hasCommits = counterSum(commits), true
+	}
+	for _, s := range families["paymentsd_store_duration_seconds"].GetMetric() {
+		for _, l := range s.GetLabel() {
+			if l.GetName() == "op" {
+				m.storeOps[l.GetValue()] += float64(s.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	for _, s := range families["paymentsd_outcome_commit_seconds"].GetMetric() {
+		h := s.GetHistogram()
+		for _, b := range h.GetBucket() {
+			m.window[b.GetUpperBound()] += float64(b.GetCumulativeCount())
+		}
+		if len(h.GetBucket()) > 0 && !math.IsInf(h.GetBucket()[len(h.GetBucket())-1].GetUpperBound(), 1) {
+			// +Inf's count is the histogram's, when not given as a bucket.
+			m.window[math.Inf(1)] += float64(h.GetSampleCount())
+		}
+	}
+	return m, nil
+}
+
+// counterSum is the sum of a counter family's series.
+func counterSum(f *dto.MetricFamily) float64 {
+	var n float64
+	for _, s := range f.GetMetric() {
+		n += s.GetCounter().GetValue()
+	}
+	return n
 }
 
 // profiler takes a CPU profile of a paymentsd built with the

@@ -733,8 +733,11 @@ func parseFlags(args []string) (simulate bool, err error) {
 	if *showVersion {
 		return false, errVersion
 	}
+	if fs.NArg() == 1 && fs.Arg(0) == "help" {
+		return false, errHelp
+	}
 	if fs.NArg() > 0 {
-		return false, fmt.Errorf("%d unexpected argument(s): paymentsd takes only flags, such as --simulate", fs.NArg())
+		return false, fmt.Errorf("%d unexpected argument(s): paymentsd takes only flags, such as --simulate; the operators' CLI is 'paymentsd payments' (paymentsd payments --help)", fs.NArg())
 	}
 	return simulate, nil
 }

@@ -40,7 +40,7 @@ func validLive(t *testing.T) map[string]string {
 // loadConfig reads, with its default and meaning.
 func TestHelp(t *testing.T) {
 	t.Parallel()
-	for _, arg := range []string{"-h", "--help", "-help"} {
+	for _, arg := range []string{"-h", "--help", "-help", "help"} {
 		t.Run(arg, func(t *testing.T) {
 			t.Parallel()
 			// With a broken environment too: help needs none.
@@ -65,12 +65,25 @@ func TestHelp(t *testing.T) {
 					t.Errorf("run(%s) help lacks %q", arg, want)
 				}
 			}
-			for _, want := range []string{"--simulate", "--version", "OTEL_", "GOGC", "_SERVICE_HOST"} {
+			for _, want := range []string{"--simulate", "--version", "OTEL_", "GOGC", "_SERVICE_HOST", "paymentsd payments"} {
 				if !strings.Contains(stdout, want) {
 					t.Errorf("run(%s) help lacks %s", arg, want)
 				}
 			}
 		})
+	}
+}
+
+// TestArgumentsPointAtTheCLI: a command paymentsd does not take (a CLI
+// command without 'payments' before it, say) is refused with a pointer to
+// the operators' CLI.
+func TestArgumentsPointAtTheCLI(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"list"}, {"get", "order-1"}, {"--simulate", "resolve"}} {
+		_, _, err := runRefused(t, nil, args...)
+		if err == nil || !strings.Contains(err.Error(), "paymentsd payments") {
+			t.Errorf("run(%q) = %v, want a refusal that points at paymentsd payments", args, err)
+		}
 	}
 }
 

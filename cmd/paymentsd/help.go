@@ -16,6 +16,7 @@ import (
 func usage() string {
 	var b strings.Builder
 	b.WriteString(`Usage: paymentsd [--simulate] [--version] [--help]
+       paymentsd payments <command> [flags]   (the operators' CLI)
 
 paymentsd serves payments.v1.PaymentsService over gRPC and REST, forwarding
 payments to one environment of the payment provider. It is configured by the

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -316,7 +315,7 @@ func TestValidation(t *testing.T) {
 			if r.status != http.StatusBadRequest {
 				t.Fatalf("POST %s = %d, want 400", tt.body, r.status)
 			}
-			if !bytes.Contains(r.raw, []byte(`"`+lastElement(tt.wantField)+`"`)) {
+			if !bytes.Contains(r.raw, []byte(`"field":"`+tt.wantField+`"`)) {
 				t.Errorf("POST %s reply %s does not name the field %s", tt.body, r.raw, tt.wantField)
 			}
 			if got := restReason(r); got != "REQUEST_NOT_SENT" {
@@ -329,21 +328,15 @@ func TestValidation(t *testing.T) {
 	}
 }
 
-// violatedFields returns the dotted field paths of st's validation
-// violations.
+// violatedFields returns the field paths of st's google.rpc.BadRequest
+// field violations.
 func violatedFields(st *status.Status) []string {
 	var out []string
 	for _, d := range st.Details() {
-		v, ok := d.(*validate.Violations)
-		if !ok {
-			continue
-		}
-		for _, viol := range v.GetViolations() {
-			var parts []string
-			for _, e := range viol.GetField().GetElements() {
-				parts = append(parts, e.GetFieldName())
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, v := range br.GetFieldViolations() {
+				out = append(out, v.GetField())
 			}
-			out = append(out, strings.Join(parts, "."))
 		}
 	}
 	return out
@@ -356,10 +349,6 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-func lastElement(path string) string {
-	return path[strings.LastIndex(path, ".")+1:]
 }
 
 func TestRESTRejectsBadBodies(t *testing.T) {

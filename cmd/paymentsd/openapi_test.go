@@ -156,3 +156,35 @@ func TestRESTRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// TestRESTRetryAfterDocumented: every status CreateMultiCardPayment
+// answers, for each status the provider may answer, is in the OpenAPI
+// document, and declares a Retry-After header whenever the answer sends
+// one, so that a client generated from the document reads it.
+func TestRESTRetryAfterDocumented(t *testing.T) {
+	t.Parallel()
+	in := start(t, map[string]string{
+		// Every answer is the provider's own, never the breaker's.
+		"PAYMENTS_UPSTREAM_BREAKER_FAILURES": "1000",
+		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS":     "1",
+	}, "--simulate")
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Responses map[string]struct {
+				Headers map[string]any
+			}
+		}
+	}
+	getJSON(t, in, "http://"+in.httpAddr+"/openapi.json", &doc)
+	responses := doc.Paths["/v1/multi-card-payments"]["post"].Responses
+	for provider := 400; provider < 600; provider++ {
+		r := in.rest(t, validBody("sim-status-"+strconv.Itoa(provider)+"-documented"), nil)
+		declared, ok := responses[strconv.Itoa(r.status)]
+		switch {
+		case !ok:
+			t.Errorf("the provider's %d: POST answers %d, which the OpenAPI document does not declare", provider, r.status)
+		case r.header.Get("Retry-After") != "" && declared.Headers["Retry-After"] == nil:
+			t.Errorf("the provider's %d: POST answers %d with Retry-After %s, which the OpenAPI document does not declare for %d", provider, r.status, r.header.Get("Retry-After"), r.status)
+		}
+	}
+}

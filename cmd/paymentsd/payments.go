@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"slices"
@@ -27,11 +28,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/service"
 )
 
 // The CLI's exit statuses. main exits 1 for any other error.
@@ -197,6 +198,9 @@ func (c *connFlags) register(fs *flag.FlagSet, env func(string) string) {
 
 // dial connects to paymentsd; grpc.NewClient connects on the first call.
 func (c *connFlags) dial() (paymentsv1.PaymentsServiceClient, func(), error) {
+	if err := checkAddr(c.addr); err != nil {
+		return nil, nil, err
+	}
 	var creds credentials.TransportCredentials
 	var certAsked atomic.Bool
 	if c.insecure {
@@ -239,11 +243,72 @@ func (c *connFlags) dial() (paymentsv1.PaymentsServiceClient, func(), error) {
 	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(creds),
 		// An export page is at most 3 MiB; leave room for a larger one.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
-		grpc.WithChainUnaryInterceptor(noIdentity(&certAsked)))
+		grpc.WithChainUnaryInterceptor(noIdentity(&certAsked), c.connectionErrors))
 	if err != nil {
 		return nil, nil, usageError("--addr %q: %w", c.addr, err)
 	}
 	return paymentsv1.NewPaymentsServiceClient(conn), func() { conn.Close() }, nil
+}
+
+// grpcSchemes are the gRPC target schemes --addr may use besides
+// host:port.
+var grpcSchemes = []string{"dns", "unix", "unix-abstract", "passthrough"}
+
+// checkAddr refuses an --addr that is not host:port or a gRPC target
+// (dns:///host:port, unix:path): grpc-go would take "http://host:port" or
+// "host" for a DNS name and fail only at the first call, in its own words
+// ("too many colons in address", or a connection to port 443).
+func checkAddr(addr string) error {
+	if scheme, _, ok := strings.Cut(addr, ":"); ok && slices.Contains(grpcSchemes, scheme) {
+		return nil
+	}
+	if strings.Contains(addr, "://") {
+		return usageError("--addr %q: give paymentsd's gRPC address as host:port (localhost:9090), not a URL; plaintext is --insecure", addr)
+	}
+	if host, port, err := net.SplitHostPort(addr); err != nil || host == "" || port == "" {
+		return usageError("--addr %q: want host:port, paymentsd's gRPC address (localhost:9090)", addr)
+	}
+	return nil
+}
+
+// connectionErrors turns grpc-go's words for a call that never reached
+// paymentsd's gRPC port into what is wrong and what to change, naming the
+// address; the transport's own message follows in parentheses.
+func (c *connFlags) connectionErrors(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	st, ok := status.FromError(err)
+	if !ok || (st.Code() != codes.Unavailable && st.Code() != codes.Unimplemented) {
+		return err
+	}
+	msg := st.Message()
+	var what string
+	switch {
+	case strings.Contains(msg, "tls: first record does not look like a TLS handshake"):
+		what = fmt.Sprintf("%s does not speak TLS: for a plaintext paymentsd (--simulate, say) add --insecure", c.addr)
+	case strings.Contains(msg, "frame too large"),
+		st.Code() == codes.Unimplemented && strings.HasPrefix(msg, "unexpected HTTP status code received from server"):
+		what = fmt.Sprintf("%s answered as an HTTP server, not gRPC: is it paymentsd's REST port? --addr takes paymentsd's gRPC port (9090 by default)", c.addr)
+	case strings.Contains(msg, "produced zero addresses"), strings.Contains(msg, "no such host"):
+		what = fmt.Sprintf("host %q not found: check --addr", addrHost(c.addr))
+	case strings.Contains(msg, "connection refused"):
+		what = fmt.Sprintf("nothing is listening at %s: is paymentsd running there, and is --addr its gRPC port?", c.addr)
+	case strings.Contains(msg, "x509: "):
+		what = fmt.Sprintf("paymentsd's certificate at %s is not trusted: give the CA that signed it with --tls-ca, or the name it was issued for with --server-name", c.addr)
+	case c.insecure && strings.Contains(msg, "error reading server preface: EOF"):
+		what = fmt.Sprintf("%s closed the connection at once: if it serves TLS, drop --insecure; else check --addr", c.addr)
+	default:
+		return err
+	}
+	return status.Errorf(st.Code(), "%s (%s)", what, msg)
+}
+
+// addrHost is the host of --addr.
+func addrHost(addr string) string {
+	addr = strings.TrimPrefix(addr, "dns:///")
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
 }
 
 // noIdentity turns a call that failed because paymentsd asked for a client
@@ -491,7 +556,7 @@ func paymentsList(ctx context.Context, args []string, env func(string) string, s
 			}
 			shown++
 			if asJSON {
-				b, err := protojson.Marshal(p)
+				b, err := service.RESTJSON(p)
 				if err != nil {
 					return err
 				}
@@ -619,7 +684,7 @@ func paymentsGet(ctx context.Context, args []string, env func(string) string, st
 		return callError("get", err)
 	}
 	if asJSON {
-		b, err := protojson.Marshal(p)
+		b, err := service.RESTJSON(p)
 		if err != nil {
 			return err
 		}
@@ -839,7 +904,7 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 	}
 	fmt.Fprintf(stderr, "Resolved %s: %s -> %s.\n", printable(key), stateName(resp.GetAuditEntry().GetFromState()), stateName(resp.GetAuditEntry().GetToState()))
 	if asJSON {
-		b, err := protojson.Marshal(resp)
+		b, err := service.RESTJSON(resp)
 		if err != nil {
 			return err
 		}

@@ -45,7 +45,15 @@ import (
 // Prometheus gets a copy of the rules with every `for:` set to 0s (see
 // rulesWithoutFor), so that an alert fires at the first evaluation its
 // expression holds, rather than minutes later; the copy is checked to
-// differ from the rules in nothing else.
+// differ from the rules in nothing else. Without `for`, one failed scrape
+// fires the absence alerts: on a loaded machine a scrape of paymentsd can
+// outlast its 1 s timeout, and Prometheus then marks every series of the
+// target stale, so absent() holds until the next scrape succeeds (as
+// PaymentsdAbsent{environment="sandbox"} did, and the store errors query
+// came back empty). The rules keep `for: 5m` against exactly that; the
+// test reads alerts and queries only from evaluations that followed
+// scrapes that all succeeded (onFreshScrapes), and looks again after one
+// that failed.
 func TestAlertsOnARealPrometheus(t *testing.T) {
 	t.Parallel()
 	bin := prometheusBinary(t)
@@ -69,9 +77,11 @@ func TestAlertsOnARealPrometheus(t *testing.T) {
 	prom := startPrometheus(t, bin, rulesWithoutFor(t, alertsFile, t.TempDir()), metricsAddr)
 
 	// Every rule loads and evaluates on this Prometheus.
-	prom.waitEvaluatedSince(t, time.Now())
-	prom.checkRulesHealthy(t)
-	alerts := prom.activeAlerts(t)
+	var alerts alertSet
+	prom.onFreshScrapes(t, time.Now(), func() {
+		prom.checkRulesHealthy(t)
+		alerts = prom.activeAlerts(t)
+	})
 	if !alerts.has("PaymentsdAbsent", "live") || alerts.has("PaymentsdAbsent", "sandbox") {
 		t.Errorf("active alerts with only sandbox scraped:\n%v\nwant PaymentsdAbsent for live alone", alerts)
 	}
@@ -112,12 +122,18 @@ func TestAlertsOnARealPrometheus(t *testing.T) {
 
 	// Once Prometheus has scraped what followed and evaluated the rules on
 	// it, the alerts are those from before.
-	prom.waitEvaluatedSince(t, refused)
-	if after := prom.activeAlerts(t); !slices.Equal(after.keys(), before.keys()) {
+	const resolveErrors = `sum(paymentsd_store_errors_total{op="resolve"})`
+	var after alertSet
+	var errs model.Value
+	prom.onFreshScrapes(t, refused, func() {
+		after = prom.activeAlerts(t)
+		errs = prom.query(t, resolveErrors)
+	})
+	if !slices.Equal(after.keys(), before.keys()) {
 		t.Errorf("active alerts after refused resolutions:\n%v\nwant those from before:\n%v", after, before)
 	}
-	if v := prom.query(t, `sum(paymentsd_store_errors_total{op="resolve"})`); v != 0 {
-		t.Errorf("Prometheus reads sum(paymentsd_store_errors_total{op=\"resolve\"}) = %v after refused resolutions, want 0", v)
+	if vec, ok := errs.(model.Vector); !ok || len(vec) != 1 || vec[0].Value != 0 {
+		t.Errorf("Prometheus reads %s = %v after refused resolutions, want 0", resolveErrors, errs)
 	}
 
 	// The on-call resolves it with the CLI, as the runbook says, and the
@@ -357,8 +373,8 @@ func (s *prometheusServer) lastScrape(t *testing.T) (time.Time, string) {
 // waitEvaluatedSince waits until every rule has been evaluated on samples
 // scraped after since: a scrape that started after since (S1), then another
 // after it, whose start means S1's samples are stored, then an evaluation
-// of every rule after that.
-func (s *prometheusServer) waitEvaluatedSince(t *testing.T, since time.Time) {
+// of every rule after that. It returns when S1 started.
+func (s *prometheusServer) waitEvaluatedSince(t *testing.T, since time.Time) time.Time {
 	t.Helper()
 	var s1, s2 time.Time
 	s.waitFor(t, "a scrape after "+since.Format(time.RFC3339Nano), func() (bool, string) {
@@ -394,6 +410,53 @@ func (s *prometheusServer) waitEvaluatedSince(t *testing.T, since time.Time) {
 		}
 		return n > 0, "no rules loaded"
 	})
+	return s1
+}
+
+// onFreshScrapes calls read once every rule has been evaluated on samples
+// scraped after since (waitEvaluatedSince), and, for as long as a scrape of
+// paymentsd failed from the first of those scrapes to read's end, again
+// after fresh ones: a failed scrape marks the target's series stale, so an
+// evaluation after it sees paymentsd absent. read must be one that can be
+// repeated.
+func (s *prometheusServer) onFreshScrapes(t *testing.T, since time.Time, read func()) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		s1 := s.waitEvaluatedSince(t, since)
+		read()
+		failed, slowest := s.scrapesFailedSince(t, s1)
+		if failed == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("for two minutes, scrapes of paymentsd kept failing; the last %d since %s (slowest %.2fs)", failed, s1.Format(time.RFC3339Nano), slowest)
+		}
+		t.Logf("%d scrapes of paymentsd failed since %s (slowest %.2fs, timeout 1s): reading again after fresh ones", failed, s1.Format(time.RFC3339Nano), slowest)
+		since = time.Now()
+	}
+}
+
+// scrapesFailedSince is how many scrapes of paymentsd that started at or
+// after from failed (up 0), and the longest any of them took, as
+// Prometheus recorded them.
+func (s *prometheusServer) scrapesFailedSince(t *testing.T, from time.Time) (failed int, slowest float64) {
+	t.Helper()
+	now := time.Now()
+	window := fmt.Sprintf("%dms", now.Sub(from).Milliseconds()+1)
+	v, _, _, err := s.api.Query(t.Context(), `count_over_time(up{job="paymentsd"}[`+window+`]) - sum_over_time(up{job="paymentsd"}[`+window+`])`, now)
+	if err != nil {
+		t.Fatalf("query failed scrapes: %v", err)
+	}
+	vec, ok := v.(model.Vector)
+	if !ok || len(vec) != 1 {
+		t.Fatalf("query failed scrapes since %s = %v, want one sample", from.Format(time.RFC3339Nano), v)
+	}
+	if v, _, _, err := s.api.Query(t.Context(), `max_over_time(scrape_duration_seconds{job="paymentsd"}[`+window+`])`, now); err == nil {
+		if d, ok := v.(model.Vector); ok && len(d) == 1 {
+			slowest = float64(d[0].Value)
+		}
+	}
+	return int(vec[0].Value), slowest
 }
 
 // checkRulesHealthy fails the test for every rule whose last evaluation
@@ -464,14 +527,14 @@ func (s *prometheusServer) activeAlerts(t *testing.T) alertSet {
 }
 
 // settledAlerts returns the active alerts once two evaluations in a row,
-// each on fresh samples, show the same ones.
+// each on fresh samples from scrapes that all succeeded, show the same
+// ones.
 func (s *prometheusServer) settledAlerts(t *testing.T) alertSet {
 	t.Helper()
-	s.waitEvaluatedSince(t, time.Now())
-	prev := s.activeAlerts(t)
+	var prev, cur alertSet
+	s.onFreshScrapes(t, time.Now(), func() { prev = s.activeAlerts(t) })
 	for deadline := time.Now().Add(time.Minute); ; {
-		s.waitEvaluatedSince(t, time.Now())
-		cur := s.activeAlerts(t)
+		s.onFreshScrapes(t, time.Now(), func() { cur = s.activeAlerts(t) })
 		if slices.Equal(cur.keys(), prev.keys()) {
 			return cur
 		}
@@ -508,16 +571,13 @@ func (s *prometheusServer) waitAlert(t *testing.T, name, environment string, act
 	})
 }
 
-// query evaluates expr now and returns its single value.
-func (s *prometheusServer) query(t *testing.T, expr string) float64 {
+// query evaluates expr now. (Its value is empty while paymentsd's series
+// are stale after a failed scrape.)
+func (s *prometheusServer) query(t *testing.T, expr string) model.Value {
 	t.Helper()
 	v, _, _, err := s.api.Query(t.Context(), expr, time.Now())
 	if err != nil {
 		t.Fatalf("query %s: %v", expr, err)
 	}
-	vec, ok := v.(model.Vector)
-	if !ok || len(vec) != 1 {
-		t.Fatalf("query %s = %v, want one sample", expr, v)
-	}
-	return float64(vec[0].Value)
+	return v
 }

@@ -64,6 +64,15 @@ var statusText = map[int]string{
 // a Retry-After header.
 var retryable = []int{408, 409, 429, 500, 503, 504}
 
+// retryableCreate are the statuses, besides retryable, whose
+// CreateMultiCardPayment answers may carry a RetryInfo: the provider's
+// answers that leave a payment possible (PAYMENT_OUTCOME_UNKNOWN: a 501, a
+// 4xx other than the refusals that prove nothing was done, which is 400
+// INVALID_ARGUMENT, or any answer once an earlier attempt with the key may
+// have made the payment) are retried after the RetryInfo's delay, whatever
+// their status.
+var retryableCreate = []int{400, 401, 403, 404, 501}
+
 // alwaysSet are the message fields (not scalars, enums or lists) of each
 // response schema that the REST API always writes.
 var alwaysSet = map[string][]string{
@@ -198,7 +207,7 @@ func finish(b []byte) ([]byte, error) {
 			ok200["headers"] = headers
 			for _, s := range statuses {
 				h := object{"X-Request-Id": requestIDHeader()}
-				if slices.Contains(retryable, s) {
+				if slices.Contains(retryable, s) || (id == "PaymentsService_CreateMultiCardPayment" && slices.Contains(retryableCreate, s)) {
 					h["Retry-After"] = object{"type": "integer", "description": "Seconds to wait before retrying with the same idempotency key: the RetryInfo's delay, rounded up. Present when the answer carries a RetryInfo."}
 				}
 				responses[strconv.Itoa(s)] = object{

@@ -180,7 +180,7 @@ type PaymentsServiceClient interface {
 	// Codes (REST status in brackets):
 	//
 	//   - INVALID_ARGUMENT (400): the request failed validation and was not
-	//     sent (REQUEST_NOT_SENT; the message and a buf.validate.Violations
+	//     sent (REQUEST_NOT_SENT; the message and a google.rpc.BadRequest
 	//     detail name the field); or the provider answered 400, or a 4xx not
 	//     listed here.
 	//   - UNAUTHENTICATED (401): the provider answered 401: this deployment's
@@ -542,7 +542,7 @@ type PaymentsServiceServer interface {
 	// Codes (REST status in brackets):
 	//
 	//   - INVALID_ARGUMENT (400): the request failed validation and was not
-	//     sent (REQUEST_NOT_SENT; the message and a buf.validate.Violations
+	//     sent (REQUEST_NOT_SENT; the message and a google.rpc.BadRequest
 	//     detail name the field); or the provider answered 400, or a 4xx not
 	//     listed here.
 	//   - UNAUTHENTICATED (401): the provider answered 401: this deployment's
