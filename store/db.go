@@ -313,34 +313,44 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, *pgMode, error) {
 // SQLite the transaction starts with BEGIN IMMEDIATE, taking the write lock
 // at once.
 //
+// fn's statements run with ctx, and stop when it ends; the COMMIT, once
+// sent, is never cancelled (commit.go): a caller whose ctx ends while it
+// waits is told ErrCommitUnknown, and the store waits on for the answer.
+// A caller whose ctx can end first waits for the answers of the COMMITs
+// other callers left.
+//
 // Every outcome but a caller's giving up and the store's own refusals
 // goes into the store's write health (see writeHealth).
 func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error) {
-	tx, err := s.w.BeginTx(ctx, nil)
+	if err := s.unanswered.wait(ctx); err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	tc := newTransactionContext(ctx)
+	tx, err := s.w.BeginTx(tc.ctx, nil)
 	if err != nil {
+		tc.end()
 		s.noteWrite(err)
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	if s.d.name == "postgres" {
 		if _, err := tx.ExecContext(ctx, setStatementTimeout); err != nil {
 			tx.Rollback()
+			tc.end()
 			return fmt.Errorf("begin transaction: set statement_timeout: %w", err)
 		}
 	}
 	defer func() {
 		if p := recover(); p != nil {
 			tx.Rollback()
+			tc.end()
 			s.health.failed()
 			panic(p)
 		}
 		if err == nil {
-			if cerr := tx.Commit(); cerr != nil {
-				err = fmt.Errorf("commit: %w: %w", ErrCommitUnknown, cerr)
-			} else {
-				s.commits.Add(1)
-			}
+			err = s.commit(ctx, tx, tc)
 		} else {
 			tx.Rollback()
+			tc.end()
 		}
 		s.noteWrite(err)
 	}()
