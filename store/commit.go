@@ -3,8 +3,12 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // A COMMIT, once sent, is never cancelled.
@@ -65,6 +69,13 @@ import (
 //     the migrations land once a standby confirms them, and until then the
 //     next Open waits for their advisory lock.
 //
+// A COMMIT's wait can still be cancelled by someone else: a person's
+// pg_cancel_backend, or pg_terminate_backend and a fast shutdown (the
+// session then ends without an answer: ErrCommitUnknown). PostgreSQL
+// answers a cancelled wait with a WARNING before the COMMIT's success; the
+// store watches each COMMIT for a WARNING (commitTracer, onNotice) and
+// reports ErrCommitUnknown, never success, when one comes.
+
 // transactionContext is the context a transaction begins with, for a
 // caller with ctx: it ends when ctx does, until hold is called.
 type transactionContext struct {
@@ -98,7 +109,7 @@ func (c transactionContext) end() {
 // commit commits tx, which began with tc for a caller with ctx, and notes
 // nothing in the write health (transact does, or, for a commit its caller
 // stopped waiting for, the goroutine that gets its answer).
-func (s *Store) commit(ctx context.Context, tx *sql.Tx, tc transactionContext) error {
+func (s *Store) commit(ctx context.Context, tx *sql.Tx, tc transactionContext, watch *commitWatch) error {
 	if !tc.hold() {
 		tx.Rollback()
 		tc.end()
@@ -106,12 +117,12 @@ func (s *Store) commit(ctx context.Context, tx *sql.Tx, tc transactionContext) e
 	}
 	if ctx.Done() == nil {
 		defer tc.end()
-		return s.sendCommit(tx)
+		return s.sendCommit(tx, watch)
 	}
 	answer := make(chan error, 1)
 	go func() {
 		defer tc.end()
-		answer <- s.sendCommit(tx)
+		answer <- s.sendCommit(tx, watch)
 	}()
 	select {
 	case err := <-answer:
@@ -132,13 +143,22 @@ func (s *Store) commit(ctx context.Context, tx *sql.Tx, tc transactionContext) e
 }
 
 // sendCommit sends tx's COMMIT and waits for its answer.
-func (s *Store) sendCommit(tx *sql.Tx) error {
+func (s *Store) sendCommit(tx *sql.Tx, watch *commitWatch) error {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w: %w", ErrCommitUnknown, err)
+	}
+	if watch != nil && watch.warning != "" {
+		return fmt.Errorf("commit: %w: %w (%s)", ErrCommitUnknown, errCommitWarned, watch.warning)
 	}
 	s.commits.Add(1)
 	return nil
 }
+
+// errCommitWarned: PostgreSQL answered a COMMIT with success after a
+// WARNING. The one a COMMIT gets is for its wait for a synchronous standby
+// cancelled: it is committed locally, visible, and not on a standby, so a
+// failover may lose it.
+var errCommitWarned = errors.New("the database warned while committing (a cancelled wait for the synchronous standby: committed locally, and maybe on no standby)")
 
 // unansweredCommits counts the COMMITs whose callers stopped waiting before
 // their answer came.
@@ -186,5 +206,46 @@ func (u *unansweredCommits) wait(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("a commit whose caller left still waits for the database's answer: %w", ctx.Err())
+	}
+}
+
+// commitWatch is a transaction's COMMIT, watched for a WARNING. It is
+// written and read only on the goroutine that sends the COMMIT: pgx calls
+// the tracer and OnNotice there.
+type commitWatch struct {
+	// warning is the message of the WARNING the COMMIT got, if any.
+	warning string
+}
+
+// commitWatchKey is the context key of a transaction's commitWatch.
+type commitWatchKey struct{}
+
+// commitWatchData is the connection's pgconn.CustomData key of the
+// commitWatch of the COMMIT it is running.
+const commitWatchData = "paymentsd.commitWatch"
+
+// commitTracer lends a COMMIT's watch to its connection while it runs, for
+// onNotice. pgx's database/sql driver commits with the context the
+// transaction began with, which carries the watch.
+type commitTracer struct{}
+
+func (commitTracer) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == "commit" {
+		if w, ok := ctx.Value(commitWatchKey{}).(*commitWatch); ok {
+			c.PgConn().CustomData()[commitWatchData] = w
+		}
+	}
+	return ctx
+}
+
+func (commitTracer) TraceQueryEnd(_ context.Context, c *pgx.Conn, _ pgx.TraceQueryEndData) {
+	delete(c.PgConn().CustomData(), commitWatchData)
+}
+
+// onNotice notes a WARNING that comes while a watched COMMIT runs.
+func onNotice(c *pgconn.PgConn, n *pgconn.Notice) {
+	w, ok := c.CustomData()[commitWatchData].(*commitWatch)
+	if ok && w.warning == "" && n.SeverityUnlocalized == "WARNING" {
+		w.warning = n.Message
 	}
 }

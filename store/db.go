@@ -278,6 +278,10 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, *pgMode, error) {
 	cfg.OnPgError = func(_ *pgconn.PgConn, e *pgconn.PgError) bool {
 		return !strings.EqualFold(e.Severity, "FATAL") && e.Code != readOnlySQLTransaction
 	}
+	// A COMMIT answered with a WARNING is not reported as written
+	// (commit.go).
+	cfg.Tracer = commitTracer{}
+	cfg.OnNotice = onNotice
 	if cfg.ConnectTimeout == 0 {
 		// The URL sets no connect_timeout: without one, a connection the
 		// pool opens later to a database that never answers would wait
@@ -326,7 +330,13 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	tc := newTransactionContext(ctx)
-	tx, err := s.w.BeginTx(tc.ctx, nil)
+	tctx := tc.ctx
+	var watch *commitWatch
+	if s.d.name == "postgres" {
+		watch = new(commitWatch)
+		tctx = context.WithValue(tctx, commitWatchKey{}, watch)
+	}
+	tx, err := s.w.BeginTx(tctx, nil)
 	if err != nil {
 		tc.end()
 		s.noteWrite(err)
@@ -347,7 +357,7 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 			panic(p)
 		}
 		if err == nil {
-			err = s.commit(ctx, tx, tc)
+			err = s.commit(ctx, tx, tc, watch)
 		} else {
 			tx.Rollback()
 			tc.end()

@@ -40,10 +40,11 @@ var (
 	// (for example a NUL byte in PostgreSQL).
 	ErrKeyNotStorable = errors.New("idempotency key can't be stored exactly")
 	// ErrCommitUnknown: the write's transaction was sent to be committed
-	// and the database's answer was an error, never came, or had not come
-	// when the caller's context ended (the store waits on for it); so it
-	// may or may not have been written. Any other error of a write means
-	// nothing was written.
+	// and the database's answer was an error, never came, had not come
+	// when the caller's context ended (the store waits on for it), or came
+	// with a warning that its wait for a synchronous standby was
+	// cancelled; so it may or may not have been written, durably. Any
+	// other error of a write means nothing was written.
 	ErrCommitUnknown = errors.New("the commit's outcome is unknown")
 	// ErrConnectTimeout: Open got no connection to the database within
 	// Options.ConnectTimeout.

@@ -20,7 +20,8 @@ import (
 // locally and waits, invisible to every other session, until a standby
 // confirms it. If that wait is cancelled, PostgreSQL ends it with a
 // WARNING and the commit becomes visible although no standby has it: a
-// failover would lose it. So the store never cancels a COMMIT it has sent.
+// failover would lose it. So the store never cancels a COMMIT it has sent,
+// and reports one whose wait someone else cancelled as ErrCommitUnknown.
 
 // syncRepServer is a private PostgreSQL server whose commits may be made to
 // wait for a standby, and a session of its own (another replica's view).
@@ -273,6 +274,52 @@ func TestCommitWaitNeverCancelled(t *testing.T) {
 	}
 	if err := s.CheckWrite(ctx); err != nil {
 		t.Errorf("CheckWrite() once commits land = %v, want nil", err)
+	}
+}
+
+// TestCancelledStandbyWaitIsUnknown: a COMMIT whose wait for the standby
+// someone else cancels (pg_cancel_backend: PostgreSQL answers it with a
+// WARNING, and the commit is visible although no standby has it) is
+// reported as maybe committed, never as written: the transaction's own
+// (CheckWrite) and the batcher's (Begin).
+func TestCancelledStandbyWaitIsUnknown(t *testing.T) {
+	t.Parallel()
+	p := startSyncRepServer(t)
+	clk := newClock(t0)
+	s := openStore(t, p.url, "sandbox", clk)
+	ctx := context.Background()
+	if err := s.CheckWrite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(time.Microsecond) // and stands still: no heartbeat
+	p.waitForStandby(t)
+
+	checked := make(chan error, 1)
+	go func() { checked <- s.CheckWrite(ctx) }()
+	began := make(chan error, 1)
+	go func() {
+		b, err := s.Begin(ctx, claim("k", "body", "p/1"), nil)
+		if err == nil {
+			err = fmt.Errorf("verdict %v", b.Verdict)
+		}
+		began <- err
+	}()
+	var waiting []int
+	p.waitFor(t, "both COMMITs waiting for the standby", func() bool {
+		waiting = p.waiters(t)
+		return len(waiting) == 2
+	})
+	for _, pid := range waiting {
+		var ok bool
+		if err := p.admin.QueryRowContext(ctx, `SELECT pg_cancel_backend($1)`, pid).Scan(&ok); err != nil || !ok {
+			t.Fatalf("pg_cancel_backend(%d) = %v, %v", pid, ok, err)
+		}
+	}
+	if err := <-checked; !isCommitUnknown(err) {
+		t.Errorf("CheckWrite() whose COMMIT's wait was cancelled = %v, want ErrCommitUnknown", err)
+	}
+	if err := <-began; !isCommitUnknown(err) {
+		t.Errorf("Begin() whose COMMIT's wait was cancelled = %v, want ErrCommitUnknown", err)
 	}
 }
 
