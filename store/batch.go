@@ -243,6 +243,11 @@ func (b *batcher) loop() {
 // batch is rolled back and each operation runs again in a transaction of
 // its own, so that one bad operation fails only itself; but one whose
 // caller has stopped waiting for it (detached) is not run again: it fails.
+//
+// A batch runs with a context that never ends, whatever its operations'
+// callers do: its COMMIT, once sent, waits for its answer however long a
+// synchronous standby takes (commit.go), and the next batch waits behind
+// it. Its operations' callers stop waiting at their deadlines (run, wait).
 func (s *Store) runBatch(ops []*batchOp) {
 	ctx := context.Background()
 	errs := make([]error, len(ops))

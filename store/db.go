@@ -278,6 +278,10 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, *pgMode, error) {
 	cfg.OnPgError = func(_ *pgconn.PgConn, e *pgconn.PgError) bool {
 		return !strings.EqualFold(e.Severity, "FATAL") && e.Code != readOnlySQLTransaction
 	}
+	// A COMMIT answered with a WARNING is not reported as written
+	// (commit.go).
+	cfg.Tracer = commitTracer{}
+	cfg.OnNotice = onNotice
 	if cfg.ConnectTimeout == 0 {
 		// The URL sets no connect_timeout: without one, a connection the
 		// pool opens later to a database that never answers would wait
@@ -313,34 +317,50 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, *pgMode, error) {
 // SQLite the transaction starts with BEGIN IMMEDIATE, taking the write lock
 // at once.
 //
+// fn's statements run with ctx, and stop when it ends; the COMMIT, once
+// sent, is never cancelled (commit.go): a caller whose ctx ends while it
+// waits is told ErrCommitUnknown, and the store waits on for the answer.
+// A caller whose ctx can end first waits for the answers of the COMMITs
+// other callers left.
+//
 // Every outcome but a caller's giving up and the store's own refusals
 // goes into the store's write health (see writeHealth).
 func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error) {
-	tx, err := s.w.BeginTx(ctx, nil)
+	if err := s.unanswered.wait(ctx); err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	tc := newTransactionContext(ctx)
+	tctx := tc.ctx
+	var watch *commitWatch
+	if s.d.name == "postgres" {
+		watch = new(commitWatch)
+		tctx = context.WithValue(tctx, commitWatchKey{}, watch)
+	}
+	tx, err := s.w.BeginTx(tctx, nil)
 	if err != nil {
+		tc.end()
 		s.noteWrite(err)
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	if s.d.name == "postgres" {
 		if _, err := tx.ExecContext(ctx, setStatementTimeout); err != nil {
 			tx.Rollback()
+			tc.end()
 			return fmt.Errorf("begin transaction: set statement_timeout: %w", err)
 		}
 	}
 	defer func() {
 		if p := recover(); p != nil {
 			tx.Rollback()
+			tc.end()
 			s.health.failed()
 			panic(p)
 		}
 		if err == nil {
-			if cerr := tx.Commit(); cerr != nil {
-				err = fmt.Errorf("commit: %w: %w", ErrCommitUnknown, cerr)
-			} else {
-				s.commits.Add(1)
-			}
+			err = s.commit(ctx, tx, tc, watch)
 		} else {
 			tx.Rollback()
+			tc.end()
 		}
 		s.noteWrite(err)
 	}()

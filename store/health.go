@@ -13,6 +13,12 @@ import (
 // answers pings may still refuse writes (a full volume, a PostgreSQL
 // server turned read-only by a failover), and then no payment can be
 // recorded. Every replica writes the same row.
+//
+// Its COMMIT is never cancelled (commit.go): one that waits for a
+// synchronous standby past ctx is reported ErrCommitUnknown, and the
+// checks after it fail, with ctx's error, until it has its answer; so
+// readiness turns NOT_SERVING while commits wait, rather than reporting a
+// write that no standby has.
 func (s *Store) CheckWrite(ctx context.Context) error {
 	err := s.transact(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, s.d.q(`
@@ -160,6 +166,11 @@ func (s *Store) writesSettled() bool {
 // that a read-only standby refuses (txid_current assigns a transaction
 // ID), on SQLite a BEGIN IMMEDIATE and COMMIT, which fail while another
 // process holds the write lock.
+//
+// A heartbeat whose COMMIT waits (for a synchronous standby that is gone)
+// gives up after heartbeatTimeout, and the COMMIT is left to its answer
+// (commit.go); the next ones wait for that answer and give up in turn, so
+// no more commits pile up, and none is counted until one is answered.
 func (s *Store) heartbeat(stop <-chan struct{}) {
 	t := time.NewTicker(heartbeatEvery / 2)
 	defer t.Stop()

@@ -40,16 +40,20 @@ var (
 	// (for example a NUL byte in PostgreSQL).
 	ErrKeyNotStorable = errors.New("idempotency key can't be stored exactly")
 	// ErrCommitUnknown: the write's transaction was sent to be committed
-	// and the database's answer was an error or never came, so it may or
-	// may not have been written. Any other error of a write means nothing
-	// was written.
+	// and the database's answer was an error, never came, had not come
+	// when the caller's context ended (the store waits on for it), or came
+	// with a warning that its wait for a synchronous standby was
+	// cancelled; so it may or may not have been written, durably. Any
+	// other error of a write means nothing was written.
 	ErrCommitUnknown = errors.New("the commit's outcome is unknown")
 	// ErrConnectTimeout: Open got no connection to the database within
 	// Options.ConnectTimeout.
 	ErrConnectTimeout = errors.New("the database did not answer within the connect timeout")
 	// ErrMigrateTimeout: Open's migrations (or the wait for another
 	// replica's) did not finish within Options.MigrateTimeout. Nothing of
-	// them was applied.
+	// them was applied, unless the error is ErrCommitUnknown too: their
+	// COMMIT was sent and waits (for a synchronous standby), and they are
+	// applied if it lands.
 	ErrMigrateTimeout = errors.New("the migrations did not finish within the migrate timeout")
 	// ErrInboxFull: AppendEvent refused the event, writing nothing: the
 	// inbox holds its quota (Options.InboxQuota), or the SQLite volume's
@@ -191,6 +195,9 @@ type Store struct {
 	later sync.WaitGroup
 	// commits counts committed write transactions.
 	commits atomic.Uint64
+	// unanswered counts the COMMITs whose callers left before their
+	// answer came (commit.go).
+	unanswered unansweredCommits
 	// health tracks the writes' run of commits, and grace is
 	// Options.TakeoverGrace; stopHeartbeat ends the heartbeat, and
 	// heartbeatDone is closed once it has.
