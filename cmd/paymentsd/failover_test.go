@@ -323,7 +323,9 @@ func (r *payLoad) kinds(from, to time.Time) map[string]int {
 // checkHonest checks every answer against what the provider saw: no key
 // had two requests at the provider at once; REQUEST_NOT_SENT only for a
 // key none of whose requests had reached the provider when the caller was
-// answered; PAYMENT_NOT_CREATED never for a key the provider charged.
+// answered; PAYMENT_NOT_CREATED never for a key the provider charged; and
+// no answer but those, OK, PAYMENT_OUTCOME_UNKNOWN, or the caller's own
+// bare DeadlineExceeded (nothing told).
 func (r *payLoad) checkHonest(t *testing.T) {
 	t.Helper()
 	r.mu.Lock()
@@ -336,6 +338,11 @@ func (r *payLoad) checkHonest(t *testing.T) {
 	for _, c := range r.calls {
 		switch c.kind {
 		case "OK", "PAYMENT_OUTCOME_UNKNOWN":
+		case "DeadlineExceeded":
+			// paymentsd's own answer, sent a margin before the caller's
+			// deadline, did not reach the caller in time (a machine kept
+			// busy): the caller was told nothing, and retries with the
+			// same key. Honest; reported as a figure.
 		case "REQUEST_NOT_SENT":
 			if at, ok := r.arrived[c.key]; ok && at.Before(c.end) {
 				t.Errorf("%s: key %s answered REQUEST_NOT_SENT at %v, but its request reached the provider at %v", r.name, c.key, c.end, at)

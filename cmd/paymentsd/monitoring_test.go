@@ -387,7 +387,7 @@ func TestLabelledSeriesStartAtZero(t *testing.T) {
 	for _, o := range []string{"circuit_open", "unreachable", "connection_lost", "deadline_exceeded", "canceled", "401", "403"} {
 		want = append(want, series{"paymentsd_provider_requests_total", map[string]string{"outcome": o}})
 	}
-	for _, op := range []string{"begin", "finish", "get", "audit", "attempts", "list", "resolve", "claim_due", "give_up", "stats", "delete"} {
+	for _, op := range []string{"begin", "finish", "get", "audit", "attempts", "list", "resolve", "settle_due", "release", "stats", "delete"} {
 		want = append(want, series{"paymentsd_store_errors_total", map[string]string{"op": op}})
 	}
 	for _, o := range []string{"store_failure", "over_quota"} {
