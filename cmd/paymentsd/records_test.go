@@ -237,7 +237,7 @@ func TestInProgressPastTheDeadlineIsAborted(t *testing.T) {
 	}()
 	<-arrived
 
-	// paymentsd answers 100 ms before this deadline (a quarter of a
+	// paymentsd answers 250 ms before this deadline (a quarter of a
 	// shorter one), leaving room for a busy machine.
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	defer cancel()
