@@ -45,9 +45,6 @@ const (
 	// ReasonResolutionOutcomeUnknown: the resolution was sent to be
 	// committed and the store's answer was lost: read the record.
 	ReasonResolutionOutcomeUnknown = "RESOLUTION_OUTCOME_UNKNOWN"
-	// ReasonAttemptSucceeded: a resolution said no payment was created for
-	// a key an attempt of which got a 2xx: the payment exists.
-	ReasonAttemptSucceeded = "PAYMENT_ATTEMPT_SUCCEEDED"
 )
 
 // simulatedActor is the audit entry's actor for a resolution made without

@@ -64,14 +64,17 @@ func (s *Service) notStorableError(field string) error {
 // call could read the key's record: this call sent nothing, and nothing is
 // known of what earlier calls with the key did.
 func (s *Service) notSentError(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || (!errors.Is(err, store.ErrCommitUnknown) &&
+		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled))) {
+		// The caller's deadline came (or the engine's answer margin before
+		// it) while the claim was still queued or committing.
 		code := codes.DeadlineExceeded
-		if errors.Is(ctx.Err(), context.Canceled) {
+		if errors.Is(ctx.Err(), context.Canceled) || (ctx.Err() == nil && errors.Is(err, context.Canceled)) {
 			code = codes.Canceled
 		}
 		return withDetails(status.New(code, "the call ended before paymentsd could write its record; this call sent nothing: retry with the same idempotency key, or look it up"), s.errorInfo(ReasonNotSent, nil))
 	}
-	s.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))
+	// The engine logged the store's failure, where it was handled.
 	st := status.New(codes.Unavailable, "paymentsd could not write or read its payment record, so this call sent nothing; what earlier calls with the key did stands: retry with the same idempotency key, or look it up")
 	return s.retryable(st, ReasonNotSent)
 }

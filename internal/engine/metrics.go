@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"time"
@@ -161,7 +162,15 @@ var storeAnswers = []error{
 // the store's answers, its failure.
 func (m *Metrics) StoreOp(op string, start time.Time, err error) {
 	m.storeTime.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if err != nil && !slices.ContainsFunc(storeAnswers, func(answer error) bool { return errors.Is(err, answer) }) {
+	if err != nil && !slices.ContainsFunc(storeAnswers, func(answer error) bool { return errors.Is(err, answer) }) && !callerLeft(err) {
 		m.storeErrors.WithLabelValues(op).Inc()
 	}
+}
+
+// callerLeft reports whether err is only its caller's giving up (its
+// context ended while the operation was queued or committing): the store
+// did not fail. A commit whose answer never came did.
+func callerLeft(err error) bool {
+	return !errors.Is(err, store.ErrCommitUnknown) &&
+		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled))
 }

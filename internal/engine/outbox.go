@@ -206,9 +206,10 @@ func (b *outbox) land(e *entry) {
 	case e.err != nil:
 		b.e.logNotWritten(e)
 	case e.claimed != nil && e.verdict == record.LeaseLost:
-		// Only an outcome that is not a 2xx is refused so: another claim
-		// took the key over, and its record says what that claim learnt.
-		b.e.logger.Warn("a payment's outcome was not recorded: another claim took the key over first",
+		// Only an outcome that is not a 2xx is refused so, unless the
+		// record is gone: another claim took the key over, and its record
+		// says what that claim learnt.
+		b.e.logger.Warn("a payment's outcome was not recorded: its record is no longer this claim's (another claim took the key over first)",
 			keyAttrs(e.key, slog.String("result", resultName(e.out.Result)), slog.Int("provider_status", e.out.ProviderStatus))...)
 	default:
 		if e.claimed != nil {
