@@ -108,3 +108,38 @@ func TestLateSuccessToldAsRecorded(t *testing.T) {
 		t.Errorf("caller told OK with %s; the record is %v with %s: want the reply the record holds", told.resp.GetPaymentJson(), r.State, r.Reply)
 	}
 }
+
+// TestShutdownLogsOutcomeStuckInTheStore: the write of a call's 2xx is
+// taken into a transaction that then stops answering (a frozen database
+// server: neither commit nor failure comes), and paymentsd is told to
+// stop. Shutdown still returns at its deadline, and logs the outcome it
+// could not record, with the key and the provider's status (the on-call
+// person's only evidence, once the process is gone, that the payment
+// exists), rather than waiting for the store for ever, until Kubernetes
+// SIGKILLs it with nothing logged.
+func TestShutdownLogsOutcomeStuckInTheStore(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10*time.Second, nil)
+	release := f.faults.HangStatements(finishSQL)
+	defer release()
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	if _, err := f.svc.CreateMultiCardPayment(ctx, payment("k")); reasonOf(err) != ReasonOutcomeUnknown {
+		t.Fatalf("call = %v (%s), want %s when its deadline came with its 2xx's write hung", err, reasonOf(err), ReasonOutcomeUnknown)
+	}
+	stop, cancelStop := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancelStop()
+	done := make(chan struct{})
+	go func() {
+		f.svc.Shutdown(stop)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Shutdown has not returned 20s after its deadline, with a write hung in the store")
+	}
+	if n := f.logs.count("paymentsd stopped with a payment's outcome not recorded: the record stays in progress, and settlement sends the key again once its lease and quiet period have passed"); n != 1 {
+		t.Errorf("logged %d lines for the outcome hung in the store at shutdown, want 1", n)
+	}
+}
