@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -37,7 +38,8 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	inj := &injector{
 		down: [2]time.Duration{o.downMin, o.downMax}, lock: [2]time.Duration{o.lockMin, o.lockMax},
 		freeze: [2]time.Duration{o.freezeMin, o.freezeMax}, unknownFor: o.unknownFor, settled: o.latencyMax + 2*time.Second,
-		rng: rng, log: logw,
+		drain: o.shutdownTimeout(),
+		rng:   rng, log: logw,
 	}
 	var dbURL string
 	switch o.store {
@@ -102,10 +104,14 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	cs := &callers{
 		replicas: replicas, hist: hist, prefix: "chaos-" + randomHex(4),
 		keyBudget: o.keyBudget, attemptTimeout: o.attemptTimeout, stopping: make(chan struct{}),
+		restLeave: o.restLeave,
+		restHTTP: &http.Client{Transport: &http.Transport{
+			TLSClientConfig: certs.clientTLS(certs.caller), ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16,
+		}},
 	}
 	callCtx, cutCallers := context.WithCancel(ctx)
 	defer cutCallers()
-	cs.start(callCtx, o.callers, o.clientCallers, o.seed)
+	cs.start(callCtx, o.callers, o.clientCallers, o.restCallers, o.seed)
 	var person *carelessPerson
 	stopPerson, personDone := make(chan struct{}), make(chan struct{})
 	if o.careless {
@@ -117,8 +123,8 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	} else {
 		close(personDone)
 	}
-	fmt.Fprintf(logw, "running: %d replicas on %s, %d raw and %d paymentsclient callers, provider %s, careless person %v, faults %s about every %v\n",
-		o.replicas, storeName(o), o.callers, o.clientCallers, o.provider, o.careless, o.faults, o.faultInterval)
+	fmt.Fprintf(logw, "running: %d replicas on %s, %d raw and %d paymentsclient callers, %d REST callers (%.0f%% of their calls go away), provider %s, careless person %v, faults %s about every %v\n",
+		o.replicas, storeName(o), o.callers, o.clientCallers, o.restCallers, 100*o.restLeave, o.provider, o.careless, o.faults, o.faultInterval)
 
 	var mu sync.Mutex
 	var faults []fault

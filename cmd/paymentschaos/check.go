@@ -167,10 +167,14 @@ type fault struct {
 	Err   string `json:"error,omitempty"`
 }
 
-// kill is a replica SIGKILLed inside a compound fault.
+// kill is a replica SIGKILLed inside a compound fault, or sent SIGTERM:
+// then At is when it exited (drained, or SIGKILLed once its grace was
+// over: Killed), and Termed when it was sent SIGTERM.
 type kill struct {
 	Target string
 	At     time.Time
+	Termed time.Time
+	Killed bool
 }
 
 // faultPaymentsdKill is the fault whose target, a replica, may die
@@ -263,6 +267,10 @@ type callCounts struct {
 	Failed int `json:"failed"`
 	// Clients counts paymentsclient.Create calls.
 	Clients int `json:"client_creates"`
+	// REST counts the calls of Total made over REST, and Left those whose
+	// caller went away before the answer.
+	REST int `json:"rest,omitempty"`
+	Left int `json:"rest_left,omitempty"`
 }
 
 // latency is a latency distribution in milliseconds.
@@ -530,6 +538,12 @@ func check(in checkInput) checkResult {
 		}
 		attempts = append(attempts, c)
 		res.Calls.Total++
+		if c.REST {
+			res.Calls.REST++
+			if !c.Answered && !c.ok() {
+				res.Calls.Left++
+			}
+		}
 		if !c.ok() {
 			res.Calls.Failed++
 		}
@@ -553,10 +567,10 @@ func check(in checkInput) checkResult {
 func resendReason(in checkInput, calls []call, rec record, got, again upstreamtest.KeyRequest) (string, string) {
 	k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, minTime(again.Arrived, commitBy(in, got.Ended)))
 	switch {
-	case killed && k.Before(got.Ended):
-		return resendKilledAtProvider, fmt.Sprintf("; %s was SIGKILLed at %s, with the request at the provider", got.Listener, offset(in, k))
+	case killed && k.At.Before(got.Ended):
+		return resendKilledAtProvider, fmt.Sprintf("; %s %s, with the request at the provider", got.Listener, died(in, k))
 	case killed:
-		return resendKilledCommitWindow, fmt.Sprintf("; %s was SIGKILLed at %s, before it could have committed the 2xx (by %s)", got.Listener, offset(in, k), offset(in, commitBy(in, got.Ended)))
+		return resendKilledCommitWindow, fmt.Sprintf("; %s %s, before it could have committed the 2xx (by %s)", got.Listener, died(in, k), offset(in, commitBy(in, got.Ended)))
 	}
 	if unread, ok := unreadBy(calls, got); ok {
 		return resendUnread, fmt.Sprintf("; %s answered the call that carried it %s %s at %s: it had not read the 2xx", got.Listener, unread.Code, unread.Reason, offset(in, unread.End))
@@ -577,8 +591,8 @@ func resendReason(in checkInput, calls []call, rec record, got, again upstreamte
 	}
 	because := ""
 	if k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, again.Arrived); killed {
-		because = fmt.Sprintf("; %s lived on to be SIGKILLed at %s, after it could have committed the 2xx (by %s)",
-			got.Listener, offset(in, k), offset(in, commitBy(in, got.Ended)))
+		because = fmt.Sprintf("; %s lived on, and %s, after it could have committed the 2xx (by %s)",
+			got.Listener, died(in, k), offset(in, commitBy(in, got.Ended)))
 	}
 	return resendLived, because
 }
@@ -640,24 +654,34 @@ func unreadBy(calls []call, kr upstreamtest.KeyRequest) (call, bool) {
 }
 
 // killedBetween reports whether a paymentsd-kill, or a compound fault's
-// kill, struck target between from and to, and when.
-func killedBetween(faults []fault, target string, from, to time.Time) (time.Time, bool) {
+// kill (or SIGTERM's drain), struck target between from and to, and how.
+func killedBetween(faults []fault, target string, from, to time.Time) (kill, bool) {
 	for _, f := range faults {
 		kills := f.Kills
 		if f.Kind == faultPaymentsdKill {
-			kills = append(kills, kill{f.Target, f.Start})
+			kills = append(kills, kill{Target: f.Target, At: f.Start})
 		}
 		for _, k := range kills {
 			if k.Target == target && !k.At.Before(from) && !k.At.After(to) {
-				return k.At, true
+				return k, true
 			}
 		}
 	}
-	return time.Time{}, false
+	return kill{}, false
+}
+
+// died says how and when k ended its replica: "was SIGKILLed at 3.0s", or
+// "was sent SIGTERM at 3.0s and stopped writing (its drain over) at 24.0s".
+func died(in checkInput, k kill) string {
+	if k.Termed.IsZero() {
+		return "was SIGKILLed at " + offset(in, k.At)
+	}
+	return fmt.Sprintf("was sent SIGTERM at %s and stopped writing (its drain over) at %s", offset(in, k.Termed), offset(in, k.At))
 }
 
 // storeFaults are the faults that take the record store away.
 var storeFaults = []string{faultPostgresKill, faultPostgresStop, faultPostgresFreeze, faultPostgresFreezeKill, faultSQLiteLock,
+	faultPostgresFreezeTerm, faultPostgresStopTerm, faultPostgresReadOnly,
 	faultPrimaryKill, faultSwitchover, faultPoolerRestart, faultLoseCommits, faultFreezePrimary, faultFailoverAfterUnknown}
 
 // failoverFaults are the faults that promote a standby, or may: where the
