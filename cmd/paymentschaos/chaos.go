@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -75,12 +77,30 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	fake := newProvider(apiKey, o.provider, o.latencyMin, o.latencyMax, o.seed)
 	defer fake.Close()
 	inj.provider = fake
+	// With replica-partition, each replica reaches PostgreSQL through a
+	// proxy of its own, which the fault cuts.
+	replicaURL := map[string]string{}
+	if slices.Contains(cycle, faultReplicaPartition) {
+		for i := range o.replicas {
+			px, err := newCutProxy(fmt.Sprintf("127.0.0.1:%d", inj.pg.port))
+			if err != nil {
+				return nil, err
+			}
+			defer px.close()
+			inj.proxies = append(inj.proxies, px)
+			replicaURL[fmt.Sprintf("r%d", i)] = strings.Replace(dbURL, fmt.Sprintf("127.0.0.1:%d", inj.pg.port), px.addr(), 1)
+		}
+	}
 	replicas := newReplicas(o.replicas, bin, dir, certs, func(name string) []string {
+		url := dbURL
+		if u, ok := replicaURL[name]; ok {
+			url = u
+		}
 		return append([]string{
 			"PAYMENTS_ENVIRONMENT=sandbox",
 			"PAYMENTS_SANDBOX_BASE_URL=" + fake.AddListener(name),
 			"PAYMENTS_SANDBOX_API_KEY=" + apiKey,
-			"PAYMENTS_DATABASE_URL=" + dbURL,
+			"PAYMENTS_DATABASE_URL=" + url,
 			"PAYMENTS_UPSTREAM_TIMEOUT=" + o.upstreamTO.String(),
 			"PAYMENTS_PROVIDER_QUIET_PERIOD=" + o.quietPeriod.String(),
 			"PAYMENTS_LOG_LEVEL=" + o.logLevel,
@@ -123,8 +143,12 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	} else {
 		close(personDone)
 	}
-	fmt.Fprintf(logw, "running: %d replicas on %s, %d raw and %d paymentsclient callers, %d REST callers (%.0f%% of their calls go away), provider %s, careless person %v, faults %s about every %v\n",
-		o.replicas, storeName(o), o.callers, o.clientCallers, o.restCallers, 100*o.restLeave, o.provider, o.careless, o.faults, o.faultInterval)
+	rest := ""
+	if o.restCallers > 0 {
+		rest = fmt.Sprintf(", %d REST callers (%.0f%% of their calls go away)", o.restCallers, 100*o.restLeave)
+	}
+	fmt.Fprintf(logw, "running: %d replicas on %s, %d raw and %d paymentsclient callers%s, provider %s, careless person %v, faults %s about every %v\n",
+		o.replicas, storeName(o), o.callers, o.clientCallers, rest, o.provider, o.careless, o.faults, o.faultInterval)
 
 	var mu sync.Mutex
 	var faults []fault

@@ -113,12 +113,17 @@ const (
 	// The store may lose acknowledged commits in a failover (asynchronous
 	// or non-strict synchronous replication), and one came in between.
 	resendCommitLost = "commit_lost_in_failover"
+	// It was cut off from the store (replica-partition) from before it
+	// could have committed the 2xx until after the key was sent again: to
+	// the others it looked dead (docs/durability.md's "a replica cut off
+	// from the database alone").
+	resendCutOff = "replica_cut_off_from_the_store"
 	// None of these: the replica lived on with the 2xx. A violation.
 	resendLived = "replica_lived_on"
 )
 
 // resendReasons lists them in the order the report prints them.
-var resendReasons = []string{resendKilledAtProvider, resendKilledCommitWindow, resendUnread, resendResolved, resendCommitLost, resendLived}
+var resendReasons = []string{resendKilledAtProvider, resendKilledCommitWindow, resendUnread, resendResolved, resendCommitLost, resendCutOff, resendLived}
 
 // violation is one key's contradiction of one kind (or, in Resends, one
 // key's re-send and its reason).
@@ -589,12 +594,26 @@ func resendReason(in checkInput, calls []call, rec record, got, again upstreamte
 			}
 		}
 	}
+	for _, f := range in.Faults {
+		if f.Kind == faultReplicaPartition && f.Target == got.Listener && f.Start.Before(got.Ended.Add(in.CommitGrace)) &&
+			(f.Undone.IsZero() || f.Undone.After(again.Arrived)) {
+			return resendCutOff, fmt.Sprintf("; %s was cut off from the store from %s to %s", got.Listener, offset(in, f.Start), offsetOrEnd(in, f.Undone))
+		}
+	}
 	because := ""
 	if k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, again.Arrived); killed {
 		because = fmt.Sprintf("; %s lived on, and %s, after it could have committed the 2xx (by %s)",
 			got.Listener, died(in, k), offset(in, commitBy(in, got.Ended)))
 	}
 	return resendLived, because
+}
+
+// offsetOrEnd is offset, or "the end" for a zero time (never undone).
+func offsetOrEnd(in checkInput, t time.Time) string {
+	if t.IsZero() {
+		return "the end"
+	}
+	return offset(in, t)
 }
 
 // listenerName names the replica whose listener a request came in on.

@@ -265,6 +265,31 @@ func TestCheckViolations(t *testing.T) {
 			resent: []string{resendLived},
 		},
 		{
+			// replica-partition: the replica holding the 2xx was cut off
+			// from the store until after the other sent the key again.
+			name: "sent again while its replica was cut off from the store",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults:   []fault{{Kind: faultReplicaPartition, Target: "r0", Start: at(0.5), Undone: at(25)}},
+			},
+			resent: []string{resendCutOff},
+		},
+		{
+			// The partition healed before the re-send: the replica could
+			// have written its 2xx.
+			name: "sent again after its replica's partition healed",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults:   []fault{{Kind: faultReplicaPartition, Target: "r0", Start: at(0.5), Undone: at(10)}},
+			},
+			want:   []string{violSentAfter2xx},
+			resent: []string{resendLived},
+		},
+		{
 			name: "sent again after its replica died with the request at the provider",
 			in: checkInput{
 				Calls:    []call{failedCall("k", 0, 0, 0.5, codes.Unavailable, "")},

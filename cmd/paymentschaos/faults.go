@@ -69,6 +69,12 @@ const (
 	// full disk would refuse writes) for -freeze-min to -freeze-max,
 	// longer than a lease: every write fails at once while reads go on.
 	faultPostgresReadOnly = "postgres-readonly"
+	// faultReplicaPartition cuts one replica off from PostgreSQL (its
+	// proxy to the server drops every byte both ways, closing nothing)
+	// for -freeze-min to -freeze-max, while the other replicas reach it:
+	// a network partition, the window docs/durability.md leaves ("a
+	// replica cut off from the database alone").
+	faultReplicaPartition = "replica-partition"
 )
 
 // termGrace is how long a replica sent SIGTERM may drain before it is
@@ -83,7 +89,7 @@ const (
 // faultsFor is which faults each store can be given.
 var faultsFor = map[string][]string{
 	storePostgres: {faultPaymentsdKill, faultPostgresKill, faultPostgresStop, faultPostgresFreeze, faultPostgresFreezeKill,
-		faultPostgresFreezeTerm, faultPostgresStopTerm, faultPostgresReadOnly},
+		faultPostgresFreezeTerm, faultPostgresStopTerm, faultPostgresReadOnly, faultReplicaPartition},
 	storeSQLite: {faultPaymentsdKill, faultSQLiteLock},
 	storePatroni: {faultPaymentsdKill, faultPrimaryKill, faultSwitchover, faultPoolerRestart, faultLoseCommits,
 		faultFreezePrimary, faultFailoverAfterUnknown},
@@ -137,6 +143,9 @@ type injector struct {
 	freeze     [2]time.Duration // how long a frozen server stays frozen
 	unknownFor time.Duration    // how long the provider answers 503 (faultFailoverAfterUnknown)
 	drain      time.Duration    // the replicas' PAYMENTS_SHUTDOWN_TIMEOUT
+	// proxies are the replicas' routes to PostgreSQL, by replica, when the
+	// mix has replica-partition.
+	proxies []*cutProxy
 	// settled is how long after the provider's last 503 its outcomes have
 	// surely been written and replicated: its longest latency, and a
 	// margin.
@@ -212,6 +221,13 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 				err = in.restartTerminated(ctx, &f)
 			}
 		}
+	case faultReplicaPartition:
+		i := in.rng.IntN(len(in.replicas))
+		f.Target, f.Start = in.replicas[i].name, time.Now()
+		in.proxies[i].cut()
+		sleepCtx(ctx, in.between(in.freeze))
+		in.proxies[i].heal()
+		f.Undone = time.Now()
 	case faultPostgresReadOnly:
 		if err = in.pg.readOnly(ctx, true); err == nil {
 			f.Start = time.Now()

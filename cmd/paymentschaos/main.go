@@ -178,7 +178,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.latencyMax, "latency-max", 1500*time.Millisecond, "the provider's most time on a request")
 	fs.DurationVar(&o.upstreamTO, "upstream-timeout", 4*time.Second, "paymentsd's PAYMENTS_UPSTREAM_TIMEOUT (its lease is this plus 5s)")
 	fs.DurationVar(&o.quietPeriod, "quiet-period", 6*time.Second, "paymentsd's PAYMENTS_PROVIDER_QUIET_PERIOD: at least -upstream-timeout and -latency-max")
-	fs.StringVar(&o.faults, "faults", "", "the mix of faults, kind=weight,… (default by -store: "+defaultMixes()+"); kinds: paymentsd-kill, postgres-kill, postgres-stop, postgres-freeze, postgres-freeze-kill, postgres-freeze-term, postgres-stop-term, postgres-readonly, sqlite-lock, patroni-kill-primary, patroni-switchover, pgbouncer-restart, patroni-lose-commits, patroni-freeze-primary, patroni-failover-after-unknown")
+	fs.StringVar(&o.faults, "faults", "", "the mix of faults, kind=weight,… (default by -store: "+defaultMixes()+"); kinds: paymentsd-kill, postgres-kill, postgres-stop, postgres-freeze, postgres-freeze-kill, postgres-freeze-term, postgres-stop-term, postgres-readonly, replica-partition, sqlite-lock, patroni-kill-primary, patroni-switchover, pgbouncer-restart, patroni-lose-commits, patroni-freeze-primary, patroni-failover-after-unknown")
 	fs.DurationVar(&o.faultInterval, "fault-interval", 15*time.Second, "the mean time from one fault's end to the next one's start (half to one and a half times it)")
 	fs.DurationVar(&o.downMin, "down-min", 4*time.Second, "the least time a killed or stopped paymentsd or PostgreSQL stays down")
 	fs.DurationVar(&o.downMax, "down-max", 6*time.Second, "the most time it stays down")
