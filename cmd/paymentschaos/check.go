@@ -149,6 +149,10 @@ type record struct {
 	// Resolutions are the record's audit entries: the resolutions
 	// paymentsd accepted, by the store's clock.
 	Resolutions []recordedResolution
+	// Read2xx are the start times of the attempts whose provider status
+	// on record is a 2xx: a replica read the 2xx, and its outbox wrote
+	// it (at once, or late), by the store's clock.
+	Read2xx []time.Time
 }
 
 // recordedResolution is an accepted resolution, as the record's audit
@@ -577,7 +581,7 @@ func resendReason(in checkInput, calls []call, rec record, got, again upstreamte
 	case killed:
 		return resendKilledCommitWindow, fmt.Sprintf("; %s %s, before it could have committed the 2xx (by %s)", got.Listener, died(in, k), offset(in, commitBy(in, got.Ended)))
 	}
-	if unread, ok := unreadBy(calls, got); ok {
+	if unread, ok := unreadBy(calls, rec, got); ok {
 		return resendUnread, fmt.Sprintf("; %s answered the call that carried it %s %s at %s: it had not read the 2xx", got.Listener, unread.Code, unread.Reason, offset(in, unread.End))
 	}
 	for _, r := range rec.Resolutions {
@@ -660,8 +664,17 @@ func sentBySettlement(calls []call, history []upstreamtest.KeyRequest) (time.Tim
 
 // unreadBy finds the call whose request got the 2xx kr, if its replica
 // answered it, after the delivery, that the provider's answer was unknown
-// (PAYMENT_OUTCOME_UNKNOWN): a replica that had read a 2xx answers OK.
-func unreadBy(calls []call, kr upstreamtest.KeyRequest) (call, bool) {
+// (PAYMENT_OUTCOME_UNKNOWN), and the record shows no attempt that read a
+// 2xx and was under way when kr arrived. A replica that read a 2xx answers
+// PAYMENT_OUTCOME_UNKNOWN too when its deadline comes before the 2xx is
+// committed (told OK means durable); its attempt then shows the 2xx once
+// the outbox has written it.
+func unreadBy(calls []call, rec record, kr upstreamtest.KeyRequest) (call, bool) {
+	for _, t := range rec.Read2xx {
+		if !t.After(kr.Arrived) {
+			return call{}, false
+		}
+	}
 	for _, c := range calls {
 		if c.Kind != kindClient && fmt.Sprintf("r%d", c.Replica) == kr.Listener &&
 			!kr.Arrived.Before(c.Start) && !kr.Arrived.After(c.End) && c.End.After(kr.Ended) &&

@@ -150,6 +150,21 @@ func TestCheckViolations(t *testing.T) {
 			resent: []string{resendLived},
 		},
 		{
+			// The same answer, from a replica that had read the 2xx and
+			// could not yet commit it (told OK means durable): its attempt
+			// shows the 2xx on record. Found in a strict Patroni run, where
+			// the other replica's settlement took the key over 3 ms before
+			// the 2xx's commit landed.
+			name: "sent again after a 2xx its receiver read, its commit waiting",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "PAYMENT_OUTCOME_UNKNOWN")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED, Reply: []byte(reply), Read2xx: []time.Time{at(0.05)}}},
+			},
+			want:   []string{violSentAfter2xx},
+			resent: []string{resendLived},
+		},
+		{
 			name: "sent again after a 2xx its receiver never read",
 			in: checkInput{
 				// The call that carried the request was answered, after
