@@ -141,7 +141,7 @@ func (s *Store) Begin(ctx context.Context, c record.Claim, late func(Began, erro
 // told the caller since that no payment exists.
 func (s *Store) begin(ctx context.Context, tx *sql.Tx, c record.Claim, now, ran time.Time, saw *atomic.Int32) (Began, error) {
 	c.Settled = s.writesSettled()
-	n, eff := record.Step(nil, c, now)
+	n, eff := record.Step(nil, c, s.readNow(now, ran))
 	if eff.Verdict == record.Left {
 		saw.Store(sawNone)
 		return Began{Verdict: record.Left}, nil
