@@ -349,6 +349,11 @@ func TestWriteHealthNeedsDurableWrites(t *testing.T) {
 	begin(t, s, claim("held", "body", "p/1"), record.Acquired)
 
 	p.waitForStandby(t)
+	// Once a commit is seen waiting, every commit that writes waits (the
+	// setting reaches the committing sessions through shared memory a
+	// moment after SHOW reads it).
+	go p.admin.ExecContext(context.WithoutCancel(t.Context()), `CREATE TABLE waits ()`)
+	p.waitFor(t, "a commit waiting for the standby", func() bool { return len(p.waiters(t)) > 0 })
 	for range 8 {
 		clk.Add(time.Second)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
