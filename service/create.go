@@ -46,7 +46,7 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 // payment's outcome becomes a response or a status.
 func (s *Service) respond(ctx context.Context, key string, a engine.Answer) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	switch a.From {
-	case record.Replay:
+	case record.Replay, record.Late:
 		return s.replay(ctx, a.Record)
 	case record.Reused:
 		return nil, s.reusedError(key)

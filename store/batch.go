@@ -257,11 +257,13 @@ func (s *Store) runBatch(ops []*batchOp) {
 		if err != nil {
 			return err
 		}
+		taken := false
 		for i, op := range ops {
 			if !op.take() {
 				errs[i] = op.abandoned()
 				continue
 			}
+			taken = true
 			if err := op.fn(ctx, tx, now); err != nil {
 				if !clean(err) {
 					failed = err
@@ -269,6 +271,9 @@ func (s *Store) runBatch(ops []*batchOp) {
 				}
 				errs[i] = err
 			}
+		}
+		if !taken {
+			return errNoWrite
 		}
 		return nil
 	})

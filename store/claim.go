@@ -92,14 +92,16 @@ func (s *Store) Begin(ctx context.Context, c record.Claim, late func(Began, erro
 	op := &batchOp{ctx: ctx, errc: make(chan error, 1)}
 	deadline, hasDeadline := ctx.Deadline()
 	op.fn = func(ctx context.Context, tx *sql.Tx, now time.Time) error {
+		ran := time.Now()
 		if hasDeadline {
 			// A claim that runs once its caller has stopped waiting (a
-			// pooler queued its transaction past the deadline) writes
-			// nothing: record.Claim.AnswerBy.
-			c.AnswerBy = now.Add(time.Until(deadline))
+			// pooler queued its transaction past the deadline, or its read
+			// came back after it) writes nothing: record.Claim.AnswerBy,
+			// on the store's clock as begin reads it (readNow).
+			c.AnswerBy = s.readNow(now, ran).Add(time.Until(deadline))
 		}
 		var err error
-		b, err = s.begin(ctx, tx, c, now, &saw)
+		b, err = s.begin(ctx, tx, c, now, ran, &saw)
 		return err
 	}
 	op.late = func(err error) {
@@ -130,10 +132,16 @@ func (s *Store) Begin(ctx context.Context, c record.Claim, late func(Began, erro
 	return b, nil
 }
 
-// begin is Begin's operation in tx, at now; it notes in saw what it read.
-func (s *Store) begin(ctx context.Context, tx *sql.Tx, c record.Claim, now time.Time, saw *atomic.Int32) (Began, error) {
+// begin is Begin's operation in tx, which began at now, run from ran (this
+// process's clock); it notes in saw what it read. Step decides on a record
+// read at the store's clock as it was read (readNow): the read may come
+// back long after the transaction began (a stalled connection, a lock
+// held by a stuck transaction), and a claim whose caller stopped waiting
+// meanwhile must find it so (Claim.AnswerBy), for another call may have
+// told the caller since that no payment exists.
+func (s *Store) begin(ctx context.Context, tx *sql.Tx, c record.Claim, now, ran time.Time, saw *atomic.Int32) (Began, error) {
 	c.Settled = s.writesSettled()
-	n, eff := record.Step(nil, c, now)
+	n, eff := record.Step(nil, c, s.readNow(now, ran))
 	if eff.Verdict == record.Left {
 		saw.Store(sawNone)
 		return Began{Verdict: record.Left}, nil
@@ -177,8 +185,10 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, c record.Claim, now time.
 		if err != nil {
 			return Began{}, err
 		}
+		at := s.readNow(now, ran)
+		r.ReadAt = at
 		saw.Store(sawOf(r.State))
-		n, eff := record.Step(&r, c, now)
+		n, eff := record.Step(&r, c, at)
 		b := Began{Verdict: eff.Verdict, Record: n}
 		switch eff.Verdict {
 		case record.NotOwned:

@@ -263,3 +263,53 @@ func TestBeginQueuedPastDeadline(t *testing.T) {
 		t.Errorf("Get(k) error = %v, want ErrNotFound", err)
 	}
 }
+
+// lockedStatement is the read that locks a key's record (lockedRecord),
+// as the seam matches it: not Get's, which skips tombstoned records.
+const lockedStatement = `FROM records WHERE key(_hash)? = (\$1|\?1) *(FOR UPDATE)? *$`
+
+// TestBeginReadPastDeadline: a claim's transaction begins while its caller
+// waits, but its read of the key's record comes back only after the
+// caller's deadline (the connection stalled: a partition, a frozen
+// backend, a lock held by a stuck transaction), by which time another
+// call may have told the caller that no payment exists. Step decides at
+// the store's clock as the record was read, not as the transaction began:
+// the claim is Left, writes nothing, and nothing may be sent.
+func TestBeginReadPastDeadline(t *testing.T) {
+	t.Parallel()
+	for _, b := range faultBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			clk := newClock(t0)
+			s, f := openFaulty(t, b.url(t), clk, store.Options{TakeoverGrace: -1})
+			begin(t, s, claim("k", "body", "p/1"), record.Acquired)
+			if r := finish(t, s, "k", record.Outcome{Result: record.NothingSent}); r.State != record.NotCreated {
+				t.Fatalf("record after nothing was sent = %v, want NotCreated", r.State)
+			}
+
+			release := f.HangStatements(lockedStatement)
+			defer release()
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			late := make(chan lateResult, 1)
+			began := make(chan error, 1)
+			go func() {
+				_, err := s.Begin(ctx, claim("k", "body", "p/2"), func(b store.Began, err error) { late <- lateResult{b, err} })
+				began <- err
+			}()
+			waitFired(t, f, "hang statement")
+			if p := pendingError(t, <-began); !p.Ran {
+				t.Fatalf("Begin() past its deadline = %+v, want Ran: its transaction had begun", p)
+			}
+			clk.Add(time.Second) // the store's clock as the read comes back
+			release()
+			got := <-late
+			if got.err != nil || got.b.Verdict != record.Left {
+				t.Errorf("late() = %v, %v; want Left: the record was read after the caller's deadline", got.b.Verdict, got.err)
+			}
+			if r := get(t, s, "k"); r.State != record.NotCreated || r.LeaseOwner != "" {
+				t.Errorf("record = %v held by %q, want NotCreated, held by no one", r.State, r.LeaseOwner)
+			}
+		})
+	}
+}

@@ -37,6 +37,24 @@ func (s *Store) txNow(ctx context.Context, tx *sql.Tx) (time.Time, error) {
 	return t.UTC(), nil
 }
 
+// readNow is the store's clock as a read in a transaction that began at
+// now came back, a read run from ran (this process's clock, taken once
+// the transaction had begun): the store's own clock read again, or, for
+// the database server's, now plus the time since ran as this process
+// measured it.
+func (s *Store) readNow(now, ran time.Time) time.Time {
+	var t time.Time
+	if s.clock != nil {
+		t = s.clock().Truncate(time.Microsecond).UTC()
+	} else {
+		t = now.Add(time.Since(ran)).Truncate(time.Microsecond)
+	}
+	if t.Before(now) {
+		return now
+	}
+	return t
+}
+
 // readClock is the SQL expression a read adds to its columns for the
 // database server's clock, or NULL when the store keeps its own.
 func (s *Store) readClock() string {

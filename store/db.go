@@ -324,7 +324,10 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, *pgMode, error) {
 // other callers left.
 //
 // Every outcome but a caller's giving up and the store's own refusals
-// goes into the store's write health (see writeHealth).
+// goes into the store's write health (see writeHealth); but fn returns
+// errNoWrite when it wrote nothing, and then the transaction is rolled
+// back, transact returns nil, and only on SQLite (whose transaction took
+// the write lock) does it count as a commit.
 func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error) {
 	if err := s.unanswered.wait(ctx); err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
@@ -356,6 +359,15 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 			s.health.failed()
 			panic(p)
 		}
+		if errors.Is(err, errNoWrite) {
+			tx.Rollback()
+			tc.end()
+			err = nil
+			if s.d.name == "sqlite" {
+				s.noteWrite(nil)
+			}
+			return
+		}
 		if err == nil {
 			err = s.commit(ctx, tx, tc, watch)
 		} else {
@@ -366,6 +378,17 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 	}()
 	return fn(tx)
 }
+
+// errNoWrite is what a transaction's fn returns when it wrote nothing (a
+// settlement pass with nothing to claim or give up, a retention step with
+// nothing to delete, a batch whose every operation was abandoned). On
+// PostgreSQL such a transaction commits at once, without waiting for a
+// synchronous standby: its commit is no evidence that a write can land,
+// and counted in the write health it would let a replica take a lease
+// over while every write (the holder's outcome among them) waits for the
+// standby. It is rolled back, and counts only on SQLite, where taking the
+// write lock is what a write needs.
+var errNoWrite = errors.New("the transaction wrote nothing")
 
 // namesParam reports whether the PostgreSQL URL's query sets the parameter
 // name.

@@ -72,6 +72,9 @@ func (s *Store) DeleteExpired(ctx context.Context, r Retention, limit int) (int,
 				return err
 			}
 			n, err = step.run(sctx, tx, now)
+			if err == nil && n == 0 {
+				return errNoWrite
+			}
 			return err
 		})
 		cancel()

@@ -35,6 +35,7 @@ const (
 func (s *Store) SettleDue(ctx context.Context, ev record.Settle, pending func(key string) bool, acquire int) (acquired, gaveUp []record.Record, err error) {
 	err = s.transact(ctx, func(tx *sql.Tx) error {
 		acquired, gaveUp = nil, nil
+		wrote := false
 		now, err := s.txNow(ctx, tx)
 		if err != nil {
 			return err
@@ -59,11 +60,15 @@ func (s *Store) SettleDue(ctx context.Context, ev record.Settle, pending func(ke
 				default:
 					return true, nil
 				}
+				wrote = true
 				return !full(), s.apply(ctx, tx, r, &n, eff, 0)
 			})
 			if err != nil {
 				return err
 			}
+		}
+		if !wrote {
+			return errNoWrite
 		}
 		return nil
 	})

@@ -324,3 +324,46 @@ func TestCancelledStandbyWaitIsUnknown(t *testing.T) {
 }
 
 func isCommitUnknown(err error) bool { return errors.Is(err, store.ErrCommitUnknown) }
+
+// TestWriteHealthNeedsDurableWrites: while every COMMIT that writes waits
+// for a standby that never comes, settlement's passes go on every second,
+// and those that find nothing to claim write nothing: PostgreSQL commits a
+// transaction without a write at once, without waiting for the standby.
+// They are no evidence that a durable write can land, and add nothing to
+// the store's write health: after the takeover grace, the store has seen
+// no write commit, and no lease may be taken over (a holder's outcome,
+// its write waiting for the same standby, would land after the takeover:
+// the chaos run on a strict Patroni cluster that found this saw a replica
+// re-send a key 3 ms before the other's 2xx for it landed).
+func TestWriteHealthNeedsDurableWrites(t *testing.T) {
+	t.Parallel()
+	p := startSyncRepServer(t)
+	dbURL, _ := p.database(t, "health")
+	clk := newClock(t0)
+	s, err := store.Open(context.Background(), dbURL, "sandbox", store.Options{Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// A write that commits: the store is healthy from here.
+	begin(t, s, claim("held", "body", "p/1"), record.Acquired)
+
+	p.waitForStandby(t)
+	// Once a commit is seen waiting, every commit that writes waits (the
+	// setting reaches the committing sessions through shared memory a
+	// moment after SHOW reads it).
+	go p.admin.ExecContext(context.WithoutCancel(t.Context()), `CREATE TABLE waits ()`)
+	p.waitFor(t, "a commit waiting for the standby", func() bool { return len(p.waiters(t)) > 0 })
+	for range 8 {
+		clk.Add(time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		acquired, gaveUp, err := s.SettleDue(ctx, record.Settle{Owner: "q/1", LeaseTTL: time.Minute}, nil, 1)
+		cancel()
+		if err != nil || len(acquired)+len(gaveUp) != 0 {
+			t.Fatalf("SettleDue() = %d acquired, %d given up, %v; want nothing to do", len(acquired), len(gaveUp), err)
+		}
+	}
+	if got := s.WriteHealthyFor(); got != 0 {
+		t.Errorf("WriteHealthyFor() = %v after 8s in which no write could commit, want 0", got)
+	}
+}

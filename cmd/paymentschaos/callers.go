@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +33,10 @@ type callers struct {
 	prefix         string        // starts every key, unique to the run
 	keyBudget      time.Duration // how long a caller keeps trying one key
 	attemptTimeout time.Duration // the deadline of each gRPC call
+	// restLeave is the share of REST calls whose caller goes away before
+	// the answer (see rest).
+	restLeave float64
+	restHTTP  *http.Client
 	// stopping is closed when callers should start no new key.
 	stopping chan struct{}
 	keys     atomic.Int64 // keys started
@@ -36,15 +44,19 @@ type callers struct {
 }
 
 // start starts raw gRPC callers, which retry a key as paymentsclient
-// would, and client callers, which call paymentsclient.Create. Each
-// caller's calls alternate between the replicas. ctx ending cuts them off.
-func (cs *callers) start(ctx context.Context, raw, client int, seed uint64) {
-	for i := range raw + client {
+// would, client callers, which call paymentsclient.Create, and REST
+// callers. Each caller's calls alternate between the replicas. ctx ending
+// cuts them off.
+func (cs *callers) start(ctx context.Context, raw, client, rest int, seed uint64) {
+	for i := range raw + client + rest {
 		rng := rand.New(rand.NewPCG(seed, uint64(i)))
-		if i < raw {
+		switch {
+		case i < raw:
 			cs.wg.Go(func() { cs.raw(ctx, i, rng) })
-		} else {
+		case i < raw+client:
 			cs.wg.Go(func() { cs.client(ctx, i, rng) })
+		default:
+			cs.wg.Go(func() { cs.rest(ctx, i, rng) })
 		}
 	}
 }
@@ -96,6 +108,112 @@ func (cs *callers) raw(ctx context.Context, id int, rng *rand.Rand) {
 			}
 		}
 	}
+}
+
+// rest is a caller that pays over REST, as a service without a gRPC
+// client would. Its calls carry no deadline (no Grpc-Timeout header): each
+// waits for paymentsd's answer, however long the record store takes, up to
+// its key budget. But a share of them (-rest-leave) go away, closing the
+// connection, after a random wait shorter than -attempt-timeout, as a
+// client whose own timeout fires does; paymentsd's handler then sees its
+// context cancelled. Either way the caller retries the key as told, as the
+// raw callers do, and every call is recorded (one that went away is
+// unanswered).
+func (cs *callers) rest(ctx context.Context, id int, rng *rand.Rand) {
+	for n := 0; ctx.Err() == nil; n++ {
+		req := cs.next(id, n, rng)
+		if req == nil {
+			return
+		}
+		body := fmt.Sprintf(`{"idempotencyKey":%q,"amountMoney":{"currency":%q,"amount":%d}}`,
+			req.GetIdempotencyKey(), req.GetAmountMoney().GetCurrency(), req.GetAmountMoney().GetAmount())
+		deadline := time.Now().Add(cs.keyBudget)
+		for attempt := 0; ; attempt++ {
+			ri := (id + attempt) % len(cs.replicas)
+			wait := time.Until(deadline)
+			if rng.Float64() < cs.restLeave {
+				wait = time.Duration(rng.Int64N(int64(cs.attemptTimeout))) + time.Millisecond
+			}
+			actx, cancel := context.WithTimeout(ctx, max(wait, time.Millisecond))
+			start := time.Now()
+			c := call{Caller: id, Kind: kindCreate, REST: true, Key: req.GetIdempotencyKey(), Replica: ri, Start: start}
+			retryAfter := cs.postREST(actx, cs.replicas[ri].httpURL(), body, &c)
+			c.End = time.Now()
+			cancel()
+			c.Final = c.Verdict != verdictRetry || !c.End.Before(deadline) || ctx.Err() != nil
+			cs.hist.add(c)
+			if c.Final {
+				break
+			}
+			if !sleepCtx(ctx, min(retryDelay(rng, attempt, retryAfter), time.Until(deadline))) {
+				break
+			}
+		}
+	}
+}
+
+// postREST makes one CreateMultiCardPayment over REST and records its
+// answer in c, as fill does a gRPC call's; it returns the RetryInfo delay.
+func (cs *callers) postREST(ctx context.Context, url, body string, c *call) time.Duration {
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/multi-card-payments", strings.NewReader(body))
+	if err != nil {
+		c.Code, c.Verdict = codes.Internal, verdictRetry
+		return 0
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := cs.restHTTP.Do(hreq)
+	if err != nil {
+		// Gone before the answer (or never connected): unanswered.
+		c.Code, c.Verdict = status.FromContextError(err).Code(), verdictRetry
+		if ctx.Err() == nil {
+			c.Code = codes.Unavailable
+		}
+		return 0
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		c.Code, c.Verdict = codes.Unavailable, verdictRetry
+		return 0
+	}
+	if resp.StatusCode == http.StatusOK {
+		var ok struct {
+			Payment json.RawMessage `json:"payment"`
+		}
+		if json.Unmarshal(b, &ok) != nil || len(ok.Payment) == 0 {
+			c.Code, c.Verdict = codes.Internal, verdictRetry
+			return 0
+		}
+		c.Code, c.Reply, c.Verdict, c.Answered = codes.OK, []byte(ok.Payment), verdictOK, true
+		return 0
+	}
+	var st struct {
+		Code    codes.Code `json:"code"`
+		Details []struct {
+			Type       string `json:"@type"`
+			Domain     string `json:"domain"`
+			Reason     string `json:"reason"`
+			RetryDelay string `json:"retryDelay"`
+		} `json:"details"`
+	}
+	if json.Unmarshal(b, &st) != nil {
+		// Not paymentsd's answer (a proxy's, say): unanswered.
+		c.Code, c.Verdict = codes.Unavailable, verdictRetry
+		return 0
+	}
+	var retryAfter time.Duration
+	for _, d := range st.Details {
+		switch {
+		case strings.HasSuffix(d.Type, "google.rpc.ErrorInfo") && d.Domain == errorDomain:
+			c.Reason = d.Reason
+		case strings.HasSuffix(d.Type, "google.rpc.RetryInfo"):
+			retryAfter, _ = time.ParseDuration(d.RetryDelay)
+		}
+	}
+	c.Code = st.Code
+	c.Answered = c.Reason != ""
+	c.Verdict = classify(c.Code, c.Reason)
+	return retryAfter
 }
 
 // client is a caller that pays through paymentsclient.Create, whose

@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,7 +40,8 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	inj := &injector{
 		down: [2]time.Duration{o.downMin, o.downMax}, lock: [2]time.Duration{o.lockMin, o.lockMax},
 		freeze: [2]time.Duration{o.freezeMin, o.freezeMax}, unknownFor: o.unknownFor, settled: o.latencyMax + 2*time.Second,
-		rng: rng, log: logw,
+		drain: o.shutdownTimeout(),
+		rng:   rng, log: logw,
 	}
 	var dbURL string
 	switch o.store {
@@ -73,12 +77,30 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	fake := newProvider(apiKey, o.provider, o.latencyMin, o.latencyMax, o.seed)
 	defer fake.Close()
 	inj.provider = fake
+	// With replica-partition, each replica reaches PostgreSQL through a
+	// proxy of its own, which the fault cuts.
+	replicaURL := map[string]string{}
+	if slices.Contains(cycle, faultReplicaPartition) {
+		for i := range o.replicas {
+			px, err := newCutProxy(fmt.Sprintf("127.0.0.1:%d", inj.pg.port))
+			if err != nil {
+				return nil, err
+			}
+			defer px.close()
+			inj.proxies = append(inj.proxies, px)
+			replicaURL[fmt.Sprintf("r%d", i)] = strings.Replace(dbURL, fmt.Sprintf("127.0.0.1:%d", inj.pg.port), px.addr(), 1)
+		}
+	}
 	replicas := newReplicas(o.replicas, bin, dir, certs, func(name string) []string {
+		url := dbURL
+		if u, ok := replicaURL[name]; ok {
+			url = u
+		}
 		return append([]string{
 			"PAYMENTS_ENVIRONMENT=sandbox",
 			"PAYMENTS_SANDBOX_BASE_URL=" + fake.AddListener(name),
 			"PAYMENTS_SANDBOX_API_KEY=" + apiKey,
-			"PAYMENTS_DATABASE_URL=" + dbURL,
+			"PAYMENTS_DATABASE_URL=" + url,
 			"PAYMENTS_UPSTREAM_TIMEOUT=" + o.upstreamTO.String(),
 			"PAYMENTS_PROVIDER_QUIET_PERIOD=" + o.quietPeriod.String(),
 			"PAYMENTS_LOG_LEVEL=" + o.logLevel,
@@ -102,10 +124,14 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	cs := &callers{
 		replicas: replicas, hist: hist, prefix: "chaos-" + randomHex(4),
 		keyBudget: o.keyBudget, attemptTimeout: o.attemptTimeout, stopping: make(chan struct{}),
+		restLeave: o.restLeave,
+		restHTTP: &http.Client{Transport: &http.Transport{
+			TLSClientConfig: certs.clientTLS(certs.caller), ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16,
+		}},
 	}
 	callCtx, cutCallers := context.WithCancel(ctx)
 	defer cutCallers()
-	cs.start(callCtx, o.callers, o.clientCallers, o.seed)
+	cs.start(callCtx, o.callers, o.clientCallers, o.restCallers, o.seed)
 	var person *carelessPerson
 	stopPerson, personDone := make(chan struct{}), make(chan struct{})
 	if o.careless {
@@ -117,8 +143,12 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	} else {
 		close(personDone)
 	}
-	fmt.Fprintf(logw, "running: %d replicas on %s, %d raw and %d paymentsclient callers, provider %s, careless person %v, faults %s about every %v\n",
-		o.replicas, storeName(o), o.callers, o.clientCallers, o.provider, o.careless, o.faults, o.faultInterval)
+	rest := ""
+	if o.restCallers > 0 {
+		rest = fmt.Sprintf(", %d REST callers (%.0f%% of their calls go away)", o.restCallers, 100*o.restLeave)
+	}
+	fmt.Fprintf(logw, "running: %d replicas on %s, %d raw and %d paymentsclient callers%s, provider %s, careless person %v, faults %s about every %v\n",
+		o.replicas, storeName(o), o.callers, o.clientCallers, rest, o.provider, o.careless, o.faults, o.faultInterval)
 
 	var mu sync.Mutex
 	var faults []fault

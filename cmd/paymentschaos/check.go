@@ -113,12 +113,17 @@ const (
 	// The store may lose acknowledged commits in a failover (asynchronous
 	// or non-strict synchronous replication), and one came in between.
 	resendCommitLost = "commit_lost_in_failover"
+	// It was cut off from the store (replica-partition) from before it
+	// could have committed the 2xx until after the key was sent again: to
+	// the others it looked dead (docs/durability.md's "a replica cut off
+	// from the database alone").
+	resendCutOff = "replica_cut_off_from_the_store"
 	// None of these: the replica lived on with the 2xx. A violation.
 	resendLived = "replica_lived_on"
 )
 
 // resendReasons lists them in the order the report prints them.
-var resendReasons = []string{resendKilledAtProvider, resendKilledCommitWindow, resendUnread, resendResolved, resendCommitLost, resendLived}
+var resendReasons = []string{resendKilledAtProvider, resendKilledCommitWindow, resendUnread, resendResolved, resendCommitLost, resendCutOff, resendLived}
 
 // violation is one key's contradiction of one kind (or, in Resends, one
 // key's re-send and its reason).
@@ -144,6 +149,10 @@ type record struct {
 	// Resolutions are the record's audit entries: the resolutions
 	// paymentsd accepted, by the store's clock.
 	Resolutions []recordedResolution
+	// Read2xx are the start times of the attempts whose provider status
+	// on record is a 2xx: a replica read the 2xx, and its outbox wrote
+	// it (at once, or late), by the store's clock.
+	Read2xx []time.Time
 }
 
 // recordedResolution is an accepted resolution, as the record's audit
@@ -167,10 +176,14 @@ type fault struct {
 	Err   string `json:"error,omitempty"`
 }
 
-// kill is a replica SIGKILLed inside a compound fault.
+// kill is a replica SIGKILLed inside a compound fault, or sent SIGTERM:
+// then At is when it exited (drained, or SIGKILLed once its grace was
+// over: Killed), and Termed when it was sent SIGTERM.
 type kill struct {
 	Target string
 	At     time.Time
+	Termed time.Time
+	Killed bool
 }
 
 // faultPaymentsdKill is the fault whose target, a replica, may die
@@ -263,6 +276,10 @@ type callCounts struct {
 	Failed int `json:"failed"`
 	// Clients counts paymentsclient.Create calls.
 	Clients int `json:"client_creates"`
+	// REST counts the calls of Total made over REST, and Left those whose
+	// caller went away before the answer.
+	REST int `json:"rest,omitempty"`
+	Left int `json:"rest_left,omitempty"`
 }
 
 // latency is a latency distribution in milliseconds.
@@ -530,6 +547,12 @@ func check(in checkInput) checkResult {
 		}
 		attempts = append(attempts, c)
 		res.Calls.Total++
+		if c.REST {
+			res.Calls.REST++
+			if !c.Answered && !c.ok() {
+				res.Calls.Left++
+			}
+		}
 		if !c.ok() {
 			res.Calls.Failed++
 		}
@@ -553,12 +576,12 @@ func check(in checkInput) checkResult {
 func resendReason(in checkInput, calls []call, rec record, got, again upstreamtest.KeyRequest) (string, string) {
 	k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, minTime(again.Arrived, commitBy(in, got.Ended)))
 	switch {
-	case killed && k.Before(got.Ended):
-		return resendKilledAtProvider, fmt.Sprintf("; %s was SIGKILLed at %s, with the request at the provider", got.Listener, offset(in, k))
+	case killed && k.At.Before(got.Ended):
+		return resendKilledAtProvider, fmt.Sprintf("; %s %s, with the request at the provider", got.Listener, died(in, k))
 	case killed:
-		return resendKilledCommitWindow, fmt.Sprintf("; %s was SIGKILLed at %s, before it could have committed the 2xx (by %s)", got.Listener, offset(in, k), offset(in, commitBy(in, got.Ended)))
+		return resendKilledCommitWindow, fmt.Sprintf("; %s %s, before it could have committed the 2xx (by %s)", got.Listener, died(in, k), offset(in, commitBy(in, got.Ended)))
 	}
-	if unread, ok := unreadBy(calls, got); ok {
+	if unread, ok := unreadBy(calls, rec, got); ok {
 		return resendUnread, fmt.Sprintf("; %s answered the call that carried it %s %s at %s: it had not read the 2xx", got.Listener, unread.Code, unread.Reason, offset(in, unread.End))
 	}
 	for _, r := range rec.Resolutions {
@@ -575,12 +598,26 @@ func resendReason(in checkInput, calls []call, rec record, got, again upstreamte
 			}
 		}
 	}
+	for _, f := range in.Faults {
+		if f.Kind == faultReplicaPartition && f.Target == got.Listener && f.Start.Before(got.Ended.Add(in.CommitGrace)) &&
+			(f.Undone.IsZero() || f.Undone.After(again.Arrived)) {
+			return resendCutOff, fmt.Sprintf("; %s was cut off from the store from %s to %s", got.Listener, offset(in, f.Start), offsetOrEnd(in, f.Undone))
+		}
+	}
 	because := ""
 	if k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, again.Arrived); killed {
-		because = fmt.Sprintf("; %s lived on to be SIGKILLed at %s, after it could have committed the 2xx (by %s)",
-			got.Listener, offset(in, k), offset(in, commitBy(in, got.Ended)))
+		because = fmt.Sprintf("; %s lived on, and %s, after it could have committed the 2xx (by %s)",
+			got.Listener, died(in, k), offset(in, commitBy(in, got.Ended)))
 	}
 	return resendLived, because
+}
+
+// offsetOrEnd is offset, or "the end" for a zero time (never undone).
+func offsetOrEnd(in checkInput, t time.Time) string {
+	if t.IsZero() {
+		return "the end"
+	}
+	return offset(in, t)
 }
 
 // listenerName names the replica whose listener a request came in on.
@@ -627,8 +664,17 @@ func sentBySettlement(calls []call, history []upstreamtest.KeyRequest) (time.Tim
 
 // unreadBy finds the call whose request got the 2xx kr, if its replica
 // answered it, after the delivery, that the provider's answer was unknown
-// (PAYMENT_OUTCOME_UNKNOWN): a replica that had read a 2xx answers OK.
-func unreadBy(calls []call, kr upstreamtest.KeyRequest) (call, bool) {
+// (PAYMENT_OUTCOME_UNKNOWN), and the record shows no attempt that read a
+// 2xx and was under way when kr arrived. A replica that read a 2xx answers
+// PAYMENT_OUTCOME_UNKNOWN too when its deadline comes before the 2xx is
+// committed (told OK means durable); its attempt then shows the 2xx once
+// the outbox has written it.
+func unreadBy(calls []call, rec record, kr upstreamtest.KeyRequest) (call, bool) {
+	for _, t := range rec.Read2xx {
+		if !t.After(kr.Arrived) {
+			return call{}, false
+		}
+	}
 	for _, c := range calls {
 		if c.Kind != kindClient && fmt.Sprintf("r%d", c.Replica) == kr.Listener &&
 			!kr.Arrived.Before(c.Start) && !kr.Arrived.After(c.End) && c.End.After(kr.Ended) &&
@@ -640,24 +686,34 @@ func unreadBy(calls []call, kr upstreamtest.KeyRequest) (call, bool) {
 }
 
 // killedBetween reports whether a paymentsd-kill, or a compound fault's
-// kill, struck target between from and to, and when.
-func killedBetween(faults []fault, target string, from, to time.Time) (time.Time, bool) {
+// kill (or SIGTERM's drain), struck target between from and to, and how.
+func killedBetween(faults []fault, target string, from, to time.Time) (kill, bool) {
 	for _, f := range faults {
 		kills := f.Kills
 		if f.Kind == faultPaymentsdKill {
-			kills = append(kills, kill{f.Target, f.Start})
+			kills = append(kills, kill{Target: f.Target, At: f.Start})
 		}
 		for _, k := range kills {
 			if k.Target == target && !k.At.Before(from) && !k.At.After(to) {
-				return k.At, true
+				return k, true
 			}
 		}
 	}
-	return time.Time{}, false
+	return kill{}, false
+}
+
+// died says how and when k ended its replica: "was SIGKILLed at 3.0s", or
+// "was sent SIGTERM at 3.0s and stopped writing (its drain over) at 24.0s".
+func died(in checkInput, k kill) string {
+	if k.Termed.IsZero() {
+		return "was SIGKILLed at " + offset(in, k.At)
+	}
+	return fmt.Sprintf("was sent SIGTERM at %s and stopped writing (its drain over) at %s", offset(in, k.Termed), offset(in, k.At))
 }
 
 // storeFaults are the faults that take the record store away.
 var storeFaults = []string{faultPostgresKill, faultPostgresStop, faultPostgresFreeze, faultPostgresFreezeKill, faultSQLiteLock,
+	faultPostgresFreezeTerm, faultPostgresStopTerm, faultPostgresReadOnly,
 	faultPrimaryKill, faultSwitchover, faultPoolerRestart, faultLoseCommits, faultFreezePrimary, faultFailoverAfterUnknown}
 
 // failoverFaults are the faults that promote a standby, or may: where the

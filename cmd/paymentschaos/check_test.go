@@ -150,6 +150,21 @@ func TestCheckViolations(t *testing.T) {
 			resent: []string{resendLived},
 		},
 		{
+			// The same answer, from a replica that had read the 2xx and
+			// could not yet commit it (told OK means durable): its attempt
+			// shows the 2xx on record. Found in a strict Patroni run, where
+			// the other replica's settlement took the key over 3 ms before
+			// the 2xx's commit landed.
+			name: "sent again after a 2xx its receiver read, its commit waiting",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "PAYMENT_OUTCOME_UNKNOWN")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED, Reply: []byte(reply), Read2xx: []time.Time{at(0.05)}}},
+			},
+			want:   []string{violSentAfter2xx},
+			resent: []string{resendLived},
+		},
+		{
 			name: "sent again after a 2xx its receiver never read",
 			in: checkInput{
 				// The call that carried the request was answered, after
@@ -231,10 +246,63 @@ func TestCheckViolations(t *testing.T) {
 				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 30)},
 				Records:  map[string]record{"k": succeeded()},
 				Faults: []fault{{Kind: faultPostgresFreezeKill, Start: at(0.5), Undone: at(20),
-					Kills: []kill{{"r1", at(3)}, {"r0", at(5)}}}},
+					Kills: []kill{{Target: "r1", At: at(3)}, {Target: "r0", At: at(5)}}}},
 			},
 			want:   []string{violToldOKSentAgain},
 			resent: []string{resendKilledCommitWindow},
+		},
+		{
+			// postgres-freeze-term: the replica holding the 2xx was sent
+			// SIGTERM inside the freeze, and its drain ended (its outbox
+			// stopped) before the store came back.
+			name: "sent again after its replica drained with the store frozen",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 40)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults: []fault{{Kind: faultPostgresFreezeTerm, Start: at(0.5), Undone: at(30),
+					Kills: []kill{{Target: "r0", Termed: at(2), At: at(23), Killed: true}}}},
+			},
+			resent: []string{resendKilledCommitWindow},
+		},
+		{
+			// The same replica's drain, had the store come back first: it
+			// could have written the 2xx, and a re-send is counted.
+			name: "sent again after its replica drained with the store back",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 40)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults: []fault{{Kind: faultPostgresStopTerm, Start: at(0.5), Undone: at(10),
+					Kills: []kill{{Target: "r0", Termed: at(2), At: at(23)}}}},
+			},
+			want:   []string{violSentAfter2xx},
+			resent: []string{resendLived},
+		},
+		{
+			// replica-partition: the replica holding the 2xx was cut off
+			// from the store until after the other sent the key again.
+			name: "sent again while its replica was cut off from the store",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults:   []fault{{Kind: faultReplicaPartition, Target: "r0", Start: at(0.5), Undone: at(25)}},
+			},
+			resent: []string{resendCutOff},
+		},
+		{
+			// The partition healed before the re-send: the replica could
+			// have written its 2xx.
+			name: "sent again after its replica's partition healed",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.9), "r1", 20)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults:   []fault{{Kind: faultReplicaPartition, Target: "r0", Start: at(0.5), Undone: at(10)}},
+			},
+			want:   []string{violSentAfter2xx},
+			resent: []string{resendLived},
 		},
 		{
 			name: "sent again after its replica died with the request at the provider",
@@ -439,7 +507,7 @@ func TestCheckViolations(t *testing.T) {
 		{
 			name: "unsettled",
 			in: checkInput{
-				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "PAYMENT_OUTCOME_UNKNOWN")},
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
 				Provider: map[string]keyFacts{"k": paid("r0", 0.1, 0.9)},
 				Records:  map[string]record{"k": stateRecord(paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN)},
 			},
@@ -448,7 +516,7 @@ func TestCheckViolations(t *testing.T) {
 		{
 			name: "settlement gave up: a person's, not a violation",
 			in: checkInput{
-				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "PAYMENT_OUTCOME_UNKNOWN")},
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
 				Provider: map[string]keyFacts{"k": paid("r0", 0.1, 0.9)},
 				Records:  map[string]record{"k": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN, GaveUp: true}},
 			},
@@ -594,9 +662,13 @@ func TestCheckRunFigures(t *testing.T) {
 			failedCall("c", 0, 13, 38, codes.Unavailable, ""),
 			{Kind: kindAttempt, Key: "d", Replica: 1, Start: at(39), End: at(40), Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Answered: true},
 			{Kind: kindClient, Key: "d", Replica: -1, Start: at(39), End: at(45), Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Final: true},
+			// A REST caller that went away, then retried as told.
+			{Kind: kindCreate, REST: true, Key: "e", Replica: 0, Start: at(41), End: at(42), Code: codes.DeadlineExceeded, Verdict: verdictRetry},
+			{Kind: kindCreate, REST: true, Key: "e", Replica: 1, Start: at(43), End: at(44), Code: codes.OK, Reply: []byte(reply), Verdict: verdictOK, Answered: true, Final: true},
 		},
-		Provider: map[string]keyFacts{"a": paid("r0", 9.1, 9.9), "b": paid("r1", 11.1, 11.9), "c": paid("r0", 13.1, 13.9), "d": paid("r1", 39.1, 39.9)},
-		Records: map[string]record{"a": succeeded(), "b": succeeded(), "d": succeeded(),
+		Provider: map[string]keyFacts{"a": paid("r0", 9.1, 9.9), "b": paid("r1", 11.1, 11.9), "c": paid("r0", 13.1, 13.9), "d": paid("r1", 39.1, 39.9),
+			"e": paid("r0", 41.1, 41.9)},
+		Records: map[string]record{"a": succeeded(), "b": succeeded(), "d": succeeded(), "e": succeeded(),
 			"c": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED, Resolutions: []recordedResolution{{At: at(30), NotCreated: true}}}},
 		Resolutions: []resolution{
 			{Key: "c", NotCreated: true, Start: at(29.9), End: at(30.1), Accepted: true},
@@ -612,6 +684,9 @@ func TestCheckRunFigures(t *testing.T) {
 	// at 45 s is the same answer, later).
 	if want := (gap{Seconds: 28, From: 12, To: 40}); !cmp.Equal(got.WithoutOK, want, cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })) {
 		t.Errorf("check() longest without OK = %+v, want %+v", got.WithoutOK, want)
+	}
+	if want := (callCounts{Total: 6, Failed: 2, Clients: 1, REST: 2, Left: 1}); got.Calls != want {
+		t.Errorf("check() calls = %+v, want %+v", got.Calls, want)
 	}
 	want := resolutionCounts{Asked: 3, Accepted: 1, Refused: map[string]int{"FailedPrecondition RECORD_CHANGED": 2}, WrongNotCreated: 1}
 	if diff := cmp.Diff(want, got.Resolutions); diff != "" {

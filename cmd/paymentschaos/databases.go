@@ -117,6 +117,33 @@ func (p *pgServer) kill() error {
 	return syscall.Kill(pid, syscall.SIGKILL)
 }
 
+// readOnly turns the server read-only (on) or writable again (off), for
+// every session, as default_transaction_read_only set in its
+// configuration and reloaded: transactions that begin after it refuse
+// writes (SQLSTATE 25006) until it is turned off.
+func (p *pgServer) readOnly(ctx context.Context, on bool) error {
+	db, err := sql.Open("pgx", p.url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stmt := "ALTER SYSTEM RESET default_transaction_read_only"
+	if on {
+		stmt = "ALTER SYSTEM SET default_transaction_read_only = on"
+	}
+	for _, q := range []string{"SET default_transaction_read_only = off", stmt, "SELECT pg_reload_conf()"} {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("read-only %v: %s: %w", on, q, err)
+		}
+	}
+	return nil
+}
+
 // postmaster is the server's postmaster's process ID.
 func (p *pgServer) postmaster() (int, error) {
 	b, err := os.ReadFile(filepath.Join(p.data(), "postmaster.pid"))

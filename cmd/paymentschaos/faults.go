@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -52,12 +53,44 @@ const (
 	// standby has their records back at the OUTCOME_UNKNOWN attempt,
 	// which settlement is due to send again.
 	faultFailoverAfterUnknown = "patroni-failover-after-unknown"
+	// faultPostgresFreezeTerm is faultPostgresFreeze with every replica
+	// sent SIGTERM at a random moment inside it: each drains with its
+	// store hung, and is SIGKILLed if it has not exited termGrace later
+	// (Kubernetes' terminationGracePeriodSeconds, as deploy/ sets it).
+	// Each is started again once it has exited and the server is thawed.
+	faultPostgresFreezeTerm = "postgres-freeze-term"
+	// faultPostgresStopTerm stops the server (pg_ctl stop -m immediate)
+	// and sends every replica SIGTERM while it is down, so each drains
+	// with its store refusing connections; the server starts again once
+	// they have exited (or been SIGKILLed termGrace later), then they do.
+	faultPostgresStopTerm = "postgres-stop-term"
+	// faultPostgresReadOnly turns the server read-only
+	// (default_transaction_read_only, as a primary demoted in place or a
+	// full disk would refuse writes) for -freeze-min to -freeze-max,
+	// longer than a lease: every write fails at once while reads go on.
+	faultPostgresReadOnly = "postgres-readonly"
+	// faultReplicaPartition cuts one replica off from PostgreSQL (its
+	// proxy to the server drops every byte both ways, closing nothing)
+	// for -freeze-min to -freeze-max, while the other replicas reach it:
+	// a network partition, the window docs/durability.md leaves ("a
+	// replica cut off from the database alone").
+	faultReplicaPartition = "replica-partition"
+)
+
+// termGrace is how long a replica sent SIGTERM may drain before it is
+// SIGKILLed: deploy/'s terminationGracePeriodSeconds. drainLastChance is
+// how long paymentsd's drain goes on writing outcomes after
+// PAYMENTS_SHUTDOWN_TIMEOUT (internal/engine's outboxLastChance).
+const (
+	termGrace       = 30 * time.Second
+	drainLastChance = time.Second
 )
 
 // faultsFor is which faults each store can be given.
 var faultsFor = map[string][]string{
-	storePostgres: {faultPaymentsdKill, faultPostgresKill, faultPostgresStop, faultPostgresFreeze, faultPostgresFreezeKill},
-	storeSQLite:   {faultPaymentsdKill, faultSQLiteLock},
+	storePostgres: {faultPaymentsdKill, faultPostgresKill, faultPostgresStop, faultPostgresFreeze, faultPostgresFreezeKill,
+		faultPostgresFreezeTerm, faultPostgresStopTerm, faultPostgresReadOnly, faultReplicaPartition},
+	storeSQLite: {faultPaymentsdKill, faultSQLiteLock},
 	storePatroni: {faultPaymentsdKill, faultPrimaryKill, faultSwitchover, faultPoolerRestart, faultLoseCommits,
 		faultFreezePrimary, faultFailoverAfterUnknown},
 }
@@ -109,6 +142,10 @@ type injector struct {
 	lock       [2]time.Duration // how long the SQLite lock is held
 	freeze     [2]time.Duration // how long a frozen server stays frozen
 	unknownFor time.Duration    // how long the provider answers 503 (faultFailoverAfterUnknown)
+	drain      time.Duration    // the replicas' PAYMENTS_SHUTDOWN_TIMEOUT
+	// proxies are the replicas' routes to PostgreSQL, by replica, when the
+	// mix has replica-partition.
+	proxies []*cutProxy
 	// settled is how long after the provider's last 503 its outcomes have
 	// surely been written and replicated: its longest latency, and a
 	// margin.
@@ -172,6 +209,32 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 		}
 	case faultPostgresFreeze, faultPostgresFreezeKill:
 		err = in.freezePostgres(ctx, &f, kind == faultPostgresFreezeKill)
+	case faultPostgresFreezeTerm:
+		err = in.freezeTerm(ctx, &f)
+	case faultPostgresStopTerm:
+		f.Start = time.Now()
+		if err = in.pg.stopImmediate(ctx); err == nil {
+			in.terminateAll(ctx, &f, 0)
+			err = in.pg.start(context.WithoutCancel(ctx))
+			f.Undone = time.Now()
+			if err == nil {
+				err = in.restartTerminated(ctx, &f)
+			}
+		}
+	case faultReplicaPartition:
+		i := in.rng.IntN(len(in.replicas))
+		f.Target, f.Start = in.replicas[i].name, time.Now()
+		in.proxies[i].cut()
+		sleepCtx(ctx, in.between(in.freeze))
+		in.proxies[i].heal()
+		f.Undone = time.Now()
+	case faultPostgresReadOnly:
+		if err = in.pg.readOnly(ctx, true); err == nil {
+			f.Start = time.Now()
+			sleepCtx(ctx, in.between(in.freeze))
+			err = in.pg.readOnly(context.WithoutCancel(ctx), false)
+			f.Undone = time.Now()
+		}
 	case faultFreezePrimary:
 		var out string
 		if out, err = in.patroni.run(ctx, "freeze-primary", in.patroni.dir); err == nil {
@@ -222,7 +285,15 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 	}
 	killed := ""
 	for _, k := range f.Kills {
-		killed += fmt.Sprintf(" (killed %s at %.1fs)", k.Target, k.At.Sub(f.Start).Seconds())
+		if k.Termed.IsZero() {
+			killed += fmt.Sprintf(" (killed %s at %.1fs)", k.Target, k.At.Sub(f.Start).Seconds())
+			continue
+		}
+		how := "exited"
+		if k.Killed {
+			how = "SIGKILLed, still draining,"
+		}
+		killed += fmt.Sprintf(" (SIGTERM to %s at %.1fs, %s at %.1fs)", k.Target, k.Termed.Sub(f.Start).Seconds(), how, k.At.Sub(f.Start).Seconds())
 	}
 	fmt.Fprintf(in.log, "fault %s %s: %.1fs%s%s\n", kind, f.Target, time.Since(f.Start).Seconds(), killed, errSuffix(f.Err))
 	return f
@@ -271,11 +342,75 @@ func (in *injector) freezePostgres(ctx context.Context, f *fault, kills bool) er
 		sleepCtx(ctx, time.Until(f.Start.Add(a)))
 		r := in.replicas[order[i]]
 		r.kill()
-		f.Kills = append(f.Kills, kill{r.name, time.Now()})
+		f.Kills = append(f.Kills, kill{Target: r.name, At: time.Now()})
 	}
 	sleepCtx(ctx, time.Until(f.Start.Add(d)))
 	thaw(pids)
 	f.Undone = time.Now()
+	for _, k := range f.Kills {
+		for _, r := range in.replicas {
+			if r.name == k.Target {
+				if err := in.restart(ctx, r); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// freezeTerm freezes the run's PostgreSQL server for -freeze-min to
+// -freeze-max and sends every replica SIGTERM at a random moment inside
+// the freeze; it thaws the server at the freeze's end, waits for the
+// replicas to have exited (or SIGKILLs them termGrace after their
+// SIGTERM), and starts them again.
+func (in *injector) freezeTerm(ctx context.Context, f *fault) error {
+	d := in.between(in.freeze)
+	pids, err := in.pg.freeze()
+	if err != nil {
+		return err
+	}
+	f.Start = time.Now()
+	in.terminateAll(ctx, f, d*8/10)
+	sleepCtx(ctx, time.Until(f.Start.Add(d)))
+	thaw(pids)
+	f.Undone = time.Now()
+	return in.restartTerminated(ctx, f)
+}
+
+// terminateAll sends every replica SIGTERM, each at a random moment in
+// the next spread (at once when 0), and waits until each has exited, or
+// SIGKILLs it termGrace after its SIGTERM. Each is noted in f as a kill at
+// the moment it stopped writing (its exit, or its drain's end if it
+// lingered): a replica that drained with an outcome it could not write
+// died holding it.
+func (in *injector) terminateAll(ctx context.Context, f *fault, spread time.Duration) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	start := time.Now()
+	for _, r := range in.replicas {
+		var at time.Duration
+		if spread > 0 {
+			at = time.Duration(in.rng.Int64N(int64(spread) + 1))
+		}
+		wg.Go(func() {
+			sleepCtx(ctx, time.Until(start.Add(at)))
+			termed := time.Now()
+			killed := r.terminate(termGrace)
+			// Its outbox stopped writing when its drain ended, if it
+			// lingered after that (closing a store that hangs).
+			stopped := minTime(time.Now(), termed.Add(in.drain+drainLastChance))
+			mu.Lock()
+			f.Kills = append(f.Kills, kill{Target: r.name, At: stopped, Termed: termed, Killed: killed})
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	slices.SortFunc(f.Kills, func(a, b kill) int { return a.At.Compare(b.At) })
+}
+
+// restartTerminated starts again the replicas f stopped.
+func (in *injector) restartTerminated(ctx context.Context, f *fault) error {
 	for _, k := range f.Kills {
 		for _, r := range in.replicas {
 			if r.name == k.Target {

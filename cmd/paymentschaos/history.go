@@ -35,7 +35,9 @@ type call struct {
 	Key    string `json:"key"`
 	// Replica is the paymentsd replica the call went to, or -1 for a
 	// kindClient call (its attempts, recorded too, went to both).
-	Replica    int        `json:"replica"`
+	Replica int `json:"replica"`
+	// REST: a kindCreate call made over REST (no deadline), not gRPC.
+	REST       bool       `json:"rest,omitempty"`
 	Start, End time.Time  `json:"-"`
 	Code       codes.Code `json:"-"`
 	// Reason is paymentsd's ErrorInfo reason, or "".

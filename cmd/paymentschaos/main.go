@@ -117,6 +117,8 @@ type options struct {
 	minFaults      int
 	callers        int
 	clientCallers  int
+	restCallers    int
+	restLeave      float64
 	keyBudget      time.Duration
 	attemptTimeout time.Duration
 	latencyMin     time.Duration
@@ -168,13 +170,15 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.minFaults, "min-faults", 0, "run on until this many faults have been injected")
 	fs.IntVar(&o.callers, "callers", 6, "raw gRPC callers (each retries a key as paymentsclient would)")
 	fs.IntVar(&o.clientCallers, "client-callers", 2, "callers that pay through paymentsclient.Create")
+	fs.IntVar(&o.restCallers, "rest-callers", 0, "callers that pay over REST, with no deadline, retrying a key as the raw callers do")
+	fs.Float64Var(&o.restLeave, "rest-leave", 0.5, "the share of REST calls whose caller goes away (closes the connection) after a random wait shorter than -attempt-timeout")
 	fs.DurationVar(&o.keyBudget, "key-budget", 30*time.Second, "how long a caller keeps trying one key before it gives up on it (in doubt)")
 	fs.DurationVar(&o.attemptTimeout, "attempt-timeout", 10*time.Second, "the deadline of each gRPC call")
 	fs.DurationVar(&o.latencyMin, "latency-min", 100*time.Millisecond, "the provider's least time on a request")
 	fs.DurationVar(&o.latencyMax, "latency-max", 1500*time.Millisecond, "the provider's most time on a request")
 	fs.DurationVar(&o.upstreamTO, "upstream-timeout", 4*time.Second, "paymentsd's PAYMENTS_UPSTREAM_TIMEOUT (its lease is this plus 5s)")
 	fs.DurationVar(&o.quietPeriod, "quiet-period", 6*time.Second, "paymentsd's PAYMENTS_PROVIDER_QUIET_PERIOD: at least -upstream-timeout and -latency-max")
-	fs.StringVar(&o.faults, "faults", "", "the mix of faults, kind=weight,… (default by -store: "+defaultMixes()+"); kinds: paymentsd-kill, postgres-kill, postgres-stop, postgres-freeze, postgres-freeze-kill, sqlite-lock, patroni-kill-primary, patroni-switchover, pgbouncer-restart, patroni-lose-commits, patroni-freeze-primary, patroni-failover-after-unknown")
+	fs.StringVar(&o.faults, "faults", "", "the mix of faults, kind=weight,… (default by -store: "+defaultMixes()+"); kinds: paymentsd-kill, postgres-kill, postgres-stop, postgres-freeze, postgres-freeze-kill, postgres-freeze-term, postgres-stop-term, postgres-readonly, replica-partition, sqlite-lock, patroni-kill-primary, patroni-switchover, pgbouncer-restart, patroni-lose-commits, patroni-freeze-primary, patroni-failover-after-unknown")
 	fs.DurationVar(&o.faultInterval, "fault-interval", 15*time.Second, "the mean time from one fault's end to the next one's start (half to one and a half times it)")
 	fs.DurationVar(&o.downMin, "down-min", 4*time.Second, "the least time a killed or stopped paymentsd or PostgreSQL stays down")
 	fs.DurationVar(&o.downMax, "down-max", 6*time.Second, "the most time it stays down")
@@ -219,8 +223,11 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if o.freezeMax < o.freezeMin || o.freezeMin <= 0 || o.unknownFor <= 0 || o.carelessEvery <= 0 {
 		problems = append(problems, "-freeze-max must be at least -freeze-min, which must be positive; -unknown-for and -careless-interval positive")
 	}
-	if o.replicas < 1 || o.callers < 0 || o.clientCallers < 0 || o.callers+o.clientCallers < 1 {
-		problems = append(problems, "-replicas and -callers plus -client-callers must be at least 1")
+	if o.replicas < 1 || o.callers < 0 || o.clientCallers < 0 || o.restCallers < 0 || o.callers+o.clientCallers+o.restCallers < 1 {
+		problems = append(problems, "-replicas and -callers plus -client-callers plus -rest-callers must be at least 1")
+	}
+	if o.restLeave < 0 || o.restLeave > 1 {
+		problems = append(problems, "-rest-leave must be from 0 to 1")
 	}
 	if o.latencyMin < 0 || o.latencyMax < o.latencyMin {
 		problems = append(problems, "-latency-max must be at least -latency-min, which must not be negative")
@@ -245,6 +252,20 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		}
 	}
 	return o, nil
+}
+
+// shutdownTimeout is the replicas' PAYMENTS_SHUTDOWN_TIMEOUT: paymentsd's
+// default (20s) unless -paymentsd-env sets it.
+func (o *options) shutdownTimeout() time.Duration {
+	d := 20 * time.Second
+	for _, kv := range o.paymentsdEnv {
+		if v, ok := strings.CutPrefix(kv, "PAYMENTS_SHUTDOWN_TIMEOUT="); ok {
+			if p, err := time.ParseDuration(v); err == nil {
+				d = p
+			}
+		}
+	}
+	return d
 }
 
 func defaultMixes() string {

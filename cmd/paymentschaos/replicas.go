@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -93,6 +94,13 @@ func (r *replica) start(ctx context.Context) error {
 	return nil
 }
 
+// httpURL is the base URL of the replica's REST port.
+func (r *replica) httpURL() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return "https://" + r.httpAddr
+}
+
 // kill SIGKILLs the replica and waits for it to exit.
 func (r *replica) kill() {
 	r.mu.Lock()
@@ -101,6 +109,29 @@ func (r *replica) kill() {
 	r.mu.Unlock()
 	if p != nil {
 		p.Kill()
+	}
+}
+
+// terminate sends the replica SIGTERM, as Kubernetes does to a pod it
+// stops, and waits for it to drain and exit; if it has not exited after
+// grace it is SIGKILLed. It reports whether it was.
+func (r *replica) terminate(grace time.Duration) (killed bool) {
+	r.mu.Lock()
+	p := r.p
+	r.p = nil
+	r.mu.Unlock()
+	if p == nil {
+		return false
+	}
+	p.Signal(syscall.SIGTERM)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-p.Exited():
+		return false
+	case <-t.C:
+		p.Kill()
+		return true
 	}
 }
 

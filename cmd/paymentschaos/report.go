@@ -97,10 +97,14 @@ type faultEntry struct {
 	Kills []killEntry `json:"kills,omitempty"`
 }
 
-// killEntry is a kill inside a compound fault, in seconds into the run.
+// killEntry is a kill inside a compound fault, in seconds into the run;
+// for a replica sent SIGTERM, AtS is when it exited, TermS when it was
+// sent SIGTERM, and Killed that it was SIGKILLed still draining.
 type killEntry struct {
-	Target string  `json:"target"`
-	AtS    float64 `json:"at_s"`
+	Target string   `json:"target"`
+	AtS    float64  `json:"at_s"`
+	TermS  *float64 `json:"sigterm_s,omitempty"`
+	Killed bool     `json:"killed_draining,omitempty"`
 }
 
 func newReport(o *options, args []string, begin, end time.Time, dueAtEnd int, settleWait time.Duration, res checkResult,
@@ -170,7 +174,12 @@ func newReport(o *options, args []string, begin, end time.Time, dueAtEnd int, se
 			e.UndoneS, e.DownS = &u, &d
 		}
 		for _, k := range fs.Kills {
-			e.Kills = append(e.Kills, killEntry{k.Target, k.At.Sub(begin).Seconds()})
+			ke := killEntry{Target: k.Target, AtS: k.At.Sub(begin).Seconds(), Killed: k.Killed}
+			if !k.Termed.IsZero() {
+				t := k.Termed.Sub(begin).Seconds()
+				ke.TermS = &t
+			}
+			e.Kills = append(e.Kills, ke)
 		}
 		r.Faults = append(r.Faults, e)
 	}
@@ -187,8 +196,12 @@ func printReport(w io.Writer, r *report) {
 		s.Replicas, s.Store+frontSuffix(s), s.LatencyMS[0], s.LatencyMS[1], s.Provider, s.Callers, s.ClientCallers, r.Seconds, r.Seed)
 	fmt.Fprintf(w, "keys: %d (OK %d, NOT_CREATED %d, in doubt when their callers stopped %d, of which settled afterwards %d); the provider charged %d; settlement's re-sends settled %d\n",
 		r.Keys.Total, r.Keys.OK, r.Keys.NotCreated, r.Keys.InDoubt, r.Keys.Settled, r.Keys.Charged, r.Keys.BySettlement)
-	fmt.Fprintf(w, "calls: %d gRPC (%d failed), %d paymentsclient.Create; settlement owed %d keys when callers stopped, waited %.1fs\n",
-		r.Calls.Total, r.Calls.Failed, r.Calls.Clients, r.DueAtEnd, r.SettleSeconds)
+	rest := ""
+	if r.Calls.REST > 0 {
+		rest = fmt.Sprintf(", of which %d over REST (%d unanswered: the caller went away)", r.Calls.REST, r.Calls.Left)
+	}
+	fmt.Fprintf(w, "calls: %d gRPC (%d failed)%s, %d paymentsclient.Create; settlement owed %d keys when callers stopped, waited %.1fs\n",
+		r.Calls.Total, r.Calls.Failed, rest, r.Calls.Clients, r.DueAtEnd, r.SettleSeconds)
 	fmt.Fprintf(w, "provider: %d requests for %d keys, %d charges, %d 2xx delivered, %d requests after a delivered 2xx, %d overlaps\n",
 		r.Provider.Requests, r.Provider.Keys, r.Provider.Charges, r.Provider.Delivered, r.Provider.AfterDelivered, r.Provider.Overlaps)
 	fmt.Fprintf(w, "longest time without an OK: %.1fs (from %.1fs to %.1fs)\n", r.WithoutOK.Seconds, r.WithoutOK.From, r.WithoutOK.To)
@@ -213,11 +226,23 @@ func printReport(w io.Writer, r *report) {
 	tw.Flush()
 	for _, f := range r.Faults {
 		if len(f.Kills) > 0 {
-			var ks []string
+			var ks, ts []string
 			for _, k := range f.Kills {
-				ks = append(ks, fmt.Sprintf("%s at %.1fs", k.Target, k.AtS))
+				switch {
+				case k.TermS == nil:
+					ks = append(ks, fmt.Sprintf("%s at %.1fs", k.Target, k.AtS))
+				case k.Killed:
+					ts = append(ts, fmt.Sprintf("%s at %.1fs (SIGKILLed still draining at %.1fs)", k.Target, *k.TermS, k.AtS))
+				default:
+					ts = append(ts, fmt.Sprintf("%s at %.1fs (exited at %.1fs)", k.Target, *k.TermS, k.AtS))
+				}
 			}
-			fmt.Fprintf(w, "  %s at %.1fs SIGKILLed %s\n", f.Kind, f.StartS, strings.Join(ks, ", "))
+			if len(ks) > 0 {
+				fmt.Fprintf(w, "  %s at %.1fs SIGKILLed %s\n", f.Kind, f.StartS, strings.Join(ks, ", "))
+			}
+			if len(ts) > 0 {
+				fmt.Fprintf(w, "  %s at %.1fs sent SIGTERM to %s\n", f.Kind, f.StartS, strings.Join(ts, ", "))
+			}
 		}
 		if len(f.FailedBy) > 0 {
 			fmt.Fprintf(w, "  %s %s at %.1fs failed: %s\n", f.Kind, dash(f.Target), f.StartS, byCount(f.FailedBy))

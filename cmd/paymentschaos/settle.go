@@ -24,6 +24,11 @@ func readRecord(ctx context.Context, client paymentsv1.PaymentsServiceClient, ke
 		return record{Err: status.Convert(err).Code().String() + ": " + status.Convert(err).Message()}
 	}
 	rec := record{Found: true, State: got.GetState(), Reply: got.GetPaymentJson(), GaveUp: got.GetSettlementGaveUp()}
+	for _, a := range got.GetAttemptHistory() {
+		if s := a.GetProviderHttpStatus(); s >= 200 && s < 300 {
+			rec.Read2xx = append(rec.Read2xx, a.GetStartTime().AsTime())
+		}
+	}
 	for _, a := range got.GetAuditEntries() {
 		rec.Resolutions = append(rec.Resolutions, recordedResolution{
 			At:         a.GetCreateTime().AsTime(),

@@ -173,7 +173,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	if err != nil {
 		return err
 	}
-	defer records.Close()
+	defer closeStore(records, lifecycle)
 	// Says, before serving, what a failover of the store could lose.
 	replication := service.NewReplicationWatch(records, registerer, lifecycle)
 	replication.Check(ctx)
@@ -441,6 +441,30 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		return fmt.Errorf("serve: %w", serveErr)
 	}
 	return nil
+}
+
+// storeCloseTimeout bounds closing the record store at exit.
+const storeCloseTimeout = 5 * time.Second
+
+// closeStore closes the record store, waiting at most storeCloseTimeout: a
+// database whose server hangs (frozen, or cut off without a reset) never
+// answers the transaction in progress, and closing would wait for it
+// until Kubernetes SIGKILLs the pod. By then the drain has logged every
+// outcome it could not record; exiting closes the connections.
+func closeStore(records *store.Store, logger *slog.Logger) {
+	closed := make(chan struct{})
+	go func() {
+		records.Close()
+		close(closed)
+	}()
+	t := time.NewTimer(storeCloseTimeout)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+		logger.Warn("the record store did not close: its database has not answered a transaction in progress; exiting without waiting for it",
+			"waited", storeCloseTimeout.String())
+	}
 }
 
 // openStore opens the record store, bounded by

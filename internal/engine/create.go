@@ -34,7 +34,9 @@ type Answer struct {
 	Told record.Told
 	// From is the verdict of a claim answered from the key's record:
 	// Replay, Reused, NotOwned, Expired, Quiet, PastWindow; or Busy: the
-	// call waited for another claim of the key, which ended as Record says.
+	// call waited for another claim of the key, which ended as Record says;
+	// or Late: the call's 2xx landed after its claim had lost the record,
+	// which is Succeeded as Record says.
 	From      record.Verdict
 	Record    record.Record
 	Tombstone store.Tombstone

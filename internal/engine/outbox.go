@@ -37,8 +37,12 @@ const (
 	outboxLastChance = time.Second
 )
 
-// errStopped is an entry's error once Shutdown gave up on it.
-var errStopped = errors.New("paymentsd shut down before the outcome could be recorded")
+// errStopped is an entry's error once Shutdown gave up on it; errStuck,
+// as Shutdown logs it, when its write was still in the store.
+var (
+	errStopped = errors.New("paymentsd shut down before the outcome could be recorded")
+	errStuck   = errors.New("paymentsd shut down while the record store had not answered the outcome's write")
+)
 
 // entry is one write on its way to a record: the outcome of a claim this
 // process holds, or (claimed nil) the release of a claim whose commit is
@@ -57,6 +61,9 @@ type entry struct {
 	landed  chan struct{}
 	verdict record.Verdict
 	err     error
+	// givenUp: stop logged it not written while its write was still in
+	// the store (guarded by the outbox's mu).
+	givenUp bool
 }
 
 // written reports whether e landed on its record (its outcome is what the
@@ -69,6 +76,8 @@ type outbox struct {
 	e       *Engine
 	mu      sync.Mutex
 	pending map[string]*entry
+	// writing holds every entry not yet landed.
+	writing map[*entry]struct{}
 	stopped bool
 	// watchers wake calls waiting on a key when an entry for it lands.
 	watchers map[string]chan struct{}
@@ -79,7 +88,7 @@ type outbox struct {
 }
 
 func newOutbox(e *Engine) *outbox {
-	b := &outbox{e: e, pending: make(map[string]*entry), watchers: make(map[string]chan struct{})}
+	b := &outbox{e: e, pending: make(map[string]*entry), writing: make(map[*entry]struct{}), watchers: make(map[string]chan struct{})}
 	b.halt, b.haltNow = context.WithCancel(context.Background())
 	return b
 }
@@ -106,7 +115,7 @@ func (b *outbox) put(e *entry) *entry {
 		e.err = b.write(ctx, e)
 		cancel()
 		if e.err != nil {
-			b.e.logNotWritten(e)
+			b.e.logNotWritten(e, e.err)
 		}
 		close(e.landed)
 		b.notify(e.key)
@@ -116,6 +125,7 @@ func (b *outbox) put(e *entry) *entry {
 		e.prev = b.pending[e.key]
 		b.pending[e.key] = e
 	}
+	b.writing[e] = struct{}{}
 	b.wg.Add(1)
 	b.mu.Unlock()
 	b.e.metrics.outcomesPending.Inc()
@@ -199,12 +209,16 @@ func (b *outbox) land(e *entry) {
 	if b.pending[e.key] == e {
 		delete(b.pending, e.key)
 	}
+	delete(b.writing, e)
+	givenUp := e.givenUp
 	b.mu.Unlock()
 	b.e.metrics.outcomesPending.Dec()
 	took := time.Since(e.received)
 	switch {
+	case givenUp:
+		// stop logged it not written; it has landed since, or failed.
 	case e.err != nil:
-		b.e.logNotWritten(e)
+		b.e.logNotWritten(e, e.err)
 	case e.claimed != nil && e.verdict == record.LeaseLost:
 		// Only an outcome that is not a 2xx is refused so, unless the
 		// record is gone: another claim took the key over, and its record
@@ -273,19 +287,36 @@ func (b *outbox) idle(ctx context.Context) bool {
 }
 
 // stop stops the outbox's retries and waits for its goroutines: each entry
-// still pending is logged at error level.
+// still pending is logged at error level. A write already taken into a
+// transaction that the store never answers (a frozen server: neither its
+// commit nor its failure comes) can't be stopped: stop waits for it only
+// outboxLastChance, and logs its entry as not written then.
 func (b *outbox) stop() {
 	b.mu.Lock()
 	b.stopped = true
 	b.mu.Unlock()
 	b.haltNow()
-	b.wg.Wait()
+	last, cancel := context.WithTimeout(context.Background(), outboxLastChance)
+	defer cancel()
+	if b.idle(last) {
+		return
+	}
+	b.mu.Lock()
+	var stuck []*entry
+	for e := range b.writing {
+		e.givenUp = true
+		stuck = append(stuck, e)
+	}
+	b.mu.Unlock()
+	for _, e := range stuck {
+		b.e.logNotWritten(e, errStuck)
+	}
 }
 
-func (e *Engine) logNotWritten(en *entry) {
+func (e *Engine) logNotWritten(en *entry, err error) {
 	e.logger.Error("paymentsd stopped with a payment's outcome not recorded: the record stays in progress, and settlement sends the key again once its lease and quiet period have passed",
 		keyAttrs(en.key, slog.String("result", resultName(en.out.Result)), slog.Int("provider_status", en.out.ProviderStatus),
-			slog.Duration("pending_for", time.Since(en.received)), slog.String("error", errString(en.err)))...)
+			slog.Duration("pending_for", time.Since(en.received)), slog.String("error", errString(err)))...)
 }
 
 func errString(err error) string {

@@ -147,7 +147,7 @@ func (e *Engine) answer(ctx context.Context, a *attempt) Answer {
 		default:
 		}
 		if t := record.Tell(call); t != record.Wait {
-			return e.told(t, a)
+			return e.told(ctx, t, a)
 		}
 		if patience == nil {
 			t := time.NewTimer(notCreatedWait)
@@ -165,7 +165,22 @@ func (e *Engine) answer(ctx context.Context, a *attempt) Answer {
 }
 
 // told is the answer t for a, whose request has ended.
-func (e *Engine) told(t record.Told, a *attempt) Answer {
+//
+// A 2xx that landed late (its holder had lost the record: record.Late)
+// may have found the record Succeeded already, with another reply (a
+// person's finding, or another attempt's 2xx), which it keeps: the caller
+// is told OK with the reply the record holds, read back, and hears that
+// the outcome is unknown if it can't be read.
+func (e *Engine) told(ctx context.Context, t record.Told, a *attempt) Answer {
+	if t == record.TellPaid && a.entry.verdict == record.Late {
+		start := time.Now()
+		rec, err := e.store.Get(ctx, a.claimed.Key)
+		e.metrics.StoreOp(OpGet, start, err)
+		if err == nil && rec.State == record.Succeeded {
+			return Answer{From: record.Late, Record: rec}
+		}
+		t = record.TellUnknown
+	}
 	return Answer{Told: t, Reply: a.reply, Err: a.err, Fresh: a.claimed.Fresh(), Sent: a.why == 0, Why: a.why}
 }
 

@@ -346,6 +346,10 @@ type rules struct {
 	// NOT_CREATED included, rather than as TellFrom says (the engine's
 	// Busy branch as first written).
 	AnswerResolved bool
+	// LateOwnReply: a call whose 2xx landed late (Late: its claim had
+	// lost the record) is told OK with its own reply, not with the one the
+	// record holds (the engine before it read the record back).
+	LateOwnReply bool
 }
 
 // bound bounds the exploration.
@@ -372,6 +376,10 @@ type bound struct {
 	Rollback bool
 	// NoPerson: no one resolves keys.
 	NoPerson bool
+	// PersonFinds: the person may also resolve a key in doubt SUCCEEDED,
+	// with the payment as they found it (found: a copy of the provider's
+	// reply that is not byte for byte the one paymentsd received).
+	PersonFinds bool
 	// SlowOutbox: a process's outbox may leave an entry unwritten while
 	// time passes with no fault its process sees (a process that stalls).
 	SlowOutbox bool
@@ -440,6 +448,16 @@ const (
 
 var opVariant = [...]string{"", " (fails: nothing written)", " (commits, acknowledgement lost)", " (hangs)"}
 
+// A person's finding (act.b of actResolve): NOT_CREATED, or SUCCEEDED with
+// the payment as found.
+const (
+	resolveNotCreated int8 = iota
+	resolveFound
+)
+
+// found is the payment as a person found it (bound.PersonFinds).
+const found int8 = 3
+
 // Provider answers (act.b) and deliveries (act.v).
 const (
 	provAccept int8 = iota
@@ -468,6 +486,9 @@ func (a act) String() string {
 	case actSettle:
 		return fmt.Sprintf("settlement p%d claims k%d%s", a.a+1, a.b, opVariant[a.v])
 	case actResolve:
+		if a.b == resolveFound {
+			return fmt.Sprintf("person resolves k%d succeeded", a.a)
+		}
 		return fmt.Sprintf("person resolves k%d not_created", a.a)
 	case actCrash:
 		return fmt.Sprintf("p%d crashes and restarts", a.a+1)
@@ -609,6 +630,9 @@ func (s *state) actions(b *bound, as []act) []act {
 			r := s.store[k].value(k)
 			if _, eff := Step(&r, Resolve{To: NotCreated}, s.now.time()); eff.Verdict == Resolved {
 				as = append(as, act{kind: actResolve, a: k})
+				if b.PersonFinds {
+					as = append(as, act{kind: actResolve, a: k, b: resolveFound})
+				}
 			}
 		}
 	}
@@ -883,6 +907,9 @@ func (w *world) apply(k int8, ev Event, evOwner owner) (Record, Effect) {
 		if s.told[k].ok && ev.To != Succeeded {
 			w.violate("I4", "a person's %v resolution of k%d was accepted after a caller was told OK", ev.To, k)
 		}
+		if s.told[k].nc && ev.To == Succeeded {
+			w.violate("I4", "a person's %v resolution of k%d was accepted after a caller was told NOT_CREATED", ev.To, k)
+		}
 	}
 	return n, eff
 }
@@ -996,7 +1023,11 @@ func (w *world) step(a act) {
 			}
 		}
 	case actResolve:
-		w.apply(a.a, Resolve{To: NotCreated}, owner{})
+		res := Resolve{To: NotCreated}
+		if a.b == resolveFound {
+			res = Resolve{To: Succeeded, Reply: replyBytes(found)}
+		}
+		w.apply(a.a, res, owner{})
 	case actCrash:
 		w.fault()
 		pr := &s.procs[a.a]
@@ -1205,6 +1236,12 @@ func (w *world) landed(p int8, i int, v Verdict) {
 		c.landed = landedLost
 		if v == Written || v == Late {
 			c.landed = landedWritten
+		}
+		if v == Late && !w.b.Rules.LateOwnReply {
+			// The engine reads the record back: a 2xx that landed late
+			// may have found it Succeeded already, with another reply,
+			// which it keeps.
+			c.reply = s.store[e.key].reply
 		}
 	}
 }

@@ -59,7 +59,13 @@ import (
 //     key, after an unknown outcome, in progress or not sent, until told
 //     OK or NOT_CREATED, or out of calls.
 //   - A careless person resolves every key in doubt (OUTCOME_UNKNOWN, and
-//     Step accepts it) as NOT_CREATED.
+//     Step accepts it) as NOT_CREATED; in the patient bound the person may
+//     instead resolve it SUCCEEDED with the payment as they found it (not
+//     byte for byte the reply paymentsd received), and the caller's
+//     deadline comes past the lease, the quiet period and the grace, so
+//     that a 2xx can land late while its caller still waits (a call told
+//     OK with a 2xx that landed late is told the record's reply, as the
+//     engine reads it back).
 //   - Time passes in ticks: a lease lasts 2, the quiet period 3 (counted
 //     from a request's start), a caller's deadline comes 1 after its call,
 //     the takeover grace is 1, settlement may re-send at once, and the
@@ -115,15 +121,22 @@ var checkTimes = times{Lease: 2, Quiet: 3, Grace: 1, Deadline: 1, SettleAfter: 0
 func checkBounds(deep bool) []bound {
 	oneKey := bound{Name: "one key", Replicas: 2, Keys: 1, Calls: 3, Faults: 3, Depth: 12, Refusals: true, Times: checkTimes}
 	twoKeys := bound{Name: "two keys", Replicas: 2, Keys: 2, Calls: 1, Faults: 3, Depth: 12, Times: checkTimes}
+	// A caller who waits past the lease, the quiet period and the grace
+	// (a long deadline, or none), and a person who may also resolve a key
+	// SUCCEEDED with the payment as they found it.
+	patient := oneKey
+	patient.Name, patient.PersonFinds = "one key, a patient caller, the person finds payments", true
+	patient.Times.Deadline = 8
 	if !deep {
-		return []bound{oneKey, twoKeys}
+		return []bound{oneKey, twoKeys, patient}
 	}
+	patient.Depth = 16
 	oneKey.Depth, twoKeys.Depth = 18, 18
 	stalls := oneKey
 	stalls.Name, stalls.SlowOutbox, stalls.Depth = "one key, stalling outboxes", true, 16
 	retries := twoKeys
 	retries.Name, retries.Calls, retries.Depth = "two keys, retrying", 3, 9
-	return []bound{oneKey, twoKeys, stalls, retries}
+	return []bound{oneKey, twoKeys, stalls, retries, patient}
 }
 
 func checkDeep() bool { return os.Getenv("PAYMENTS_CHECK_DEEP") == "1" }
@@ -163,6 +176,12 @@ func (b bound) summary() string {
 	}
 	if b.Rollback {
 		s += ", failovers lose commits"
+	}
+	if b.PersonFinds {
+		s += ", the person finds payments"
+	}
+	if b.Times.Deadline != checkTimes.Deadline {
+		s += fmt.Sprintf(", deadline %d", b.Times.Deadline)
 	}
 	if b.Times.Window != checkTimes.Window {
 		s += fmt.Sprintf(", window %d", b.Times.Window)
@@ -235,6 +254,19 @@ func checkFindings() []checkFinding {
 			b:    with("a wait answered from a person's resolution", func(b *bound) { b.Rules.AnswerResolved = true }),
 			want: "I2",
 			why:  "a call that waited on another claim is told NOT_CREATED from a person's resolution, and the provider had created the payment",
+		},
+		{
+			name: "a late 2xx told with its own reply",
+			b: with("a late 2xx told with its own reply", func(b *bound) {
+				b.Rules.LateOwnReply = true
+				b.PersonFinds, b.Mode = true, reuse409
+				// A caller that waits past the lease, the quiet period and
+				// the grace (a long deadline, or none).
+				b.Times.Deadline = 8
+				b.Off, b.Calls, b.Faults, b.Depth = faultAckLost|faultLostReply|faultCrash, 1, 1, 14
+			}),
+			want: "I2",
+			why:  "a caller waiting for its 2xx's commit, which lands late on a record a person resolved SUCCEEDED meanwhile with the payment as found, is told OK with its own reply, not the record's",
 		},
 	}
 }
@@ -374,6 +406,26 @@ var checkReplays = []struct {
 			"outbox p1 writes k0",
 			"person resolves k0 not_created",
 			"caller k0 rereads",
+		},
+		want:  "I2",
+		fixed: true,
+	},
+	{
+		finding: "a late 2xx told with its own reply",
+		steps: []string{
+			"caller k0 calls p1",
+			"tick",
+			"provider answers k0",
+			"outbox p1 writes k0 (hangs)", // the caller waits on
+			"tick",
+			"tick",
+			"tick",
+			"tick",
+			"settlement p2 claims k0", // the lease and quiet period over
+			"provider answers k0",     // 409
+			"outbox p2 writes k0",
+			"person resolves k0 succeeded",
+			"hung op #0 commits", // late: the record keeps the person's payment
 		},
 		want:  "I2",
 		fixed: true,

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -128,6 +129,39 @@ func (c *Cluster) Kill() {
 			time.Sleep(10 * time.Millisecond) // no signal for another process's end
 		}
 	}
+}
+
+// Freeze stops the server with SIGSTOP, the postmaster and every process
+// it started: a hung server, whose connections stay open and whose
+// statements and commits neither finish nor fail. It returns thaw, which
+// sends them SIGCONT; t.Cleanup thaws it too.
+func (c *Cluster) Freeze() (thaw func()) {
+	c.t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.data(), "postmaster.pid"))
+	if err != nil {
+		c.t.Fatalf("freeze the server: %v", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		c.t.Fatalf("freeze the server: postmaster.pid holds %q", first)
+	}
+	// Stopped first, the postmaster forks no child the list misses.
+	syscall.Kill(pid, syscall.SIGSTOP)
+	pids := append([]int{pid}, childrenOf(pid)...)
+	for _, p := range pids[1:] {
+		syscall.Kill(p, syscall.SIGSTOP)
+	}
+	var once sync.Once
+	thaw = func() {
+		once.Do(func() {
+			for _, p := range pids {
+				syscall.Kill(p, syscall.SIGCONT)
+			}
+		})
+	}
+	c.t.Cleanup(thaw)
+	return thaw
 }
 
 // childrenOf lists the processes whose parent is pid, from /proc.
