@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8syaml "sigs.k8s.io/yaml"
 
-	paymentssvc "example.com/paymentsd/service"
+	paymentssvc "example.com/paymentsd/internal/service"
 )
 
 // certificate, clusterIssuer and certificateRequestPolicy are cert-manager's

@@ -360,7 +360,7 @@ func TestCommandBlocks(t *testing.T) {
 			restAddr := httpAddr
 			var violations func() []string
 			if prism != "" {
-				restAddr, violations = startPrism(t, prism, filepath.Join(root, "service", "openapi.json"), httpAddr)
+				restAddr, violations = startPrism(t, prism, filepath.Join(root, "internal", "service", "openapi.json"), httpAddr)
 			}
 			// REST requests (and only those: /metrics, /readyz are not in
 			// the OpenAPI document) go through the contract validator.

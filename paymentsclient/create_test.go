@@ -17,8 +17,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 	"example.com/paymentsd/paymentsclient"
-	"example.com/paymentsd/upstream/upstreamtest"
 )
 
 func TestCreateSendsTheCallersKey(t *testing.T) {

@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 	"example.com/paymentsd/paymentsclient"
-	"example.com/paymentsd/upstream/upstreamtest"
 )
 
 // TestCreateNotCreatedWhileAnAttemptIsInTransit: attempt 1 is held on its

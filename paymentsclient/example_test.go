@@ -10,8 +10,8 @@ import (
 	"time"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 	"example.com/paymentsd/paymentsclient"
-	"example.com/paymentsd/upstream/upstreamtest"
 )
 
 // startExample starts an in-process paymentsd in front of a fake provider,

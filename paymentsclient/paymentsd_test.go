@@ -20,10 +20,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/service"
-	"example.com/paymentsd/store"
-	"example.com/paymentsd/upstream"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/store"
+	"example.com/paymentsd/internal/upstream"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 func TestMain(m *testing.M) {

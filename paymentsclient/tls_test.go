@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 
+	"example.com/paymentsd/internal/service"
 	"example.com/paymentsd/paymentsclient"
-	"example.com/paymentsd/service"
 )
 
 // TestReasonsMatchService: the client's copies of the reasons are

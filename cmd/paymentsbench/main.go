@@ -53,7 +53,7 @@
 //
 // paymentsd and the record floors use the SQLite driver this binary was
 // built with: go run -tags sqlite_ncruces ./cmd/paymentsbench measures
-// another (see store/driver_*.go).
+// another (see internal/store/driver_*.go).
 //
 // It prints a table and the targets it checks, and writes every figure to
 // a JSON file (-out). It exits 0 whether or not the targets are met, and

@@ -11,7 +11,7 @@ import (
 	"os"
 	"time"
 
-	"example.com/paymentsd/store"
+	"example.com/paymentsd/internal/store"
 )
 
 // recordFloor is what every service with durable records must add to its

@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 	"example.com/paymentsd/paymentsclient"
-	"example.com/paymentsd/upstream/upstreamtest"
 )
 
 // Kinds of violation: each is a contradiction between what paymentsd (or

@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // These tests check the checker, over hand-written histories: each

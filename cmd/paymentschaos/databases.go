@@ -19,7 +19,7 @@ import (
 	"syscall"
 	"time"
 
-	"example.com/paymentsd/store"
+	"example.com/paymentsd/internal/store"
 )
 
 // Record stores the replicas can share.
@@ -30,7 +30,7 @@ const (
 )
 
 // pgServer is a PostgreSQL server of the run's own, which faults stop and
-// kill, as store/storetest.Cluster is a test's.
+// kill, as internal/store/storetest.Cluster is a test's.
 type pgServer struct {
 	bin  string   // PostgreSQL's bin directory
 	dir  string   // data and socket directory

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // How the fake provider answers a request whose key a completed request

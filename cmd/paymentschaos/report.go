@@ -13,7 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // report is a run's figures and verdict, as -json writes it.

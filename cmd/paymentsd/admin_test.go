@@ -29,9 +29,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/service"
-	"example.com/paymentsd/store/storetest"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/store/storetest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 const oncall = "spiffe://corp.example/ns/ops/sa/oncall"

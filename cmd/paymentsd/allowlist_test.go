@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/service"
+	"example.com/paymentsd/internal/service"
 )
 
 // issueClient returns a client certificate with the given URI and DNS

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/service"
+	"example.com/paymentsd/internal/service"
 )
 
 // clockedMTLS starts paymentsd with mTLS (oncall an admin) on a clock the

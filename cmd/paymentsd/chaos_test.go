@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/store/storetest"
+	"example.com/paymentsd/internal/store/storetest"
 )
 
 // TestChaos is issue 23's chaos run, opt-in (it takes minutes): two

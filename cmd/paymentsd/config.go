@@ -20,10 +20,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/inbox"
-	"example.com/paymentsd/service"
-	"example.com/paymentsd/store"
-	"example.com/paymentsd/upstream"
+	"example.com/paymentsd/internal/inbox"
+	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/store"
+	"example.com/paymentsd/internal/upstream"
 )
 
 // secret is a value that must never be printed: every way of formatting or

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"example.com/paymentsd/internal/store"
 	"example.com/paymentsd/internal/testenv"
-	"example.com/paymentsd/store"
 )
 
 // validSandbox is a configuration loadConfig accepts, before the variable

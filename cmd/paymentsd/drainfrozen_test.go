@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"example.com/paymentsd/store/storetest"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/store/storetest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestDrainWithStoreFrozen: the database server hangs (SIGSTOP: its

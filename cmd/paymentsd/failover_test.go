@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/store/storetest"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/store/storetest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // The failover tests run the paymentsd binary on a two-node Patroni

@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/service"
+	"example.com/paymentsd/internal/service"
 )
 
 // The flood tests replay the attacks on issue 9 against the real binary, in

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 func TestMain(m *testing.M) {

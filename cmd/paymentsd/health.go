@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"example.com/paymentsd/service"
+	"example.com/paymentsd/internal/service"
 )
 
 // probePort is the health checks' own listener and server, or nothing when

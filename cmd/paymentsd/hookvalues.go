@@ -4,7 +4,7 @@ import (
 	"strings"
 	"time"
 
-	"example.com/paymentsd/service"
+	"example.com/paymentsd/internal/service"
 )
 
 // hookValues are the settings a test binary may change (testhooks_on.go);

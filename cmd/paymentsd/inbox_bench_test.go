@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"example.com/paymentsd/inbox"
+	"example.com/paymentsd/internal/inbox"
 )
 
 // BenchmarkInboxWorstCase is TestInboxWorstCase measured: with every watch

@@ -28,11 +28,11 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/inbox"
+	"example.com/paymentsd/internal/inbox"
+	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/store"
+	"example.com/paymentsd/internal/store/storetest"
 	"example.com/paymentsd/internal/testenv"
-	"example.com/paymentsd/service"
-	"example.com/paymentsd/store"
-	"example.com/paymentsd/store/storetest"
 )
 
 // The inbox tests replay the attacks on issue 16 against the built binary,

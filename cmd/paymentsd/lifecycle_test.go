@@ -16,7 +16,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestDrain checks the shutdown order: health flips to NOT_SERVING, new

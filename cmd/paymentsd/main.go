@@ -34,10 +34,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"example.com/paymentsd/service"
-	"example.com/paymentsd/store"
-	"example.com/paymentsd/upstream"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/store"
+	"example.com/paymentsd/internal/upstream"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // storeCheckInterval is how often readiness checks the record store.

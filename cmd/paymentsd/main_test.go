@@ -23,7 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // nestedReply is a provider reply with every JSON kind in it.

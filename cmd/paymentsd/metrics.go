@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"example.com/paymentsd/service"
+	"example.com/paymentsd/internal/service"
 )
 
 // scrapePort is the metrics' own listener and server, or nothing when

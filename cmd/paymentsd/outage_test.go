@@ -18,9 +18,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/store"
-	"example.com/paymentsd/store/storetest"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/store"
+	"example.com/paymentsd/internal/store/storetest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // The tests of issue 23 run two paymentsd replicas, as built binaries, on

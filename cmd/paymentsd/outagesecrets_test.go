@@ -10,8 +10,8 @@ import (
 	"time"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/store/storetest"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/store/storetest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestSecretsNeverShownDuringOutages: two replicas, one on a URL with the

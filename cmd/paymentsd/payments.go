@@ -32,7 +32,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/service"
+	"example.com/paymentsd/internal/service"
 )
 
 // The CLI's exit statuses. main exits 1 for any other error.

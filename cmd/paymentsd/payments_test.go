@@ -29,8 +29,8 @@ import (
 	_ "modernc.org/sqlite"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/store/storetest"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/store/storetest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // gaveUpLine is the log line of a settlement give-up.

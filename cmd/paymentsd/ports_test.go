@@ -23,8 +23,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/service"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestInFlightCap fills PAYMENTS_MAX_IN_FLIGHT with payments the provider

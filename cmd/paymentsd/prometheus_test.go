@@ -26,9 +26,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/service"
 	"example.com/paymentsd/internal/testenv"
-	"example.com/paymentsd/service"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestAlertsOnARealPrometheus loads deploy/monitoring/alerts.yaml into a

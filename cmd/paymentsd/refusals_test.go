@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/service"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // restCall is one REST request of a test and what it was answered.

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/upstream"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/upstream"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // nextSandboxKey is the key a rotation moves to.

@@ -14,8 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"example.com/paymentsd/inbox"
-	"example.com/paymentsd/upstream"
+	"example.com/paymentsd/internal/inbox"
+	"example.com/paymentsd/internal/upstream"
 )
 
 // maxSecretFile bounds how much of a key or token file is read: two keys

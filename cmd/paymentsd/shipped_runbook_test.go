@@ -25,7 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/service"
+	"example.com/paymentsd/internal/service"
 )
 
 // rotationSteps are the steps of docs/identity.md "Replacing the trust

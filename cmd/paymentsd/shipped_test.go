@@ -35,7 +35,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/store/storetest"
+	"example.com/paymentsd/internal/store/storetest"
 )
 
 // rendered is what kustomize renders for an overlay: the Deployment, the

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestSimulatorTestKeys drives each of docs/simulator.md's test keys

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/service"
+	"example.com/paymentsd/internal/service"
 )
 
 // streamTrust is paymentsd serving mTLS, with the webhook intake and the

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"example.com/paymentsd/upstream/upstreamtest"
+	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestBuildVersion builds paymentsd with the Dockerfile's own -ldflags,

@@ -12,9 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
-	"example.com/paymentsd/inbox"
-	"example.com/paymentsd/service"
-	"example.com/paymentsd/store"
+	"example.com/paymentsd/internal/inbox"
+	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/store"
 )
 
 // webhooks is the webhook intake's own listener and server, or nothing when

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"example.com/paymentsd/internal/record"
-	"example.com/paymentsd/store"
-	"example.com/paymentsd/upstream"
+	"example.com/paymentsd/internal/store"
+	"example.com/paymentsd/internal/upstream"
 )
 
 // Payment is what a call asks for.

@@ -22,8 +22,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"example.com/paymentsd/store"
-	"example.com/paymentsd/upstream"
+	"example.com/paymentsd/internal/store"
+	"example.com/paymentsd/internal/upstream"
 )
 
 // ErrHardStop is the cause of a call's context when paymentsd's drain

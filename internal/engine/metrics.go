@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"example.com/paymentsd/store"
+	"example.com/paymentsd/internal/store"
 )
 
 // Metrics are the payment engine's metrics, and the record store's

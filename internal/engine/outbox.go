@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"example.com/paymentsd/internal/record"
-	"example.com/paymentsd/store"
+	"example.com/paymentsd/internal/store"
 )
 
 // The outbox. Every outcome this process learns for a claim it holds (the

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"example.com/paymentsd/internal/record"
-	"example.com/paymentsd/upstream"
+	"example.com/paymentsd/internal/upstream"
 )
 
 // attempt is one send of a claimed record's body: a call's or

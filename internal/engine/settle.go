@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"example.com/paymentsd/internal/record"
-	"example.com/paymentsd/store"
+	"example.com/paymentsd/internal/store"
 )
 
 // Background work, as Run does it.

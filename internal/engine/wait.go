@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"example.com/paymentsd/internal/record"
-	"example.com/paymentsd/store"
+	"example.com/paymentsd/internal/store"
 )
 
 // takeoverRetry is how often a call waiting on a record whose expired

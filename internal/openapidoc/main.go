@@ -31,7 +31,7 @@ import (
 
 // errorStatuses are the error statuses each operation (by operationId)
 // can answer, as proto/payments/v1/payments.proto's comments give them
-// and service/rest.go and service/server.go add (REST's own refusals: 408,
+// and internal/service/rest.go and internal/service/server.go add (REST's own refusals: 408,
 // 413, 415), with why.
 var errorStatuses = map[string][]int{
 	"PaymentsService_CreateMultiCardPayment":   {400, 401, 403, 404, 408, 409, 413, 415, 422, 429, 499, 500, 501, 503, 504},
