@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/paymentsclient"
 )
 
@@ -60,29 +60,29 @@ func TestCreateRetriesWhileTimeIsLeft(t *testing.T) {
 	t.Parallel()
 	failures := []struct {
 		name  string
-		reply upstreamtest.Reply
+		reply simulator.Reply
 	}{
-		{"500", upstreamtest.Reply{Status: http.StatusInternalServerError, Body: []byte(`{"error":"boom"}`)}},
-		{"503", upstreamtest.Reply{Status: http.StatusServiceUnavailable}},
-		{"429", upstreamtest.Reply{Status: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"1"}}}},
-		{"409", upstreamtest.Reply{Status: http.StatusConflict}},
-		{"reset", upstreamtest.Reply{Fault: upstreamtest.Reset}},
-		{"hangup", upstreamtest.Reply{Fault: upstreamtest.Hangup}},
-		{"cut body", upstreamtest.Reply{Fault: upstreamtest.CutBody}},
+		{"500", simulator.Reply{Status: http.StatusInternalServerError, Body: []byte(`{"error":"boom"}`)}},
+		{"503", simulator.Reply{Status: http.StatusServiceUnavailable}},
+		{"429", simulator.Reply{Status: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"1"}}}},
+		{"409", simulator.Reply{Status: http.StatusConflict}},
+		{"reset", simulator.Reply{Fault: simulator.Reset}},
+		{"hangup", simulator.Reply{Fault: simulator.Hangup}},
+		{"cut body", simulator.Reply{Fault: simulator.CutBody}},
 		// Longer than paymentsd's upstream timeout: each attempt is cut
 		// off and presumed still at the provider for the quiet period.
-		{"timeout", upstreamtest.Reply{Delay: 2 * upstreamTimeout}},
+		{"timeout", simulator.Reply{Delay: 2 * upstreamTimeout}},
 	}
 	for _, f := range failures {
 		t.Run(f.name, func(t *testing.T) {
 			t.Parallel()
 			p := startPaymentsd(t, paymentsdOptions{})
 			start := time.Now()
-			p.provider.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+			p.provider.SetScript(func(int, simulator.Request) simulator.Reply {
 				if time.Since(start) < 1500*time.Millisecond {
 					return f.reply
 				}
-				return upstreamtest.Reply{}
+				return simulator.Reply{}
 			})
 			c := paymentsclient.New(p.conn)
 			key := paymentsclient.NewIdempotencyKey()
@@ -110,7 +110,7 @@ func TestCreateStubbornProvider(t *testing.T) {
 	t.Parallel()
 	p := startPaymentsd(t, paymentsdOptions{})
 	p.provider.Stubborn(true)
-	p.provider.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Delay: 3 * upstreamTimeout / 2}))
+	p.provider.SetScript(simulator.Sequence(simulator.Reply{Delay: 3 * upstreamTimeout / 2}))
 	c := paymentsclient.New(p.conn)
 	key := paymentsclient.NewIdempotencyKey()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
@@ -128,19 +128,19 @@ func TestCreateTerminal(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name     string
-		reply    upstreamtest.Reply
+		reply    simulator.Reply
 		want     error
 		wantCode codes.Code
 	}{
-		{"provider 403", upstreamtest.Reply{Status: http.StatusForbidden}, paymentsclient.ErrNotCreated, codes.PermissionDenied},
-		{"provider 401", upstreamtest.Reply{Status: http.StatusUnauthorized}, paymentsclient.ErrNotCreated, codes.Unauthenticated},
-		{"provider 400", upstreamtest.Reply{Status: http.StatusBadRequest}, paymentsclient.ErrInvalidRequest, codes.InvalidArgument},
+		{"provider 403", simulator.Reply{Status: http.StatusForbidden}, paymentsclient.ErrNotCreated, codes.PermissionDenied},
+		{"provider 401", simulator.Reply{Status: http.StatusUnauthorized}, paymentsclient.ErrNotCreated, codes.Unauthenticated},
+		{"provider 400", simulator.Reply{Status: http.StatusBadRequest}, paymentsclient.ErrInvalidRequest, codes.InvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			p := startPaymentsd(t, paymentsdOptions{})
-			p.provider.SetScript(upstreamtest.Always(tt.reply))
+			p.provider.SetScript(simulator.Always(tt.reply))
 			key := paymentsclient.NewIdempotencyKey()
 			_, err := paymentsclient.New(p.conn).Create(t.Context(), payment(key))
 			checkError(t, err, key, tt.want, tt.wantCode, 1)
@@ -216,7 +216,7 @@ func TestCreateDeadline(t *testing.T) {
 	t.Run("outcome unknown", func(t *testing.T) {
 		t.Parallel()
 		p := startPaymentsd(t, paymentsdOptions{})
-		p.provider.SetScript(upstreamtest.Always(upstreamtest.Reply{Status: http.StatusInternalServerError}))
+		p.provider.SetScript(simulator.Always(simulator.Reply{Status: http.StatusInternalServerError}))
 		p.ready(t)
 		key := paymentsclient.NewIdempotencyKey()
 		ctx, cancel := context.WithTimeout(t.Context(), 4*time.Second)
@@ -258,7 +258,7 @@ func TestCreateDeadline(t *testing.T) {
 		release := make(chan struct{})
 		defer close(release)
 		// Held until the test ends.
-		p.provider.SetScript(upstreamtest.Always(upstreamtest.Reply{Wait: release}))
+		p.provider.SetScript(simulator.Always(simulator.Reply{Wait: release}))
 		p.ready(t)
 		key := paymentsclient.NewIdempotencyKey()
 		// Long enough that the lookup's reserve (a quarter, at most 2 s)
@@ -503,11 +503,11 @@ func TestCreateLookupWhileAnAttemptIsLate(t *testing.T) {
 	p := startPaymentsd(t, paymentsdOptions{interceptor: count})
 	var refuse atomic.Bool // the provider answers 429 until the late attempt
 	refuse.Store(true)
-	p.provider.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	p.provider.SetScript(func(int, simulator.Request) simulator.Reply {
 		if refuse.Load() {
-			return upstreamtest.Reply{Status: http.StatusTooManyRequests}
+			return simulator.Reply{Status: http.StatusTooManyRequests}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	p.ready(t)
 	l := startLink(t, p.addr)

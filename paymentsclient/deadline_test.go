@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/paymentsclient"
 )
 
@@ -28,7 +28,7 @@ import (
 func TestCreateNotCreatedWhileAnAttemptIsInTransit(t *testing.T) {
 	t.Parallel()
 	p := startPaymentsd(t, paymentsdOptions{})
-	p.provider.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Status: http.StatusBadRequest}))
+	p.provider.SetScript(simulator.Sequence(simulator.Reply{Status: http.StatusBadRequest}))
 	p.ready(t)
 	l := startLink(t, p.addr)
 	slow := dialLink(t, l)
@@ -157,9 +157,9 @@ func TestCreateCanceled(t *testing.T) {
 	defer close(release)
 	arrived := make(chan struct{})
 	var once sync.Once
-	p.provider.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	p.provider.SetScript(func(int, simulator.Request) simulator.Reply {
 		once.Do(func() { close(arrived) })
-		return upstreamtest.Reply{Wait: release} // held until the test ends
+		return simulator.Reply{Wait: release} // held until the test ends
 	})
 	p.ready(t)
 	key := paymentsclient.NewIdempotencyKey()
@@ -223,7 +223,7 @@ func TestCreateNotCreatedAfterAttemptsThatNeverLeft(t *testing.T) {
 
 	<-refused
 	p := startPaymentsd(t, paymentsdOptions{addr: addr})
-	p.provider.SetScript(upstreamtest.Always(upstreamtest.Reply{Status: http.StatusForbidden}))
+	p.provider.SetScript(simulator.Always(simulator.Reply{Status: http.StatusForbidden}))
 	err = <-done
 	var perr *paymentsclient.Error
 	if !errors.As(err, &perr) || perr.Attempts < 2 {

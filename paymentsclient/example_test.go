@@ -10,7 +10,7 @@ import (
 	"time"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/paymentsclient"
 )
 
@@ -80,7 +80,7 @@ func ExampleClient_Create() {
 func ExampleClient_Create_notCreated() {
 	paymentsd, stop := startExample()
 	defer stop()
-	paymentsd.provider.SetScript(upstreamtest.Always(upstreamtest.Reply{Status: http.StatusForbidden}))
+	paymentsd.provider.SetScript(simulator.Always(simulator.Reply{Status: http.StatusForbidden}))
 	payments := paymentsclient.New(paymentsd.conn)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

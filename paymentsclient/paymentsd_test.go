@@ -21,9 +21,9 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 func TestMain(m *testing.M) {
@@ -37,7 +37,7 @@ const providerKey = "test-provider-key"
 // SQLite record store, the real upstream client) serving gRPC on
 // 127.0.0.1:0, in front of a fake provider.
 type paymentsd struct {
-	provider *upstreamtest.Server
+	provider *simulator.Server
 	conn     *grpc.ClientConn
 	addr     string
 	// rest is its HTTP port's handler (REST, health, metrics), served
@@ -92,7 +92,7 @@ func launch(dir string, opts paymentsdOptions) (_ *paymentsd, stop func(), err e
 		}
 	}()
 	timeout := cmp.Or(opts.upstreamTimeout, upstreamTimeout)
-	provider := upstreamtest.NewServer()
+	provider := simulator.NewServer()
 	stops = append(stops, provider.Close)
 	provider.AllowKey(providerKey)
 	// An idempotent provider counts charges per key: more than one is a

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/paymentsclient"
 )
 
@@ -135,8 +135,8 @@ type violation struct {
 
 // keyFacts is what the fake provider saw of a key.
 type keyFacts struct {
-	Stats   upstreamtest.KeyStats
-	History []upstreamtest.KeyRequest
+	Stats   simulator.KeyStats
+	History []simulator.KeyRequest
 }
 
 // record is paymentsd's record of a key, as read after settlement.
@@ -363,7 +363,7 @@ func check(in checkInput) checkResult {
 	var settledAt []time.Time          // settlement's first request of each key it settled
 	for _, key := range keys {
 		calls, facts, rec := byKey[key], in.Provider[key], in.Records[key]
-		charged := slices.IndexFunc(facts.History, func(kr upstreamtest.KeyRequest) bool { return kr.Charged })
+		charged := slices.IndexFunc(facts.History, func(kr simulator.KeyRequest) bool { return kr.Charged })
 		resolvedNotCreated := slices.ContainsFunc(rec.Resolutions, func(r recordedResolution) bool { return r.NotCreated })
 
 		// What paymentsd told callers against its record (I2).
@@ -446,7 +446,7 @@ func check(in checkInput) checkResult {
 
 		// Sent again after a delivered 2xx, and why.
 		why := ""
-		if d := slices.IndexFunc(facts.History, func(kr upstreamtest.KeyRequest) bool { return kr.Delivered }); d >= 0 && facts.Stats.AfterDelivered > 0 {
+		if d := slices.IndexFunc(facts.History, func(kr simulator.KeyRequest) bool { return kr.Delivered }); d >= 0 && facts.Stats.AfterDelivered > 0 {
 			got := facts.History[d]
 			// The first request to arrive after the delivery (one that
 			// arrived before it overlapped, and is counted as such).
@@ -475,7 +475,7 @@ func check(in checkInput) checkResult {
 					told = c
 				}
 			}
-			if j := slices.IndexFunc(facts.History, func(kr upstreamtest.KeyRequest) bool { return kr.Arrived.After(told.End) }); j >= 0 {
+			if j := slices.IndexFunc(facts.History, func(kr simulator.KeyRequest) bool { return kr.Arrived.After(told.End) }); j >= 0 {
 				kr := facts.History[j]
 				because := ""
 				if why != "" {
@@ -573,7 +573,7 @@ func check(in checkInput) checkResult {
 // resendReason says why a key reached the provider again (again) after a
 // 2xx (got) was delivered to a replica: the first reason that applies, in
 // resendReasons' order, and a note on what happened.
-func resendReason(in checkInput, calls []call, rec record, got, again upstreamtest.KeyRequest) (string, string) {
+func resendReason(in checkInput, calls []call, rec record, got, again simulator.KeyRequest) (string, string) {
 	k, killed := killedBetween(in.Faults, got.Listener, got.Arrived, minTime(again.Arrived, commitBy(in, got.Ended)))
 	switch {
 	case killed && k.At.Before(got.Ended):
@@ -650,7 +650,7 @@ func longestWithoutOK(in checkInput, attempts []call) gap {
 
 // sentBySettlement returns the arrival of the first of a key's requests at
 // the provider that came while none of its calls was open: settlement's.
-func sentBySettlement(calls []call, history []upstreamtest.KeyRequest) (time.Time, bool) {
+func sentBySettlement(calls []call, history []simulator.KeyRequest) (time.Time, bool) {
 	for _, kr := range history {
 		open := slices.ContainsFunc(calls, func(c call) bool {
 			return c.Kind != kindClient && !kr.Arrived.Before(c.Start) && !kr.Arrived.After(c.End)
@@ -669,7 +669,7 @@ func sentBySettlement(calls []call, history []upstreamtest.KeyRequest) (time.Tim
 // PAYMENT_OUTCOME_UNKNOWN too when its deadline comes before the 2xx is
 // committed (told OK means durable); its attempt then shows the 2xx once
 // the outbox has written it.
-func unreadBy(calls []call, rec record, kr upstreamtest.KeyRequest) (call, bool) {
+func unreadBy(calls []call, rec record, kr simulator.KeyRequest) (call, bool) {
 	for _, t := range rec.Read2xx {
 		if !t.After(kr.Arrived) {
 			return call{}, false

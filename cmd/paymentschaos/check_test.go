@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // These tests check the checker, over hand-written histories: each
@@ -37,8 +37,8 @@ func failedCall(key string, replica int, start, end float64, code codes.Code, re
 // arriving at arrived and delivered at delivered.
 func paid(listener string, arrived, delivered float64) keyFacts {
 	return keyFacts{
-		Stats:   upstreamtest.KeyStats{Requests: 1, MaxInFlight: 1, Bodies: 1, Charges: 1, Delivered: 1},
-		History: []upstreamtest.KeyRequest{{Listener: listener, Arrived: at(arrived), Ended: at(delivered), Status: 200, Charged: true, Delivered: true}},
+		Stats:   simulator.KeyStats{Requests: 1, MaxInFlight: 1, Bodies: 1, Charges: 1, Delivered: 1},
+		History: []simulator.KeyRequest{{Listener: listener, Arrived: at(arrived), Ended: at(delivered), Status: 200, Charged: true, Delivered: true}},
 	}
 }
 
@@ -48,13 +48,13 @@ func sentAgain(facts keyFacts, listener string, s float64) keyFacts {
 	facts.Stats.Requests++
 	facts.Stats.Delivered++
 	facts.Stats.AfterDelivered++
-	facts.History = append(facts.History, upstreamtest.KeyRequest{Listener: listener, Arrived: at(s), Ended: at(s + 0.1), Status: 200, Delivered: true})
+	facts.History = append(facts.History, simulator.KeyRequest{Listener: listener, Arrived: at(s), Ended: at(s + 0.1), Status: 200, Delivered: true})
 	return facts
 }
 
 // resentWith adds kr to facts: a request that arrived after the delivered
 // 2xx.
-func resentWith(facts keyFacts, kr upstreamtest.KeyRequest) keyFacts {
+func resentWith(facts keyFacts, kr simulator.KeyRequest) keyFacts {
 	facts.Stats.Requests++
 	facts.Stats.AfterDelivered++
 	facts.History = append(facts.History, kr)
@@ -118,8 +118,8 @@ func TestCheckViolations(t *testing.T) {
 			in: checkInput{
 				Calls: []call{okCall("k", 0, 0, 1)},
 				Provider: map[string]keyFacts{"k": {
-					Stats:   upstreamtest.KeyStats{Requests: 2, Charges: 2, Delivered: 1, MaxInFlight: 1, Bodies: 1},
-					History: []upstreamtest.KeyRequest{{Arrived: at(0.1), Ended: at(0.2), Charged: true}, {Arrived: at(0.3), Ended: at(0.9), Status: 200, Charged: true, Delivered: true}},
+					Stats:   simulator.KeyStats{Requests: 2, Charges: 2, Delivered: 1, MaxInFlight: 1, Bodies: 1},
+					History: []simulator.KeyRequest{{Arrived: at(0.1), Ended: at(0.2), Charged: true}, {Arrived: at(0.3), Ended: at(0.9), Status: 200, Charged: true, Delivered: true}},
 				}},
 				Records: map[string]record{"k": succeeded()},
 			},
@@ -130,8 +130,8 @@ func TestCheckViolations(t *testing.T) {
 			in: checkInput{
 				Calls: []call{okCall("k", 0, 0, 1)},
 				Provider: map[string]keyFacts{"k": {
-					Stats:   upstreamtest.KeyStats{Requests: 2, Charges: 1, Delivered: 1, Overlaps: 1, MaxInFlight: 2, Bodies: 1},
-					History: []upstreamtest.KeyRequest{{Arrived: at(0.1), Ended: at(0.9), Status: 200, Charged: true, Delivered: true}, {Arrived: at(0.3), Ended: at(0.95)}},
+					Stats:   simulator.KeyStats{Requests: 2, Charges: 1, Delivered: 1, Overlaps: 1, MaxInFlight: 2, Bodies: 1},
+					History: []simulator.KeyRequest{{Arrived: at(0.1), Ended: at(0.9), Status: 200, Charged: true, Delivered: true}, {Arrived: at(0.3), Ended: at(0.95)}},
 				}},
 				Records: map[string]record{"k": succeeded()},
 			},
@@ -360,7 +360,7 @@ func TestCheckViolations(t *testing.T) {
 			name: "told OK, resolved NOT_CREATED by a person, sent again",
 			in: checkInput{
 				Calls: []call{okCall("k", 0, 0, 1)},
-				Provider: map[string]keyFacts{"k": resentWith(paid("r0", 0.1, 0.9), upstreamtest.KeyRequest{
+				Provider: map[string]keyFacts{"k": resentWith(paid("r0", 0.1, 0.9), simulator.KeyRequest{
 					Listener: "r1", Arrived: at(6), Ended: at(6.5), Status: 409})},
 				Records: map[string]record{"k": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED,
 					Resolutions: []recordedResolution{{At: at(5), NotCreated: true}}}},
@@ -373,7 +373,7 @@ func TestCheckViolations(t *testing.T) {
 			name: "resolved NOT_CREATED by a person, then sent again, no caller told OK",
 			in: checkInput{
 				Calls: []call{failedCall("k", 0, 0, 0.5, codes.DeadlineExceeded, "PAYMENT_OUTCOME_UNKNOWN")},
-				Provider: map[string]keyFacts{"k": resentWith(paid("r0", 0.1, 0.9), upstreamtest.KeyRequest{
+				Provider: map[string]keyFacts{"k": resentWith(paid("r0", 0.1, 0.9), simulator.KeyRequest{
 					Listener: "r1", Arrived: at(6), Ended: at(6.5), Status: 409})},
 				Records: map[string]record{"k": {Found: true, State: paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED,
 					Resolutions: []recordedResolution{{At: at(5), NotCreated: true}}}},

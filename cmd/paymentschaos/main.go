@@ -15,7 +15,7 @@
 //
 // It runs, all on loopback:
 //
-//   - the fake provider (internal/upstream/upstreamtest), in this process, with a
+//   - the fake provider (internal/simulator), in this process, with a
 //     listener per replica so that every request it sees is known to be
 //     that replica's; it takes -latency-min to -latency-max on each
 //     request, makes a payment for a key's first request to complete and

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // How the fake provider answers a request whose key a completed request
@@ -25,9 +25,9 @@ const (
 	provider409 = "409"
 )
 
-// provider is the fake provider of a run: upstreamtest, in this process.
+// provider is the fake provider of a run: the simulator, in this process.
 type provider struct {
-	*upstreamtest.Server
+	*simulator.Server
 	// unknown, while set, makes every request that arrives answer 503
 	// after its latency, creating nothing: paymentsd records the attempt
 	// OUTCOME_UNKNOWN (a 503 may come after the work was done).
@@ -41,7 +41,7 @@ type provider struct {
 // each request; and a reused key gets the first payment again (mode
 // providerFirst) or 409 (provider409).
 func newProvider(apiKey, mode string, minLatency, maxLatency time.Duration, seed uint64) *provider {
-	p := &provider{Server: upstreamtest.NewServer()}
+	p := &provider{Server: simulator.NewServer()}
 	p.AllowKey(apiKey)
 	p.DedupOnCompletion(true)
 	p.Stubborn(true)
@@ -57,19 +57,19 @@ func newProvider(apiKey, mode string, minLatency, maxLatency time.Duration, seed
 		}
 		return d
 	}
-	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		d := latency()
 		if p.unknown.Load() {
-			return upstreamtest.Reply{Status: http.StatusServiceUnavailable, Body: errorBody("temporarily unavailable"), Delay: d}
+			return simulator.Reply{Status: http.StatusServiceUnavailable, Body: errorBody("temporarily unavailable"), Delay: d}
 		}
 		if mode == provider409 {
 			// The request being answered is in the key's history already,
 			// not charged.
-			if slices.ContainsFunc(p.KeyHistory(keyOf(r.Body)), func(kr upstreamtest.KeyRequest) bool { return kr.Charged }) {
-				return upstreamtest.Reply{Status: http.StatusConflict, Body: errorBody("idempotency key already used"), Delay: d}
+			if slices.ContainsFunc(p.KeyHistory(keyOf(r.Body)), func(kr simulator.KeyRequest) bool { return kr.Charged }) {
+				return simulator.Reply{Status: http.StatusConflict, Body: errorBody("idempotency key already used"), Delay: d}
 			}
 		}
-		return upstreamtest.Reply{Delay: d}
+		return simulator.Reply{Delay: d}
 	})
 	return p
 }

@@ -13,7 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // report is a run's figures and verdict, as -json writes it.
@@ -108,7 +108,7 @@ type killEntry struct {
 }
 
 func newReport(o *options, args []string, begin, end time.Time, dueAtEnd int, settleWait time.Duration, res checkResult,
-	stats map[string]upstreamtest.KeyStats, logs logTally, problems []string) *report {
+	stats map[string]simulator.KeyStats, logs logTally, problems []string) *report {
 	r := &report{
 		Date: begin.UTC(), Command: args, GoVersion: runtime.Version(), Seed: o.seed,
 		Setup: setup{

@@ -30,8 +30,8 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store/storetest"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 const oncall = "spiffe://corp.example/ns/ops/sa/oncall"
@@ -154,7 +154,7 @@ func TestResolveEndToEnd(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			p := idempotentProvider(t)
-			p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+			p.SetScript(simulator.Always(simulator.Reply{Fault: simulator.Reset}))
 			env := with(sandboxEnv(p),
 				"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 				"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
@@ -277,7 +277,7 @@ func TestResolveEndToEnd(t *testing.T) {
 			if v := admin.metric(t, "paymentsd_records_unsettled", nil); v != 0 {
 				t.Errorf("paymentsd_records_unsettled = %v after both resolutions, want 0", v)
 			}
-			p.SetScript(upstreamtest.Always(upstreamtest.Reply{}))
+			p.SetScript(simulator.Always(simulator.Reply{}))
 			resp, err = co.client.CreateMultiCardPayment(t.Context(), validRequest("k-doubt-2"))
 			if err != nil || resp.GetReplayed() || resp.GetResolved() {
 				t.Errorf("CreateMultiCardPayment after NOT_CREATED = %v, %v; want a new attempt", resp, err)
@@ -443,9 +443,9 @@ func TestResolveRefusedWhileInFlight(t *testing.T) {
 	p := idempotentProvider(t)
 	arrived, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(int, simulator.Request) simulator.Reply {
 		once.Do(func() { close(arrived) })
-		return upstreamtest.Reply{Wait: release}
+		return simulator.Reply{Wait: release}
 	})
 	_, ps := mtlsDeployment(t, sandboxEnv(p))
 	co, admin := ps["checkout"], ps["oncall"]
@@ -585,7 +585,7 @@ func TestAuditActorIsTheAdminIdentity(t *testing.T) {
 	t.Parallel()
 	const adminDNS = "oncall.ops.corp.example"
 	p := idempotentProvider(t)
-	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	p.SetScript(simulator.Always(simulator.Reply{Fault: simulator.Reset}))
 	env := with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
@@ -683,7 +683,7 @@ func TestListTimesOutOfRange(t *testing.T) {
 func TestResolvedOnlyUntilTheNextAttempt(t *testing.T) {
 	t.Parallel()
 	p := idempotentProvider(t)
-	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	p.SetScript(simulator.Always(simulator.Reply{Fault: simulator.Reset}))
 	env := with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",
@@ -740,7 +740,7 @@ func TestResolvedOnlyUntilTheNextAttempt(t *testing.T) {
 func TestResolveRefusedIfChangedSinceLookedUp(t *testing.T) {
 	t.Parallel()
 	p := idempotentProvider(t)
-	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	p.SetScript(simulator.Always(simulator.Reply{Fault: simulator.Reset}))
 	env := with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",

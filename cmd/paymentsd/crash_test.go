@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store/storetest"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // grpcClient connects to a paymentsd process's gRPC port.
@@ -58,12 +58,12 @@ func testKilledMidCall(t *testing.T, db string) {
 	p := idempotentProvider(t)
 	arrived := make(chan struct{}, 1)
 	never := make(chan struct{})
-	p.SetScript(func(n int, _ upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(n int, _ simulator.Request) simulator.Reply {
 		if n == 1 {
 			arrived <- struct{}{}
-			return upstreamtest.Reply{Wait: never}
+			return simulator.Reply{Wait: never}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	env := with(sandboxEnv(p),
 		"PAYMENTS_DATABASE_URL", db,

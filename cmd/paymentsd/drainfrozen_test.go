@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store/storetest"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestDrainWithStoreFrozen: the database server hangs (SIGSTOP: its
@@ -21,12 +21,12 @@ func TestDrainWithStoreFrozen(t *testing.T) {
 	cluster := storetest.StartCluster(t)
 	p := fakeProvider(t, "sandbox")
 	arrived, release := make(chan struct{}, 1), make(chan struct{})
-	p.SetScript(func(n int, _ upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(n int, _ simulator.Request) simulator.Reply {
 		if n == 2 {
 			arrived <- struct{}{}
-			return upstreamtest.Reply{Wait: release}
+			return simulator.Reply{Wait: release}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	in := start(t, with(sandboxEnv(p), "PAYMENTS_DATABASE_URL", cluster.URL,
 		"PAYMENTS_UPSTREAM_TIMEOUT", "2s", "PAYMENTS_SHUTDOWN_TIMEOUT", "2s"))

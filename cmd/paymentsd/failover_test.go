@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store/storetest"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // The failover tests run the paymentsd binary on a two-node Patroni
@@ -170,7 +170,7 @@ type fault struct {
 // its callers, each paying with keys of its own, one call at a time.
 type payLoad struct {
 	name   string
-	p      *upstreamtest.Server
+	p      *simulator.Server
 	proc   *process
 	client paymentsv1.PaymentsServiceClient
 	cancel context.CancelFunc
@@ -196,7 +196,7 @@ type payCall struct {
 func startPayLoad(t *testing.T, name, dbURL string, callers int) *payLoad {
 	t.Helper()
 	r := &payLoad{name: name, p: fakeProvider(t, "sandbox"), arrived: map[string]time.Time{}, changed: make(chan struct{})}
-	r.p.SetScript(func(_ int, req upstreamtest.Request) upstreamtest.Reply {
+	r.p.SetScript(func(_ int, req simulator.Request) simulator.Reply {
 		key := idempotencyKey(req.Body)
 		r.mu.Lock()
 		if _, ok := r.arrived[key]; !ok {
@@ -205,7 +205,7 @@ func startPayLoad(t *testing.T, name, dbURL string, callers int) *payLoad {
 		r.mu.Unlock()
 		// Calls are at the provider long enough for a fault to catch some
 		// of them there.
-		return upstreamtest.Reply{Delay: 30 * time.Millisecond}
+		return simulator.Reply{Delay: 30 * time.Millisecond}
 	})
 	proc := startProcess(t, with(sandboxEnv(r.p),
 		"PAYMENTS_DATABASE_URL", dbURL,

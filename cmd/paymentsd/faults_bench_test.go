@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // BenchmarkFaults times how long a caller waits to hear about each of
@@ -33,9 +33,9 @@ func BenchmarkFaults(b *testing.B) {
 			p := fakeProvider(b, "sandbox")
 			p.KeepRequests(false)
 			script := perKey(tt.replies...)
-			p.SetScript(func(n int, r upstreamtest.Request) upstreamtest.Reply {
+			p.SetScript(func(n int, r simulator.Request) simulator.Reply {
 				if strings.HasPrefix(idempotencyKey(r.Body), closeCircuitKey) {
-					return upstreamtest.Reply{}
+					return simulator.Reply{}
 				}
 				return script(n, r)
 			})
@@ -59,7 +59,7 @@ func BenchmarkFaults(b *testing.B) {
 	})
 	b.Run("circuit open", func(b *testing.B) {
 		p := fakeProvider(b, "sandbox")
-		p.SetScript(upstreamtest.Always(upstreamtest.Reply{Status: 503}))
+		p.SetScript(simulator.Always(simulator.Reply{Status: 503}))
 		in := start(b, with(sandboxEnv(p),
 			"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 			"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "3",
@@ -125,9 +125,9 @@ func benchmarkAnswers(b *testing.B, in *instance, name string, want codes.Code) 
 
 // waits reports whether a reply in replies makes paymentsd wait for it: a
 // delay, a dribbled body, or a Retry-After.
-func waits(replies []upstreamtest.Reply) bool {
+func waits(replies []simulator.Reply) bool {
 	for _, r := range replies {
-		if r.Delay > 0 || r.Fault == upstreamtest.Dribble || r.Header.Get("Retry-After") != "" {
+		if r.Delay > 0 || r.Fault == simulator.Dribble || r.Header.Get("Retry-After") != "" {
 			return true
 		}
 	}

@@ -16,16 +16,16 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // perKey scripts replies by attempt number within each idempotency key,
 // so a gRPC call and a REST call with different keys see the same script.
 // The last reply repeats.
-func perKey(replies ...upstreamtest.Reply) upstreamtest.Script {
+func perKey(replies ...simulator.Reply) simulator.Script {
 	var mu sync.Mutex
 	seen := map[string]int{}
-	return func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	return func(_ int, r simulator.Request) simulator.Reply {
 		key := idempotencyKey(r.Body)
 		mu.Lock()
 		seen[key]++
@@ -47,8 +47,8 @@ func idempotencyKey(body []byte) string {
 }
 
 // attemptsFor returns the provider's requests with the idempotency key.
-func attemptsFor(p *upstreamtest.Server, key string) []upstreamtest.Request {
-	var out []upstreamtest.Request
+func attemptsFor(p *simulator.Server, key string) []simulator.Request {
+	var out []simulator.Request
 	for _, r := range p.Requests() {
 		if idempotencyKey(r.Body) == key {
 			out = append(out, r)
@@ -76,7 +76,7 @@ var (
 // caller must hear.
 type faultCase struct {
 	name         string
-	replies      []upstreamtest.Reply
+	replies      []simulator.Reply
 	env          []string      // extra configuration
 	deadline     time.Duration // the caller's; 0 for none
 	wantCode     codes.Code
@@ -98,7 +98,7 @@ const (
 // faultCases are the provider's failures TestFaults checks the answers
 // to, and BenchmarkFaults times.
 func faultCases() []faultCase {
-	type R = upstreamtest.Reply
+	type R = simulator.Reply
 	return []faultCase{
 		// Any status but a 2xx or a refusal before processing may come
 		// from something in front of the provider while it works on: the
@@ -129,13 +129,13 @@ func faultCases() []faultCase {
 			wantCode: codes.PermissionDenied, wantREST: 403, wantAttempts: 1, wantReason: notCreated},
 		// A request lost after it was sent may still be at the provider:
 		// nothing follows it until its quiet period is over.
-		{name: "reset", replies: []R{{Fault: upstreamtest.Reset}, {Status: 200, Body: okBody}},
+		{name: "reset", replies: []R{{Fault: simulator.Reset}, {Status: 200, Body: okBody}},
 			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 1, wantReason: unknown},
-		{name: "EOF before a response", replies: []R{{Fault: upstreamtest.Hangup}},
+		{name: "EOF before a response", replies: []R{{Fault: simulator.Hangup}},
 			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 1, wantReason: unknown},
-		{name: "reply cut off mid-body", replies: []R{{Status: 200, Body: okBody, Fault: upstreamtest.CutBody}},
+		{name: "reply cut off mid-body", replies: []R{{Status: 200, Body: okBody, Fault: simulator.CutBody}},
 			wantCode: codes.Unavailable, wantREST: 503, wantAttempts: 3, wantReason: unknown},
-		{name: "cut off then whole", replies: []R{{Status: 200, Body: okBody, Fault: upstreamtest.CutBody}, {Status: 200, Body: okBody}},
+		{name: "cut off then whole", replies: []R{{Status: 200, Body: okBody, Fault: simulator.CutBody}, {Status: 200, Body: okBody}},
 			wantCode: codes.OK, wantREST: 200, wantAttempts: 2},
 		{name: "2xx HTML page", replies: []R{{Status: 200, Body: htmlPage}},
 			wantCode: codes.Unknown, wantREST: 500, wantAttempts: 1, wantReason: unknown},
@@ -162,7 +162,7 @@ func faultCases() []faultCase {
 		{name: "upstream timeout shorter than the caller's deadline", replies: []R{{Delay: time.Minute}},
 			env: []string{"PAYMENTS_UPSTREAM_TIMEOUT", "300ms"}, deadline: time.Minute,
 			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: unknown, wantCanceled: true},
-		{name: "provider dribbling its body", replies: []R{{Status: 200, Body: okBody, Fault: upstreamtest.Dribble, DribbleInterval: 100 * time.Millisecond}},
+		{name: "provider dribbling its body", replies: []R{{Status: 200, Body: okBody, Fault: simulator.Dribble, DribbleInterval: 100 * time.Millisecond}},
 			env:      []string{"PAYMENTS_UPSTREAM_TIMEOUT", "3s"},
 			deadline: time.Second,
 			wantCode: codes.DeadlineExceeded, wantREST: 504, wantAttempts: 1, wantReason: inProgress},
@@ -249,10 +249,10 @@ func TestFaults(t *testing.T) {
 
 // arrivalTimes scripts p with script, and returns a function that gives
 // the times the provider received each attempt with a key.
-func arrivalTimes(p *upstreamtest.Server, script upstreamtest.Script) func(key string) []time.Time {
+func arrivalTimes(p *simulator.Server, script simulator.Script) func(key string) []time.Time {
 	var mu sync.Mutex
 	at := map[string][]time.Time{}
-	p.SetScript(func(n int, r upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(n int, r simulator.Request) simulator.Reply {
 		key := idempotencyKey(r.Body)
 		mu.Lock()
 		at[key] = append(at[key], time.Now())
@@ -326,7 +326,7 @@ func TestProviderUnreachable(t *testing.T) {
 func TestCircuitBreaker(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
-	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Status: 503}))
+	p.SetScript(simulator.Always(simulator.Reply{Status: 503}))
 	in := start(t, with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "3",
@@ -366,7 +366,7 @@ func TestBurst(t *testing.T) {
 	// that the reply is its own.
 	var mu sync.Mutex
 	attempts := map[string]int{}
-	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		key := idempotencyKey(r.Body)
 		mu.Lock()
 		attempts[key]++
@@ -377,20 +377,20 @@ func TestBurst(t *testing.T) {
 		switch i % 6 {
 		case 0:
 			if n == 1 {
-				return upstreamtest.Reply{Status: 503}
+				return simulator.Reply{Status: 503}
 			}
 		case 1:
 			if n == 1 {
-				return upstreamtest.Reply{Fault: upstreamtest.Reset}
+				return simulator.Reply{Fault: simulator.Reset}
 			}
 		case 2:
-			return upstreamtest.Reply{Status: 400, Body: []byte(`{"error":"scripted"}`)}
+			return simulator.Reply{Status: 400, Body: []byte(`{"error":"scripted"}`)}
 		case 3:
-			return upstreamtest.Reply{Status: 200, Body: []byte(`[]`)}
+			return simulator.Reply{Status: 200, Body: []byte(`[]`)}
 		case 4:
-			return upstreamtest.Reply{Delay: 20 * time.Millisecond}
+			return simulator.Reply{Delay: 20 * time.Millisecond}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	in := start(t, with(sandboxEnv(p), "PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000"))
 

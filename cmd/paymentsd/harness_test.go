@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 func TestMain(m *testing.M) {
@@ -235,15 +235,15 @@ func runRefused(t *testing.T, env map[string]string, args ...string) (stdout, st
 // fakeProvider starts a fake provider that knows both keys: each is
 // permitted in its own environment and forbidden in the other, as the
 // provider's documentation says.
-func fakeProvider(t testing.TB, env string) *upstreamtest.Server {
+func fakeProvider(t testing.TB, env string) *simulator.Server {
 	t.Helper()
-	var p *upstreamtest.Server
+	var p *simulator.Server
 	if env == "live" {
-		p = upstreamtest.NewTLSServer()
+		p = simulator.NewTLSServer()
 		p.AllowKey(liveKey)
 		p.ForbidKey(sandboxKey)
 	} else {
-		p = upstreamtest.NewServer()
+		p = simulator.NewServer()
 		p.AllowKey(sandboxKey)
 		p.ForbidKey(liveKey)
 	}
@@ -252,7 +252,7 @@ func fakeProvider(t testing.TB, env string) *upstreamtest.Server {
 }
 
 // sandboxEnv is the configuration of a sandbox deployment against p.
-func sandboxEnv(p *upstreamtest.Server) map[string]string {
+func sandboxEnv(p *simulator.Server) map[string]string {
 	return map[string]string{
 		"PAYMENTS_ENVIRONMENT":      "sandbox",
 		"PAYMENTS_SANDBOX_BASE_URL": p.URL,
@@ -261,7 +261,7 @@ func sandboxEnv(p *upstreamtest.Server) map[string]string {
 }
 
 // liveEnv is the configuration of a live deployment against the TLS fake p.
-func liveEnv(t *testing.T, p *upstreamtest.Server) map[string]string {
+func liveEnv(t *testing.T, p *simulator.Server) map[string]string {
 	return map[string]string{
 		"PAYMENTS_ENVIRONMENT":      "live",
 		"PAYMENTS_LIVE_BASE_URL":    p.URL,
@@ -273,7 +273,7 @@ func liveEnv(t *testing.T, p *upstreamtest.Server) map[string]string {
 	}
 }
 
-func writeCertPEM(t *testing.T, p *upstreamtest.Server) string {
+func writeCertPEM(t *testing.T, p *simulator.Server) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "provider-ca.pem")
 	b := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.Certificate().Raw})

@@ -19,8 +19,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store/storetest"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // The tests of issue 14 run paymentsd as the built binary, against a fake
@@ -29,9 +29,9 @@ import (
 // bodies and the payments it made:
 //
 //   - it keeps working on a request after paymentsd stops waiting for it
-//     (upstreamtest.Stubborn), and
+//     (simulator.Stubborn), and
 //   - it learns a key only when a request with it completes
-//     (upstreamtest.DedupOnCompletion), so two requests with one key at
+//     (simulator.DedupOnCompletion), so two requests with one key at
 //     once make two payments.
 //
 // Its callers do what paymentsd's answers tell them: retry the same key
@@ -41,7 +41,7 @@ import (
 
 // honestProvider is the stubborn, late-deduplicating fake, answering after
 // delay(key, n) for the n-th request with a key.
-func honestProvider(t *testing.T, delay func(key string, n int) time.Duration) *upstreamtest.Server {
+func honestProvider(t *testing.T, delay func(key string, n int) time.Duration) *simulator.Server {
 	t.Helper()
 	p := fakeProvider(t, "sandbox")
 	p.KeepRequests(false)
@@ -49,13 +49,13 @@ func honestProvider(t *testing.T, delay func(key string, n int) time.Duration) *
 	p.DedupOnCompletion(true)
 	var mu sync.Mutex
 	seen := map[string]int{}
-	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		key := idempotencyKey(r.Body)
 		mu.Lock()
 		seen[key]++
 		n := seen[key]
 		mu.Unlock()
-		return upstreamtest.Reply{Delay: delay(key, n)}
+		return simulator.Reply{Delay: delay(key, n)}
 	})
 	return p
 }
@@ -168,7 +168,7 @@ func (a *answers) callUntilSettled(ctx context.Context, t *testing.T, client pay
 // a time, one body, at most one payment; no payment for a key a caller was
 // told PAYMENT_NOT_CREATED; exactly one for a key a caller was told OK;
 // and at most one answer that was not a replay per key.
-func checkProvider(t *testing.T, p *upstreamtest.Server, a *answers) {
+func checkProvider(t *testing.T, p *simulator.Server, a *answers) {
 	t.Helper()
 	// The provider finishes what it is working on first.
 	deadline := time.Now().Add(30 * time.Second)
@@ -288,9 +288,9 @@ func TestInFlightCapSaysNotSent(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	arrived := make(chan struct{}, 1)
-	p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Wait: release}
+		return simulator.Reply{Wait: release}
 	})
 	proc := startProcess(t, with(sandboxEnv(p), "PAYMENTS_MAX_IN_FLIGHT", "1"))
 	client := grpcClient(t, proc)
@@ -475,14 +475,14 @@ func TestKeyAfterRetentionIsRefused(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			p := fakeProvider(t, "sandbox")
-			p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+			p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 				switch idempotencyKey(r.Body) {
 				case "refused":
-					return upstreamtest.Reply{Status: http.StatusBadRequest, Body: []byte(`{"error":"no"}`)}
+					return simulator.Reply{Status: http.StatusBadRequest, Body: []byte(`{"error":"no"}`)}
 				case "lost":
-					return upstreamtest.Reply{Fault: upstreamtest.Reset}
+					return simulator.Reply{Fault: simulator.Reset}
 				}
-				return upstreamtest.Reply{}
+				return simulator.Reply{}
 			})
 			proc := startBinary(t, paymentsdTestBinary(t), with(sandboxEnv(p),
 				"PAYMENTS_DATABASE_URL", tt.db(t),

@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store/storetest"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestGiveUpKeepsTheProvidersLastWord: a key the provider answers 409 on
@@ -27,7 +27,7 @@ import (
 func TestGiveUpKeepsTheProvidersLastWord(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
-	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Status: 409, Body: []byte(`{"error":"a request with this key is in progress"}`)}))
+	p.SetScript(simulator.Always(simulator.Reply{Status: 409, Body: []byte(`{"error":"a request with this key is in progress"}`)}))
 	db := storetest.SQLiteURL(t)
 	d := newCLIDeployment(t, with(sandboxEnv(p), "PAYMENTS_DATABASE_URL", db,
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",

@@ -16,7 +16,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // TestDrain checks the shutdown order: health flips to NOT_SERVING, new
@@ -26,9 +26,9 @@ func TestDrain(t *testing.T) {
 	p := fakeProvider(t, "sandbox")
 	release := make(chan struct{})
 	arrived := make(chan string, 2)
-	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		arrived <- idempotencyKey(r.Body)
-		return upstreamtest.Reply{Wait: release, Status: 200, Body: okBody}
+		return simulator.Reply{Wait: release, Status: 200, Body: okBody}
 	})
 	in := start(t, sandboxEnv(p))
 
@@ -110,9 +110,9 @@ func TestDrainTimeout(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
 	arrived := make(chan struct{}, 1)
-	p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Delay: time.Hour}
+		return simulator.Reply{Delay: time.Hour}
 	})
 	in := start(t, with(sandboxEnv(p), "PAYMENTS_SHUTDOWN_TIMEOUT", "300ms", "PAYMENTS_UPSTREAM_TIMEOUT", "300ms"))
 	done := make(chan error, 1)

@@ -35,9 +35,9 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // storeCheckInterval is how often readiness checks the record store.
@@ -115,7 +115,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	lifecycle := newLogger(cfg, logw, min(cfg.LogLevel, slog.LevelInfo))
 
 	if cfg.Simulate {
-		sim := upstreamtest.NewServer()
+		sim := simulator.NewServer()
 		defer sim.Close()
 		sim.KeepRequests(false)
 		// An idempotent provider that plays every outcome for its test

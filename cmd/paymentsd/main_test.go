@@ -23,7 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // nestedReply is a provider reply with every JSON kind in it.
@@ -90,7 +90,7 @@ func TestCreatePaymentReachesProviderExactly(t *testing.T) {
 func TestReplyPassesThrough(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
-	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Status: http.StatusCreated, Body: []byte(nestedReply)}))
+	p.SetScript(simulator.Always(simulator.Reply{Status: http.StatusCreated, Body: []byte(nestedReply)}))
 	in := start(t, sandboxEnv(p))
 
 	want := &structpb.Struct{}
@@ -171,7 +171,7 @@ func TestEnvironmentSelection(t *testing.T) {
 	}
 }
 
-func keyOf(reqs []upstreamtest.Request) string {
+func keyOf(reqs []simulator.Request) string {
 	if len(reqs) == 0 {
 		return ""
 	}
@@ -418,8 +418,8 @@ func TestProviderStatusMapping(t *testing.T) {
 	))
 	for _, tt := range tests {
 		t.Run(http.StatusText(tt.provider), func(t *testing.T) {
-			reply := upstreamtest.Reply{Status: tt.provider, Body: []byte(`{"error":"scripted"}`)}
-			p.SetScript(upstreamtest.Always(reply))
+			reply := simulator.Reply{Status: tt.provider, Body: []byte(`{"error":"scripted"}`)}
+			p.SetScript(simulator.Always(reply))
 
 			_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest(fmt.Sprint("k-map-", tt.provider)))
 			st := status.Convert(err)

@@ -24,7 +24,7 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/service"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // The alerting rules and the dashboard live beside the manifests.
@@ -436,11 +436,11 @@ func storeErrors(t *testing.T, p *party) map[string]float64 {
 func TestRefusedResolvesAreNoStoreErrors(t *testing.T) {
 	t.Parallel()
 	p := idempotentProvider(t)
-	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		if idempotencyKey(r.Body) == "k-doubt" {
-			return upstreamtest.Reply{Fault: upstreamtest.Reset}
+			return simulator.Reply{Fault: simulator.Reset}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	in, ps := mtlsDeployment(t, with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",

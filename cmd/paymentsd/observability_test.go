@@ -25,7 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 func scrape(t *testing.T, in *instance) (map[string]*dto.MetricFamily, string) {
@@ -76,7 +76,7 @@ next:
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
-	p.SetScript(perKey(upstreamtest.Reply{Status: 429}, upstreamtest.Reply{}))
+	p.SetScript(perKey(simulator.Reply{Status: 429}, simulator.Reply{}))
 	in := start(t, sandboxEnv(p))
 	if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-metrics")); err != nil {
 		t.Fatalf("CreateMultiCardPayment() = %v", err)
@@ -151,9 +151,9 @@ func TestReadyzWhileDraining(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
 	release, arrived := make(chan struct{}), make(chan struct{}, 1)
-	p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Wait: release}
+		return simulator.Reply{Wait: release}
 	})
 	in := start(t, with(sandboxEnv(p), "PAYMENTS_SHUTDOWN_DELAY", "3s", "PAYMENTS_SHUTDOWN_TIMEOUT", "30s"))
 	go in.client.CreateMultiCardPayment(context.Background(), validRequest("k-drain"))
@@ -194,7 +194,7 @@ func TestReadyzWhileDraining(t *testing.T) {
 func TestAccessLog(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
-	p.SetScript(perKey(upstreamtest.Reply{Status: 429}, upstreamtest.Reply{Status: 201, Body: okBody}))
+	p.SetScript(perKey(simulator.Reply{Status: 429}, simulator.Reply{Status: 201, Body: okBody}))
 	in := start(t, sandboxEnv(p))
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-request-id", "rid-log-1")
 	if _, err := in.client.CreateMultiCardPayment(ctx, validRequest("k-log-line")); err != nil {
@@ -250,7 +250,7 @@ func TestTracing(t *testing.T) {
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 
 	p := fakeProvider(t, "sandbox")
-	p.SetScript(perKey(upstreamtest.Reply{Status: 429}, upstreamtest.Reply{}))
+	p.SetScript(perKey(simulator.Reply{Status: 429}, simulator.Reply{}))
 	in := startWith(t, sandboxEnv(p), tp)
 
 	if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-trace")); err != nil {
@@ -350,14 +350,14 @@ func testKeyNeverLeaks(t *testing.T, rotate bool) {
 		p.AllowKey(nextSandboxKey)
 	}
 	echo := []byte(`{"error":"key ` + strings.Join(keys, " or ") + ` is not allowed here"}`)
-	replies := []upstreamtest.Reply{
+	replies := []simulator.Reply{
 		{Status: 400, Body: echo},
 		{Status: 401, Body: echo},
 		{Status: 403, Body: echo},
 		{Status: 503, Body: echo},
 		{Status: 200, Body: echo[:10]},
-		{Fault: upstreamtest.Reset},
-		{Fault: upstreamtest.CutBody, Status: 200, Body: okBody},
+		{Fault: simulator.Reset},
+		{Fault: simulator.CutBody, Status: 200, Body: okBody},
 		{Delay: time.Minute},
 		{},
 	}
@@ -367,12 +367,12 @@ func testKeyNeverLeaks(t *testing.T, rotate bool) {
 		for _, enc := range keyEncodings(key) {
 			for _, status := range []int{200, 201, 400, 409, 502} {
 				body := `{"id":"pay_1","echo":"key ` + enc + `","` + enc + `":["` + enc + `"]}`
-				replies = append(replies, upstreamtest.Reply{Status: status, Body: []byte(body)})
+				replies = append(replies, simulator.Reply{Status: status, Body: []byte(body)})
 			}
-			replies = append(replies, upstreamtest.Reply{Status: 500, Body: []byte("<html>key=" + enc + "</html>")})
+			replies = append(replies, simulator.Reply{Status: 500, Body: []byte("<html>key=" + enc + "</html>")})
 		}
 	}
-	p.SetScript(func(n int, _ upstreamtest.Request) upstreamtest.Reply { return replies[(n-1)%len(replies)] })
+	p.SetScript(func(n int, _ simulator.Request) simulator.Reply { return replies[(n-1)%len(replies)] })
 	env := with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 		"PAYMENTS_UPSTREAM_TIMEOUT", "500ms",
@@ -412,11 +412,11 @@ func testKeyNeverLeaks(t *testing.T, rotate bool) {
 	if rotate {
 		// The old key is revoked, and the provider echoes both keys in
 		// the refusal and in the reply to the re-send with the new one.
-		p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+		p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 			if r.Header.Get("X-Api-Key") == sandboxKey {
-				return upstreamtest.Reply{Status: 403, Body: echo}
+				return simulator.Reply{Status: 403, Body: echo}
 			}
-			return upstreamtest.Reply{Status: 200, Body: []byte(`{"id":"pay_2","echo":"` + sandboxKey + ` ` + nextSandboxKey + `"}`)}
+			return simulator.Reply{Status: 200, Body: []byte(`{"id":"pay_2","echo":"` + sandboxKey + ` ` + nextSandboxKey + `"}`)}
 		})
 		resp, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-leak-switch"))
 		if err != nil {

@@ -18,9 +18,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store"
 	"example.com/paymentsd/internal/store/storetest"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // The tests of issue 23 run two paymentsd replicas, as built binaries, on
@@ -163,7 +163,7 @@ type outageCase struct {
 	name    string
 	d       time.Duration
 	out     outage
-	p       *upstreamtest.Server
+	p       *simulator.Server
 	release chan struct{}
 	began   time.Time
 	// client calls replica a as checkout; other and admin call replica b,
@@ -196,12 +196,12 @@ func setUpOutage(t *testing.T, backend string, d time.Duration, arrived chan<- *
 	// outage has begun; should anyone send the key again, it refuses
 	// (400), as in the issue's finding 2.
 	c.p = fakeProvider(t, "sandbox")
-	c.p.SetScript(func(n int, _ upstreamtest.Request) upstreamtest.Reply {
+	c.p.SetScript(func(n int, _ simulator.Request) simulator.Reply {
 		if n == 1 {
 			arrived <- c
-			return upstreamtest.Reply{Wait: c.release}
+			return simulator.Reply{Wait: c.release}
 		}
-		return upstreamtest.Reply{Status: 400, Body: []byte(`{"error":"duplicate idempotency key"}`)}
+		return simulator.Reply{Status: 400, Body: []byte(`{"error":"duplicate idempotency key"}`)}
 	})
 
 	callers, tlsEnv := newMTLSCallers(t)
@@ -286,7 +286,7 @@ func (c *outageCase) check(t *testing.T) {
 }
 
 // waitProviderIdle waits until the fake provider is working on nothing.
-func waitProviderIdle(t *testing.T, p *upstreamtest.Server) {
+func waitProviderIdle(t *testing.T, p *simulator.Server) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for p.InFlight() > 0 {

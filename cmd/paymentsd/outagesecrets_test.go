@@ -10,8 +10,8 @@ import (
 	"time"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store/storetest"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestSecretsNeverShownDuringOutages: two replicas, one on a URL with the
@@ -44,12 +44,12 @@ func TestSecretsNeverShownDuringOutages(t *testing.T) {
 
 	arrived, release := make(chan struct{}), make(chan struct{})
 	p := fakeProvider(t, "sandbox")
-	p.SetScript(func(n int, req upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(n int, req simulator.Request) simulator.Reply {
 		if idempotencyKey(req.Body) == "held" {
 			close(arrived)
-			return upstreamtest.Reply{Wait: release}
+			return simulator.Reply{Wait: release}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	env := with(sandboxEnv(p), "PAYMENTS_LOG_LEVEL", "debug", "PAYMENTS_UPSTREAM_TIMEOUT", "20s", "PAYMENTS_PROVIDER_QUIET_PERIOD", "20s")
 	a := startProcess(t, with(env, "PAYMENTS_DATABASE_URL", direct.String()))

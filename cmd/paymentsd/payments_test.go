@@ -29,8 +29,8 @@ import (
 	_ "modernc.org/sqlite"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store/storetest"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // gaveUpLine is the log line of a settlement give-up.
@@ -210,11 +210,11 @@ func TestPaymentsCLIOnCall(t *testing.T) {
 
 func testPaymentsCLIOnCall(t *testing.T, db string) {
 	p := idempotentProvider(t)
-	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		if strings.HasPrefix(idempotencyKey(r.Body), "k-doubt") {
-			return upstreamtest.Reply{Fault: upstreamtest.Reset}
+			return simulator.Reply{Fault: simulator.Reset}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	d := newCLIDeployment(t, with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",

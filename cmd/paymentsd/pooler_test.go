@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store"
 	"example.com/paymentsd/internal/store/storetest"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestBehindPgBouncerTransactionMode runs paymentsd on PostgreSQL through a
@@ -39,7 +39,7 @@ func TestBehindPgBouncerTransactionMode(t *testing.T) {
 	)
 	var mu sync.Mutex
 	seen := map[string]bool{}
-	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		var body struct{ IdempotencyKey string }
 		json.Unmarshal(r.Body, &body)
 		mu.Lock()
@@ -48,9 +48,9 @@ func TestBehindPgBouncerTransactionMode(t *testing.T) {
 		seen[body.IdempotencyKey] = true
 		if first && lostReply(body.IdempotencyKey) {
 			// The provider creates the payment; its reply never arrives.
-			return upstreamtest.Reply{Fault: upstreamtest.Reset}
+			return simulator.Reply{Fault: simulator.Reset}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	in := start(t, with(sandboxEnv(p),
 		"PAYMENTS_DATABASE_URL", db,

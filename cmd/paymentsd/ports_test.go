@@ -24,7 +24,7 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/service"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // TestInFlightCap fills PAYMENTS_MAX_IN_FLIGHT with payments the provider
@@ -35,9 +35,9 @@ func TestInFlightCap(t *testing.T) {
 	p := fakeProvider(t, "sandbox")
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 2)
-	p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Wait: release, Status: 200, Body: okBody}
+		return simulator.Reply{Wait: release, Status: 200, Body: okBody}
 	})
 	in := start(t, with(sandboxEnv(p), "PAYMENTS_MAX_IN_FLIGHT", "2"))
 
@@ -434,9 +434,9 @@ func TestDrainDeadline(t *testing.T) {
 	hold := make(chan struct{})
 	defer close(hold)
 	arrived := make(chan struct{}, 2)
-	p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Wait: hold, Status: 200, Body: okBody}
+		return simulator.Reply{Wait: hold, Status: 200, Body: okBody}
 	})
 	// The configuration refuses an upstream timeout longer than the drain,
 	// so only a call held some other way outlives it; the hard stop is the

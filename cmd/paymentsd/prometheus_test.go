@@ -27,8 +27,8 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/service"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/testenv"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestAlertsOnARealPrometheus loads deploy/monitoring/alerts.yaml into a
@@ -58,11 +58,11 @@ func TestAlertsOnARealPrometheus(t *testing.T) {
 	t.Parallel()
 	bin := prometheusBinary(t)
 	p := idempotentProvider(t)
-	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		if idempotencyKey(r.Body) == "k-doubt" {
-			return upstreamtest.Reply{Fault: upstreamtest.Reset}
+			return simulator.Reply{Fault: simulator.Reset}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	d := newCLIDeployment(t, with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",

@@ -17,13 +17,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store"
 	"example.com/paymentsd/internal/store/storetest"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // idempotentProvider is a sandbox fake that remembers payments by key.
-func idempotentProvider(t *testing.T) *upstreamtest.Server {
+func idempotentProvider(t *testing.T) *simulator.Server {
 	t.Helper()
 	p := fakeProvider(t, "sandbox")
 	p.Idempotent(true)
@@ -145,13 +145,13 @@ func TestReusedKeyIsRefused(t *testing.T) {
 // concurrentCalls makes n calls with one key, spread over clients, while
 // the provider holds its reply until every call has started, and returns
 // their responses.
-func concurrentCalls(t *testing.T, p *upstreamtest.Server, clients []paymentsv1.PaymentsServiceClient, key string, n int) []*paymentsv1.CreateMultiCardPaymentResponse {
+func concurrentCalls(t *testing.T, p *simulator.Server, clients []paymentsv1.PaymentsServiceClient, key string, n int) []*paymentsv1.CreateMultiCardPaymentResponse {
 	t.Helper()
 	release := make(chan struct{})
 	arrived := make(chan struct{}, n)
-	p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Wait: release}
+		return simulator.Reply{Wait: release}
 	})
 	var wg sync.WaitGroup
 	resps := make([]*paymentsv1.CreateMultiCardPaymentResponse, n)
@@ -174,7 +174,7 @@ func concurrentCalls(t *testing.T, p *upstreamtest.Server, clients []paymentsv1.
 	return resps
 }
 
-func checkOneInFlight(t *testing.T, p *upstreamtest.Server, key string, resps []*paymentsv1.CreateMultiCardPaymentResponse) {
+func checkOneInFlight(t *testing.T, p *simulator.Server, key string, resps []*paymentsv1.CreateMultiCardPaymentResponse) {
 	t.Helper()
 	if got := p.MaxInFlight(key); got != 1 {
 		t.Errorf("provider saw %d requests for the key in flight at once, want 1", got)
@@ -222,13 +222,13 @@ func TestInProgressPastTheDeadlineIsAborted(t *testing.T) {
 	in := start(t, sandboxEnv(p))
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 1)
-	p.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Wait: release}))
-	p.SetScript(func(n int, _ upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(simulator.Sequence(simulator.Reply{Wait: release}))
+	p.SetScript(func(n int, _ simulator.Request) simulator.Reply {
 		if n == 1 {
 			arrived <- struct{}{}
-			return upstreamtest.Reply{Wait: release}
+			return simulator.Reply{Wait: release}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	first := make(chan error, 1)
 	go func() {
@@ -269,7 +269,7 @@ func TestNotCreatedIsTriedAgain(t *testing.T) {
 	t.Parallel()
 	p := idempotentProvider(t)
 	in := start(t, sandboxEnv(p))
-	p.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Status: http.StatusUnauthorized, Body: []byte(`{"error":"revoked"}`)}))
+	p.SetScript(simulator.Sequence(simulator.Reply{Status: http.StatusUnauthorized, Body: []byte(`{"error":"revoked"}`)}))
 
 	_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-again"))
 	if st := status.Convert(err); st.Code() != codes.Unauthenticated {
@@ -347,8 +347,8 @@ func TestSettlementAfterConnectionResets(t *testing.T) {
 	in := start(t, with(sandboxEnv(p), "PAYMENTS_UPSTREAM_TIMEOUT", "1s", "PAYMENTS_PROVIDER_QUIET_PERIOD", "1s"))
 	// The provider creates the payment and every reply is lost: the call
 	// can only say the outcome is unknown.
-	reset := upstreamtest.Reply{Fault: upstreamtest.Reset}
-	p.SetScript(upstreamtest.Sequence(reset, reset, reset))
+	reset := simulator.Reply{Fault: simulator.Reset}
+	p.SetScript(simulator.Sequence(reset, reset, reset))
 	_, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-settle"))
 	st := status.Convert(err)
 	if st.Code() != codes.Unavailable {
@@ -388,14 +388,14 @@ func TestRefusalAfterUnknownStaysUnknown(t *testing.T) {
 		"PAYMENTS_UPSTREAM_TIMEOUT", "1s", "PAYMENTS_PROVIDER_QUIET_PERIOD", "1s"))
 	// The first request is lost; every later one, the callers' and
 	// settlement's, is refused: 409, then 400.
-	p.SetScript(func(n int, _ upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(n int, _ simulator.Request) simulator.Reply {
 		switch n {
 		case 1:
-			return upstreamtest.Reply{Fault: upstreamtest.Reset}
+			return simulator.Reply{Fault: simulator.Reset}
 		case 2:
-			return upstreamtest.Reply{Status: http.StatusConflict, Body: []byte(`{"error":"in flight"}`)}
+			return simulator.Reply{Status: http.StatusConflict, Body: []byte(`{"error":"in flight"}`)}
 		}
-		return upstreamtest.Reply{Status: http.StatusBadRequest, Body: []byte(`{"error":"no"}`)}
+		return simulator.Reply{Status: http.StatusBadRequest, Body: []byte(`{"error":"no"}`)}
 	})
 	refused := 0
 	for i := 0; refused < 2; i++ {
@@ -437,7 +437,7 @@ func TestExactNumbersBeyondDoublePrecision(t *testing.T) {
 	t.Parallel()
 	p := fakeProvider(t, "sandbox")
 	reply := `{"id":"pay_big","big":9007199254740993,"huge":12345678901234567891,"fraction":1.10,"nested":{"n":-9223372036854775809}}`
-	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Status: http.StatusCreated, Body: []byte(reply)}))
+	p.SetScript(simulator.Always(simulator.Reply{Status: http.StatusCreated, Body: []byte(reply)}))
 	in := start(t, sandboxEnv(p))
 
 	resp, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-big"))
@@ -551,7 +551,7 @@ func retryDelay(st *status.Status) time.Duration {
 func TestSettlementGivesUpAfterTheWindow(t *testing.T) {
 	t.Parallel()
 	p := idempotentProvider(t)
-	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	p.SetScript(simulator.Always(simulator.Reply{Fault: simulator.Reset}))
 	in := start(t, with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",

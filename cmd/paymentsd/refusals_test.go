@@ -17,7 +17,7 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/service"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // restCall is one REST request of a test and what it was answered.
@@ -76,12 +76,12 @@ func TestEveryReasonNamesItsEnvironment(t *testing.T) {
 	p := idempotentProvider(t)
 	hold, arrived := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		if idempotencyKey(r.Body) == "k-hold" {
 			once.Do(func() { close(arrived) })
-			return upstreamtest.Reply{Wait: hold}
+			return simulator.Reply{Wait: hold}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	d := newCLIDeployment(t, with(sandboxEnv(p),
 		"PAYMENTS_MAX_IN_FLIGHT", "1",

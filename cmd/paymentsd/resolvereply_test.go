@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // TestResolveRefusesAnotherPaymentsReply is the finding 3: a
@@ -25,7 +25,7 @@ import (
 func TestResolveRefusesAnotherPaymentsReply(t *testing.T) {
 	t.Parallel()
 	p := idempotentProvider(t)
-	p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	p.SetScript(simulator.Always(simulator.Reply{Fault: simulator.Reset}))
 	in, ps := mtlsDeployment(t, with(sandboxEnv(p),
 		"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", "1",
 		"PAYMENTS_UPSTREAM_BREAKER_FAILURES", "1000",

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // nextSandboxKey is the key a rotation moves to.
@@ -166,7 +166,7 @@ func checkNoSecrets(t *testing.T, in *instance, secrets ...string) {
 // fingerprint metric follows the key in use.
 func TestKeyRotationUnderLoad(t *testing.T) {
 	t.Parallel()
-	p := upstreamtest.NewServer()
+	p := simulator.NewServer()
 	t.Cleanup(p.Close)
 	p.KeepRequests(false)
 	p.AllowKey(sandboxKey)

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // TestSimulatorTestKeys drives each of docs/simulator.md's test keys
@@ -31,15 +31,15 @@ func TestSimulatorTestKeys(t *testing.T) {
 		settles paymentsv1.PaymentState
 	}{
 		{"", "order-sim-1", http.StatusOK, "", paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED},
-		{upstreamtest.KeyDecline, "sim-decline-1", http.StatusBadRequest, "PAYMENT_NOT_CREATED", paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED},
-		{upstreamtest.KeyStatus, "sim-status-403-1", http.StatusForbidden, "PAYMENT_NOT_CREATED", paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED},
-		{upstreamtest.KeyStatus, "sim-status-429-1", http.StatusTooManyRequests, "PAYMENT_NOT_CREATED", paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED},
-		{upstreamtest.KeyStatus, "sim-status-500-1", http.StatusInternalServerError, "PAYMENT_OUTCOME_UNKNOWN", paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN},
-		{upstreamtest.KeySlow, "sim-slow-1", http.StatusOK, "", paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED},
-		{upstreamtest.KeyHang, "sim-hang-1", http.StatusGatewayTimeout, "PAYMENT_OUTCOME_UNKNOWN", paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED},
-		{upstreamtest.KeyReset, "sim-reset-1", http.StatusServiceUnavailable, "PAYMENT_OUTCOME_UNKNOWN", paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED},
-		{upstreamtest.KeyLost, "sim-lost-1", http.StatusServiceUnavailable, "PAYMENT_OUTCOME_UNKNOWN", paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED},
-		{upstreamtest.KeyInDoubt, "sim-in-doubt-1", http.StatusConflict, "PAYMENT_OUTCOME_UNKNOWN", paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN},
+		{simulator.KeyDecline, "sim-decline-1", http.StatusBadRequest, "PAYMENT_NOT_CREATED", paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED},
+		{simulator.KeyStatus, "sim-status-403-1", http.StatusForbidden, "PAYMENT_NOT_CREATED", paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED},
+		{simulator.KeyStatus, "sim-status-429-1", http.StatusTooManyRequests, "PAYMENT_NOT_CREATED", paymentsv1.PaymentState_PAYMENT_STATE_NOT_CREATED},
+		{simulator.KeyStatus, "sim-status-500-1", http.StatusInternalServerError, "PAYMENT_OUTCOME_UNKNOWN", paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN},
+		{simulator.KeySlow, "sim-slow-1", http.StatusOK, "", paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED},
+		{simulator.KeyHang, "sim-hang-1", http.StatusGatewayTimeout, "PAYMENT_OUTCOME_UNKNOWN", paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED},
+		{simulator.KeyReset, "sim-reset-1", http.StatusServiceUnavailable, "PAYMENT_OUTCOME_UNKNOWN", paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED},
+		{simulator.KeyLost, "sim-lost-1", http.StatusServiceUnavailable, "PAYMENT_OUTCOME_UNKNOWN", paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED},
+		{simulator.KeyInDoubt, "sim-in-doubt-1", http.StatusConflict, "PAYMENT_OUTCOME_UNKNOWN", paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN},
 	}
 	for _, tt := range tests {
 		if tt.prefix != "" && !strings.Contains(string(page), "`"+tt.prefix) {
@@ -55,7 +55,7 @@ func TestSimulatorTestKeys(t *testing.T) {
 			got := waitForState(t, in, tt.key, tt.settles, time.Minute)
 			// A lost answer's record settles with the payment its first
 			// request made, on the second attempt.
-			if tt.prefix == upstreamtest.KeyLost && (got.GetPayment().GetFields()["id"].GetStringValue() == "" || got.GetAttempts() != 2) {
+			if tt.prefix == simulator.KeyLost && (got.GetPayment().GetFields()["id"].GetStringValue() == "" || got.GetAttempts() != 2) {
 				t.Errorf("%s settled as %v after %d attempts, want the first request's payment, after 2", tt.key, got.GetPayment(), got.GetAttempts())
 			}
 		})

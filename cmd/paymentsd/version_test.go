@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 // TestBuildVersion builds paymentsd with the Dockerfile's own -ldflags,
@@ -62,7 +62,7 @@ func TestBuildVersion(t *testing.T) {
 	}
 }
 
-func userAgent(reqs []upstreamtest.Request) string {
+func userAgent(reqs []simulator.Request) string {
 	if len(reqs) == 0 {
 		return ""
 	}

@@ -15,9 +15,9 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/record"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store/storetest"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // The tests here make the record store fail beneath the service, through
@@ -39,18 +39,18 @@ const (
 // held makes the fake provider hold the first request for a key until
 // release is closed, telling arrived when it comes; later requests are
 // answered at once, as the idempotent fake answers.
-func held(p *upstreamtest.Server) (arrived chan string, release chan struct{}) {
+func held(p *simulator.Server) (arrived chan string, release chan struct{}) {
 	arrived, release = make(chan string, 16), make(chan struct{})
 	seen := map[string]bool{}
-	p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		k := keyOf(r.Body)
 		first := !seen[k]
 		seen[k] = true
 		arrived <- k
 		if first {
-			return upstreamtest.Reply{Wait: release}
+			return simulator.Reply{Wait: release}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	return arrived, release
 }
@@ -216,7 +216,7 @@ func TestUnknownOutcomeAnsweredAtOnce(t *testing.T) {
 	t.Parallel()
 	c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
 	f := newFixture(t, 10*time.Second, c.Now)
-	f.p.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Status: http.StatusServiceUnavailable}))
+	f.p.SetScript(simulator.Sequence(simulator.Reply{Status: http.StatusServiceUnavailable}))
 	f.faults.FailCommits(finishSQL, -1)
 	_, err := f.svc.CreateMultiCardPayment(t.Context(), payment("k"))
 	if reasonOf(err) != ReasonOutcomeUnknown {
@@ -241,7 +241,7 @@ func TestUnknownOutcomeAnsweredAtOnce(t *testing.T) {
 // written later.
 func TestNotCreatedOnlyOnceRecorded(t *testing.T) {
 	t.Parallel()
-	refuse := upstreamtest.Always(upstreamtest.Reply{Status: http.StatusBadRequest, Body: []byte(`{"error":"bad"}`)})
+	refuse := simulator.Always(simulator.Reply{Status: http.StatusBadRequest, Body: []byte(`{"error":"bad"}`)})
 	t.Run("retried", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, 10*time.Second, nil)
@@ -636,7 +636,7 @@ func TestClaimStuckOverUnknownRecordReleased(t *testing.T) {
 	t.Parallel()
 	c := &clock{now: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
 	f := newFixture(t, 10*time.Second, c.Now)
-	f.p.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Status: http.StatusServiceUnavailable}))
+	f.p.SetScript(simulator.Sequence(simulator.Reply{Status: http.StatusServiceUnavailable}))
 	f.faults.FailCommits(finishSQL, -1)
 	if _, err := f.svc.CreateMultiCardPayment(t.Context(), payment("k")); reasonOf(err) != ReasonOutcomeUnknown {
 		t.Fatalf("first call = %v (%s), want %s", err, reasonOf(err), ReasonOutcomeUnknown)

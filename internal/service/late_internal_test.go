@@ -11,9 +11,9 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/record"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // replicaOf is a second replica beside f's: its own Service and store on
@@ -62,12 +62,12 @@ func TestLateSuccessToldAsRecorded(t *testing.T) {
 
 	release := make(chan struct{})
 	arrived := make(chan int, 4)
-	f.p.SetScript(func(n int, r upstreamtest.Request) upstreamtest.Reply {
+	f.p.SetScript(func(n int, r simulator.Request) simulator.Reply {
 		arrived <- n
 		if n == 1 {
-			return upstreamtest.Reply{Wait: release}
+			return simulator.Reply{Wait: release}
 		}
-		return upstreamtest.Reply{Status: http.StatusConflict, Body: []byte(`{"errors":[{"code":"IDEMPOTENCY_KEY_REUSED"}]}`)}
+		return simulator.Reply{Status: http.StatusConflict, Body: []byte(`{"errors":[{"code":"IDEMPOTENCY_KEY_REUSED"}]}`)}
 	})
 	type answer struct {
 		resp *paymentsv1.CreateMultiCardPaymentResponse

@@ -24,10 +24,10 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/record"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store"
 	"example.com/paymentsd/internal/store/storetest"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // Tests of the record paths' edges, from inside the package: settlement
@@ -57,7 +57,7 @@ type fixture struct {
 	svc   *Service
 	reg   *prometheus.Registry
 	store *store.Store
-	p     *upstreamtest.Server
+	p     *simulator.Server
 	path  string // the SQLite file
 	// faults is the store's failure seam (storetest.Faults).
 	faults *storetest.Faults
@@ -76,7 +76,7 @@ func newFixture(t *testing.T, lease time.Duration, now func() time.Time) fixture
 // waited on at once (0: the default).
 func newFixtureWith(t *testing.T, lease time.Duration, now func() time.Time, maxSends int) fixture {
 	t.Helper()
-	p := upstreamtest.NewServer()
+	p := simulator.NewServer()
 	t.Cleanup(p.Close)
 	p.AllowKey(internalKey)
 	p.Idempotent(true)
@@ -166,7 +166,7 @@ func reasonOf(err error) string {
 // the connection after reading the request).
 func (f fixture) makeUnknown(t *testing.T, keys ...string) {
 	t.Helper()
-	f.p.SetScript(upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	f.p.SetScript(simulator.Always(simulator.Reply{Fault: simulator.Reset}))
 	for _, k := range keys {
 		_, err := f.svc.CreateMultiCardPayment(t.Context(), payment(k))
 		if reasonOf(err) != ReasonOutcomeUnknown {
@@ -195,12 +195,12 @@ func TestSettlementClaimsOneRecordAtATime(t *testing.T) {
 	releaseFirst, releaseRest := make(chan struct{}), make(chan struct{})
 	arrived := make(chan string, 8)
 	var firstSeen atomic.Bool
-	f.p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	f.p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		arrived <- keyOf(r.Body)
 		if firstSeen.CompareAndSwap(false, true) {
-			return upstreamtest.Reply{Wait: releaseFirst}
+			return simulator.Reply{Wait: releaseFirst}
 		}
-		return upstreamtest.Reply{Wait: releaseRest}
+		return simulator.Reply{Wait: releaseRest}
 	})
 	done := make(chan struct{})
 	go func() { defer close(done); f.svc.engine.Settle(context.Background()) }()
@@ -288,9 +288,9 @@ func TestWaiterOnStoreFailureHearsInProgress(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	arrived := make(chan struct{}, 1)
-	f.p.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	f.p.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Wait: release}
+		return simulator.Reply{Wait: release}
 	})
 	go f.svc.CreateMultiCardPayment(context.Background(), payment("held"))
 	<-arrived

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // TestHostileRepliesReachGRPCCallersExactly: the provider pays with
@@ -50,12 +50,12 @@ func TestHostileRepliesReachGRPCCallersExactly(t *testing.T) {
 		"truncated": `{"id":"pay_1"`,
 	}
 	f := newFixture(t, 10*time.Second, nil)
-	f.p.SetScript(func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	f.p.SetScript(func(_ int, r simulator.Request) simulator.Reply {
 		k := keyOf(r.Body)
 		if b, ok := replies[k]; ok {
-			return upstreamtest.Reply{Status: http.StatusOK, Body: []byte(b)}
+			return simulator.Reply{Status: http.StatusOK, Body: []byte(b)}
 		}
-		return upstreamtest.Reply{Status: http.StatusOK, Body: []byte(malformed[k])}
+		return simulator.Reply{Status: http.StatusOK, Body: []byte(malformed[k])}
 	})
 	reg := prometheus.NewRegistry()
 	srv, err := NewServer(f.svc, Options{

@@ -7,12 +7,12 @@ import (
 	"net/http"
 	"time"
 
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 func ExampleClient_CreateMultiCardPayment() {
-	provider := upstreamtest.NewServer()
+	provider := simulator.NewServer()
 	defer provider.Close()
 	provider.AllowKey("sk_sandbox_example")
 
@@ -48,9 +48,9 @@ func ExampleClient_CreateMultiCardPayment() {
 }
 
 func ExampleError() {
-	provider := upstreamtest.NewServer()
+	provider := simulator.NewServer()
 	defer provider.Close()
-	provider.SetScript(upstreamtest.Always(upstreamtest.Reply{Status: http.StatusServiceUnavailable}))
+	provider.SetScript(simulator.Always(simulator.Reply{Status: http.StatusServiceUnavailable}))
 
 	transport := &http.Transport{}
 	defer transport.CloseIdleConnections()

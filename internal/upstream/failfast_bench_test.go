@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // BenchmarkAnswerWithoutWaiting times the calls the tests check end
@@ -19,11 +19,11 @@ import (
 //	go test -run '^$' -bench AnswerWithoutWaiting ./internal/upstream/
 func BenchmarkAnswerWithoutWaiting(b *testing.B) {
 	b.Run("Retry-After past the deadline", func(b *testing.B) {
-		srv := upstreamtest.NewServer()
+		srv := simulator.NewServer()
 		b.Cleanup(srv.Close)
 		srv.AllowKey(testKey)
 		srv.KeepRequests(false)
-		srv.SetScript(upstreamtest.Always(upstreamtest.Reply{
+		srv.SetScript(simulator.Always(simulator.Reply{
 			Status: http.StatusServiceUnavailable,
 			Header: http.Header{"Retry-After": {"5"}},
 		}))

@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 const (
@@ -75,14 +75,14 @@ func TestKeyRotation(t *testing.T) {
 	for _, revoked := range []struct {
 		name   string
 		status int
-		revoke func(*upstreamtest.Server)
+		revoke func(*simulator.Server)
 	}{
-		{"403 revoked", http.StatusForbidden, func(s *upstreamtest.Server) { s.ForbidKey(oldKey) }},
-		{"401 unknown", http.StatusUnauthorized, func(*upstreamtest.Server) {}},
+		{"403 revoked", http.StatusForbidden, func(s *simulator.Server) { s.ForbidKey(oldKey) }},
+		{"401 unknown", http.StatusUnauthorized, func(*simulator.Server) {}},
 	} {
 		t.Run(revoked.name, func(t *testing.T) {
 			t.Parallel()
-			srv := upstreamtest.NewServer()
+			srv := simulator.NewServer()
 			t.Cleanup(srv.Close)
 			srv.AllowKey(newKey)
 			revoked.revoke(srv)
@@ -137,7 +137,7 @@ func TestKeyRotation(t *testing.T) {
 // tries no third time.
 func TestKeyRotationBothRefused(t *testing.T) {
 	t.Parallel()
-	srv := upstreamtest.NewServer()
+	srv := simulator.NewServer()
 	t.Cleanup(srv.Close)
 	srv.ForbidKey(oldKey)
 	srv.ForbidKey(newKey)
@@ -161,7 +161,7 @@ func TestKeyRotationBothRefused(t *testing.T) {
 // the first key the key in use if not; refused sets change nothing.
 func TestSetKeys(t *testing.T) {
 	t.Parallel()
-	srv := upstreamtest.NewServer()
+	srv := simulator.NewServer()
 	t.Cleanup(srv.Close)
 	srv.ForbidKey(oldKey)
 	srv.AllowKey(newKey)
@@ -208,7 +208,7 @@ func TestSetKeys(t *testing.T) {
 // through, each key is charged once, and the switch is logged once.
 func TestKeyRotationConcurrent(t *testing.T) {
 	t.Parallel()
-	srv := upstreamtest.NewServer()
+	srv := simulator.NewServer()
 	t.Cleanup(srv.Close)
 	srv.KeepRequests(false)
 	srv.AllowKey(oldKey)
@@ -280,11 +280,11 @@ func TestKeyRotationRedactsBothKeys(t *testing.T) {
 	echo := `{"error":"keys ` + oldKey + ` and ` + newKey + ` seen"}`
 	tests := []struct {
 		name   string
-		script upstreamtest.Script
+		script simulator.Script
 		wantOK bool
 	}{
-		{"both refused, echoing both", upstreamtest.Always(reply(http.StatusForbidden, echo)), false},
-		{"refused, then a reply echoing both", upstreamtest.Sequence(reply(http.StatusForbidden, echo), reply(http.StatusOK, echo)), true},
+		{"both refused, echoing both", simulator.Always(reply(http.StatusForbidden, echo)), false},
+		{"refused, then a reply echoing both", simulator.Sequence(reply(http.StatusForbidden, echo), reply(http.StatusOK, echo)), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // syncBuffer is a bytes.Buffer safe for a logger and a test to share.
@@ -57,7 +57,7 @@ func attemptLines(t *testing.T, logs string) []map[string]any {
 func TestAttemptLogsCause(t *testing.T) {
 	t.Parallel()
 	const key = "sk_SENTINEL_0123456789"
-	tlsClient := func(t *testing.T, srv *upstreamtest.Server, trust bool, serverName string) *http.Client {
+	tlsClient := func(t *testing.T, srv *simulator.Server, trust bool, serverName string) *http.Client {
 		tc := &tls.Config{ServerName: serverName}
 		if trust {
 			pool := x509.NewCertPool()
@@ -84,12 +84,12 @@ func TestAttemptLogsCause(t *testing.T) {
 			cfg.BaseURL = closedURL(t)
 		}, "connection refused", "unreachable", 0},
 		{"unknown certificate authority", func(t *testing.T, cfg *upstream.Config) {
-			srv := upstreamtest.NewTLSServer()
+			srv := simulator.NewTLSServer()
 			t.Cleanup(srv.Close)
 			cfg.BaseURL, cfg.HTTPClient = srv.URL, tlsClient(t, srv, false, "")
 		}, "unknown authority", "unreachable", 0},
 		{"hostname mismatch", func(t *testing.T, cfg *upstream.Config) {
-			srv := upstreamtest.NewTLSServer()
+			srv := simulator.NewTLSServer()
 			t.Cleanup(srv.Close)
 			cfg.BaseURL, cfg.HTTPClient = srv.URL, tlsClient(t, srv, true, "provider.example.test")
 		}, "provider.example.test", "unreachable", 0},
@@ -99,7 +99,7 @@ func TestAttemptLogsCause(t *testing.T) {
 			cfg.APIKey = key + "\nsecond-line"
 		}, "invalid header field value", "unreachable", 0},
 		{"provider status", func(t *testing.T, cfg *upstream.Config) {
-			srv := newServer(t, upstreamtest.Always(reply(http.StatusTooManyRequests, `{"key":"`+key+`"}`)))
+			srv := newServer(t, simulator.Always(reply(http.StatusTooManyRequests, `{"key":"`+key+`"}`)))
 			cfg.BaseURL = srv.URL
 		}, "429", "", 429},
 	}

@@ -14,8 +14,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 // encodings of a key, each character chosen by a digit of choice: plain,
@@ -427,7 +427,7 @@ func TestKeyRedactedInReplies(t *testing.T) {
 			body := `{"id":"pay_1","echo":"` + enc + `","nested":{"` + enc + `":["` + enc + `"]}}`
 			for _, status := range []int{http.StatusOK, http.StatusCreated, http.StatusBadRequest, http.StatusConflict, http.StatusBadGateway} {
 				srv := newServer(t, nil)
-				srv.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply { return reply(status, body) })
+				srv.SetScript(func(int, simulator.Request) simulator.Reply { return reply(status, body) })
 				srv.AllowKey(redactKey)
 				cfg := testConfig(t, srv.URL)
 				cfg.APIKey = redactKey

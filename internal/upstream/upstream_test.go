@@ -24,8 +24,8 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/upstream"
-	"example.com/paymentsd/internal/upstream/upstreamtest"
 )
 
 func TestMain(m *testing.M) {
@@ -36,9 +36,9 @@ const testKey = "sk_test_0123456789abcdef"
 
 // newServer starts a fake provider that accepts testKey and answers by
 // script (nil for the default behaviour).
-func newServer(t *testing.T, script upstreamtest.Script) *upstreamtest.Server {
+func newServer(t *testing.T, script simulator.Script) *simulator.Server {
 	t.Helper()
-	srv := upstreamtest.NewServer()
+	srv := simulator.NewServer()
 	t.Cleanup(srv.Close)
 	srv.AllowKey(testKey)
 	srv.SetScript(script)
@@ -134,8 +134,8 @@ func statusError(t *testing.T, err error) *upstream.StatusError {
 	return se
 }
 
-func reply(status int, body string) upstreamtest.Reply {
-	return upstreamtest.Reply{Status: status, Body: []byte(body)}
+func reply(status int, body string) simulator.Reply {
+	return simulator.Reply{Status: status, Body: []byte(body)}
 }
 
 func TestNew(t *testing.T) {
@@ -321,7 +321,7 @@ func TestSuccessPassThrough(t *testing.T) {
 	for _, status := range []int{http.StatusOK, http.StatusCreated, http.StatusAccepted} {
 		t.Run(strconv.Itoa(status), func(t *testing.T) {
 			t.Parallel()
-			srv := newServer(t, upstreamtest.Always(upstreamtest.Reply{Status: status, Body: raw}))
+			srv := newServer(t, simulator.Always(simulator.Reply{Status: status, Body: raw}))
 			c := newClient(t, testConfig(t, srv.URL))
 			r, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
 			if err != nil {
@@ -365,7 +365,7 @@ func TestRetriesRetryableStatus(t *testing.T) {
 	for _, status := range statuses {
 		t.Run(strconv.Itoa(status), func(t *testing.T) {
 			t.Parallel()
-			srv := newServer(t, upstreamtest.Sequence(reply(status, `{"error":"try again"}`)))
+			srv := newServer(t, simulator.Sequence(reply(status, `{"error":"try again"}`)))
 			c := newClient(t, testConfig(t, srv.URL))
 			p := payment("idem-retry")
 			r, err := c.CreateMultiCardPayment(t.Context(), p)
@@ -401,7 +401,7 @@ func TestNoRetryWhileMaybeAtProvider(t *testing.T) {
 	for _, status := range []int{408, 409, 422, 500, 502, 503, 504, 599, 302} {
 		t.Run(strconv.Itoa(status), func(t *testing.T) {
 			t.Parallel()
-			srv := newServer(t, upstreamtest.Sequence(reply(status, `{"error":"try again"}`)))
+			srv := newServer(t, simulator.Sequence(reply(status, `{"error":"try again"}`)))
 			c := newClient(t, testConfig(t, srv.URL))
 			_, err := c.CreateMultiCardPayment(t.Context(), payment("idem-maybe"))
 			ue := callError(t, err)
@@ -431,7 +431,7 @@ func TestNoRetryOnRefusal(t *testing.T) {
 	for _, status := range statuses {
 		t.Run(strconv.Itoa(status), func(t *testing.T) {
 			t.Parallel()
-			srv := newServer(t, upstreamtest.Always(upstreamtest.Reply{
+			srv := newServer(t, simulator.Always(simulator.Reply{
 				Status: status,
 				Header: http.Header{"Location": {"http://127.0.0.1:1/elsewhere"}},
 				Body:   []byte(`{"error":"no"}`),
@@ -492,7 +492,7 @@ func TestRetryLimits(t *testing.T) {
 	tests := []struct {
 		name         string
 		maxAttempts  int
-		script       upstreamtest.Script
+		script       simulator.Script
 		wantAttempts int
 		wantStatus   int
 		wantMaybe    bool
@@ -500,19 +500,19 @@ func TestRetryLimits(t *testing.T) {
 		{
 			name:         "MaxAttempts 1 disables retries",
 			maxAttempts:  1,
-			script:       upstreamtest.Sequence(reply(503, "")),
+			script:       simulator.Sequence(reply(503, "")),
 			wantAttempts: 1, wantStatus: 503, wantMaybe: true,
 		},
 		{
 			name:         "429 on every attempt, 4 allowed",
 			maxAttempts:  4,
-			script:       upstreamtest.Always(reply(429, "")),
+			script:       simulator.Always(reply(429, "")),
 			wantAttempts: 4, wantStatus: 429, wantMaybe: false,
 		},
 		{
 			name:         "zero MaxAttempts is the default",
 			maxAttempts:  0,
-			script:       upstreamtest.Always(reply(429, "")),
+			script:       simulator.Always(reply(429, "")),
 			wantAttempts: upstream.DefaultMaxAttempts, wantStatus: 429, wantMaybe: false,
 		},
 		{
@@ -520,14 +520,14 @@ func TestRetryLimits(t *testing.T) {
 			// later refusal does not undo that.
 			name:         "refusal after a 2xx cut off",
 			maxAttempts:  3,
-			script:       upstreamtest.Sequence(upstreamtest.Reply{Status: 200, Body: []byte(`{"id":"p"}`), Fault: upstreamtest.CutBody}, reply(400, "")),
+			script:       simulator.Sequence(simulator.Reply{Status: 200, Body: []byte(`{"id":"p"}`), Fault: simulator.CutBody}, reply(400, "")),
 			wantAttempts: 2, wantStatus: 400, wantMaybe: true,
 		},
 		{
 			// 429 is a refusal before any work: retried, but no payment.
 			name:         "429 on every attempt",
 			maxAttempts:  2,
-			script:       upstreamtest.Always(reply(429, "")),
+			script:       simulator.Always(reply(429, "")),
 			wantAttempts: 2, wantStatus: 429, wantMaybe: false,
 		},
 	}
@@ -561,17 +561,17 @@ func TestTransportFaults(t *testing.T) {
 	okBody := []byte(`{"id":"pay_1","status":"COMPLETED","cards":[{"last4":"4242"}]}`)
 	faults := []struct {
 		name       string
-		reply      upstreamtest.Reply
+		reply      simulator.Reply
 		atProvider bool
 	}{
-		{"reset", upstreamtest.Reply{Fault: upstreamtest.Reset}, true},
-		{"hangup", upstreamtest.Reply{Fault: upstreamtest.Hangup}, true},
-		{"cut body", upstreamtest.Reply{Status: http.StatusOK, Body: okBody, Fault: upstreamtest.CutBody}, false},
+		{"reset", simulator.Reply{Fault: simulator.Reset}, true},
+		{"hangup", simulator.Reply{Fault: simulator.Hangup}, true},
+		{"cut body", simulator.Reply{Status: http.StatusOK, Body: okBody, Fault: simulator.CutBody}, false},
 	}
 	for _, f := range faults {
 		t.Run(f.name+" once", func(t *testing.T) {
 			t.Parallel()
-			srv := newServer(t, upstreamtest.Sequence(f.reply))
+			srv := newServer(t, simulator.Sequence(f.reply))
 			c := newClient(t, testConfig(t, srv.URL))
 			p := payment("idem-fault")
 			before := time.Now()
@@ -608,7 +608,7 @@ func TestTransportFaults(t *testing.T) {
 		})
 		t.Run(f.name+" always", func(t *testing.T) {
 			t.Parallel()
-			srv := newServer(t, upstreamtest.Always(f.reply))
+			srv := newServer(t, simulator.Always(f.reply))
 			c := newClient(t, testConfig(t, srv.URL))
 			_, err := c.CreateMultiCardPayment(t.Context(), payment("idem-fault"))
 			ue := callError(t, err)
@@ -633,7 +633,7 @@ func TestTransportFaults(t *testing.T) {
 // provider's answer; the request may still be at the provider.
 func TestGatewayTimeoutIsNotRetried(t *testing.T) {
 	t.Parallel()
-	srv := newServer(t, upstreamtest.Sequence(reply(http.StatusGatewayTimeout, `{"error":"upstream timed out"}`)))
+	srv := newServer(t, simulator.Sequence(reply(http.StatusGatewayTimeout, `{"error":"upstream timed out"}`)))
 	c := newClient(t, testConfig(t, srv.URL))
 	_, err := c.CreateMultiCardPayment(t.Context(), payment("idem-504"))
 	ue := callError(t, err)
@@ -650,7 +650,7 @@ func TestGatewayTimeoutIsNotRetried(t *testing.T) {
 // deadline after it was written may still be at the provider.
 func TestDeadlineAfterWriteIsAtProvider(t *testing.T) {
 	t.Parallel()
-	srv := newServer(t, upstreamtest.Always(upstreamtest.Reply{Delay: time.Minute}))
+	srv := newServer(t, simulator.Always(simulator.Reply{Delay: time.Minute}))
 	c := newClient(t, testConfig(t, srv.URL))
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
@@ -713,7 +713,7 @@ func TestBadSuccessBody(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := newServer(t, upstreamtest.Always(reply(http.StatusOK, tt.body)))
+			srv := newServer(t, simulator.Always(reply(http.StatusOK, tt.body)))
 			c := newClient(t, testConfig(t, srv.URL))
 			r, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
 			if err == nil {
@@ -756,7 +756,7 @@ func TestReplySizeLimit(t *testing.T) {
 			if len(body) != tt.size {
 				t.Fatalf("test body is %d bytes, want %d", len(body), tt.size)
 			}
-			srv := newServer(t, upstreamtest.Always(reply(http.StatusOK, body)))
+			srv := newServer(t, simulator.Always(reply(http.StatusOK, body)))
 			cfg := testConfig(t, srv.URL)
 			cfg.MaxResponseBytes = limit
 			c := newClient(t, cfg)
@@ -776,7 +776,7 @@ func TestReplySizeLimit(t *testing.T) {
 }
 
 // waitCanceled waits for the fake to see a client go away.
-func waitCanceled(t *testing.T, srv *upstreamtest.Server) {
+func waitCanceled(t *testing.T, srv *simulator.Server) {
 	t.Helper()
 	select {
 	case <-srv.Canceled():
@@ -818,20 +818,20 @@ func TestDeadline(t *testing.T) {
 	const short = 2 * time.Second
 	tests := []struct {
 		name    string
-		reply   upstreamtest.Reply
+		reply   simulator.Reply
 		timeout time.Duration // Config.Timeout
 		ctxTime time.Duration // the caller's deadline
 	}{
-		{"caller deadline during delay", upstreamtest.Reply{Delay: long}, 0, short},
-		{"Config.Timeout during delay", upstreamtest.Reply{Delay: long}, short, 0},
-		{"caller deadline before Config.Timeout", upstreamtest.Reply{Delay: long}, time.Hour, short},
-		{"Config.Timeout before caller deadline", upstreamtest.Reply{Delay: long}, short, time.Hour},
+		{"caller deadline during delay", simulator.Reply{Delay: long}, 0, short},
+		{"Config.Timeout during delay", simulator.Reply{Delay: long}, short, 0},
+		{"caller deadline before Config.Timeout", simulator.Reply{Delay: long}, time.Hour, short},
+		{"Config.Timeout before caller deadline", simulator.Reply{Delay: long}, short, time.Hour},
 		{
 			"caller deadline during dribbled body",
-			upstreamtest.Reply{
+			simulator.Reply{
 				Status:          http.StatusOK,
 				Body:            []byte(`{"pad":"` + strings.Repeat("x", 200) + `"}`),
-				Fault:           upstreamtest.Dribble,
+				Fault:           simulator.Dribble,
 				DribbleInterval: 50 * time.Millisecond,
 			},
 			0, short,
@@ -840,7 +840,7 @@ func TestDeadline(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := newServer(t, upstreamtest.Always(tt.reply))
+			srv := newServer(t, simulator.Always(tt.reply))
 			cfg := testConfig(t, srv.URL)
 			cfg.Timeout = tt.timeout
 			c := newClient(t, cfg)
@@ -867,7 +867,7 @@ func TestDeadline(t *testing.T) {
 // the provider's answer, not its own deadline.
 func TestBackoffPastDeadline(t *testing.T) {
 	t.Parallel()
-	srv := newServer(t, upstreamtest.Always(upstreamtest.Reply{
+	srv := newServer(t, simulator.Always(simulator.Reply{
 		Status: http.StatusServiceUnavailable,
 		Header: http.Header{"Retry-After": {"5"}},
 	}))
@@ -892,11 +892,11 @@ func TestBackoffPastDeadline(t *testing.T) {
 func TestCanceledDuringBackoff(t *testing.T) {
 	t.Parallel()
 	arrived := make(chan struct{}, 1)
-	srv := newServer(t, func(n int, _ upstreamtest.Request) upstreamtest.Reply {
+	srv := newServer(t, func(n int, _ simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
 		// A 429 is refused unprocessed, so the client waits and tries
 		// again (a 503 may still be worked on: it is not retried).
-		return upstreamtest.Reply{Status: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"3600"}}}
+		return simulator.Reply{Status: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"3600"}}}
 	})
 	cfg := testConfig(t, srv.URL)
 	cfg.MaxRetryAfter = time.Hour // the wait only the cancellation can end
@@ -953,11 +953,11 @@ func TestRetryAfterHonoured(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := newServer(t, func(n int, _ upstreamtest.Request) upstreamtest.Reply {
+			srv := newServer(t, func(n int, _ simulator.Request) simulator.Reply {
 				if n == 1 {
-					return upstreamtest.Reply{Status: tt.status, Header: http.Header{"Retry-After": {tt.retryAfter()}}}
+					return simulator.Reply{Status: tt.status, Header: http.Header{"Retry-After": {tt.retryAfter()}}}
 				}
-				return upstreamtest.Reply{}
+				return simulator.Reply{}
 			})
 			c := newClient(t, testConfig(t, srv.URL))
 			start := time.Now()
@@ -994,7 +994,7 @@ func TestRetryAfterCapped(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := newServer(t, upstreamtest.Always(upstreamtest.Reply{
+			srv := newServer(t, simulator.Always(simulator.Reply{
 				Status: http.StatusServiceUnavailable,
 				Header: http.Header{"Retry-After": {tt.retryAfter}},
 			}))
@@ -1013,7 +1013,7 @@ func TestRetryAfterCapped(t *testing.T) {
 	// not the hour asked for (the call returns).
 	t.Run("wait", func(t *testing.T) {
 		t.Parallel()
-		srv := newServer(t, upstreamtest.Sequence(upstreamtest.Reply{
+		srv := newServer(t, simulator.Sequence(simulator.Reply{
 			Status: http.StatusTooManyRequests,
 			Header: http.Header{"Retry-After": {"3600"}},
 		}))
@@ -1084,7 +1084,7 @@ func TestCircuitBreaker(t *testing.T) {
 
 	t.Run("opens after failures", func(t *testing.T) {
 		t.Parallel()
-		srv := newServer(t, upstreamtest.Always(reply(http.StatusServiceUnavailable, "")))
+		srv := newServer(t, simulator.Always(reply(http.StatusServiceUnavailable, "")))
 		c := newClient(t, breakerConfig(t, srv.URL, time.Hour))
 		for i := range 3 {
 			_, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
@@ -1135,7 +1135,7 @@ func TestCircuitBreaker(t *testing.T) {
 
 	t.Run("refusals do not open it", func(t *testing.T) {
 		t.Parallel()
-		srv := newServer(t, upstreamtest.Sequence(
+		srv := newServer(t, simulator.Sequence(
 			reply(503, ""), reply(503, ""), reply(409, ""), // a refusal resets the count
 			reply(503, ""), reply(503, ""), reply(400, ""),
 			reply(401, ""), reply(403, ""), reply(404, ""), reply(422, ""), reply(429, ""),
@@ -1153,10 +1153,10 @@ func TestCircuitBreaker(t *testing.T) {
 
 	t.Run("caller deadlines do not open it", func(t *testing.T) {
 		t.Parallel()
-		srv := newServer(t, upstreamtest.Sequence(
-			upstreamtest.Reply{Delay: time.Hour},
-			upstreamtest.Reply{Delay: time.Hour},
-			upstreamtest.Reply{Delay: time.Hour},
+		srv := newServer(t, simulator.Sequence(
+			simulator.Reply{Delay: time.Hour},
+			simulator.Reply{Delay: time.Hour},
+			simulator.Reply{Delay: time.Hour},
 		))
 		c := newClient(t, breakerConfig(t, srv.URL, time.Hour))
 		for i := range 3 {
@@ -1175,7 +1175,7 @@ func TestCircuitBreaker(t *testing.T) {
 
 	t.Run("closes after cooldown", func(t *testing.T) {
 		t.Parallel()
-		srv := newServer(t, upstreamtest.Always(reply(http.StatusServiceUnavailable, "")))
+		srv := newServer(t, simulator.Always(reply(http.StatusServiceUnavailable, "")))
 		c := newClient(t, breakerConfig(t, srv.URL, 50*time.Millisecond))
 		for range 3 {
 			c.CreateMultiCardPayment(t.Context(), payment("k"))
@@ -1214,7 +1214,7 @@ func TestCircuitBreaker(t *testing.T) {
 
 	t.Run("failed probe reopens it", func(t *testing.T) {
 		t.Parallel()
-		srv := newServer(t, upstreamtest.Always(reply(http.StatusInternalServerError, "")))
+		srv := newServer(t, simulator.Always(reply(http.StatusInternalServerError, "")))
 		c := newClient(t, breakerConfig(t, srv.URL, 50*time.Millisecond))
 		for range 3 {
 			c.CreateMultiCardPayment(t.Context(), payment("k"))
@@ -1251,27 +1251,27 @@ func TestCircuitBreaker(t *testing.T) {
 func TestKeyNeverInErrors(t *testing.T) {
 	t.Parallel()
 	const key = "sk_SENTINEL_0123456789"
-	echo := func(status int) upstreamtest.Script {
-		return func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	echo := func(status int) simulator.Script {
+		return func(_ int, r simulator.Request) simulator.Reply {
 			k := r.Header.Get("X-Api-Key")
 			return reply(status, `{"error":"bad key `+k+`","again":"`+k+k+`"}`)
 		}
 	}
 	tests := []struct {
 		name    string
-		script  upstreamtest.Script
+		script  simulator.Script
 		closed  bool // call a closed port instead
 		ctxTime time.Duration
 	}{
 		{name: "401 echoing the key", script: echo(http.StatusUnauthorized)},
 		{name: "403 echoing the key", script: echo(http.StatusForbidden)},
 		{name: "500 echoing the key", script: echo(http.StatusInternalServerError)},
-		{name: "reset", script: upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Reset})},
-		{name: "hangup", script: upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Hangup})},
-		{name: "cut body", script: upstreamtest.Always(upstreamtest.Reply{Status: 200, Body: []byte(`{"key":"` + key + `"}`), Fault: upstreamtest.CutBody})},
-		{name: "malformed 200 with the key", script: upstreamtest.Always(reply(200, `{"key":"`+key+`"`))},
-		{name: "oversized 200 with the key", script: upstreamtest.Always(reply(200, `{"key":"`+key+strings.Repeat(" ", 2<<20)+`"}`))},
-		{name: "deadline", script: upstreamtest.Always(upstreamtest.Reply{Delay: time.Hour}), ctxTime: 50 * time.Millisecond},
+		{name: "reset", script: simulator.Always(simulator.Reply{Fault: simulator.Reset})},
+		{name: "hangup", script: simulator.Always(simulator.Reply{Fault: simulator.Hangup})},
+		{name: "cut body", script: simulator.Always(simulator.Reply{Status: 200, Body: []byte(`{"key":"` + key + `"}`), Fault: simulator.CutBody})},
+		{name: "malformed 200 with the key", script: simulator.Always(reply(200, `{"key":"`+key+`"`))},
+		{name: "oversized 200 with the key", script: simulator.Always(reply(200, `{"key":"`+key+strings.Repeat(" ", 2<<20)+`"}`))},
+		{name: "deadline", script: simulator.Always(simulator.Reply{Delay: time.Hour}), ctxTime: 50 * time.Millisecond},
 		{name: "unreachable", closed: true},
 	}
 	for _, tt := range tests {
@@ -1324,7 +1324,7 @@ func TestKeyRedactedAtErrorBodyLimit(t *testing.T) {
 		t.Run(strconv.Itoa(before), func(t *testing.T) {
 			t.Parallel()
 			body := strings.Repeat(".", before) + key + strings.Repeat(".", 100)
-			srv := newServer(t, upstreamtest.Always(reply(http.StatusUnauthorized, body)))
+			srv := newServer(t, simulator.Always(reply(http.StatusUnauthorized, body)))
 			srv.AllowKey(key)
 			cfg := testConfig(t, srv.URL)
 			cfg.APIKey = key
@@ -1418,7 +1418,7 @@ func TestNoKeyPrefixAtErrorBodyCut(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := newServer(t, upstreamtest.Always(reply(http.StatusBadRequest, tt.body)))
+			srv := newServer(t, simulator.Always(reply(http.StatusBadRequest, tt.body)))
 			c := newClient(t, testConfig(t, srv.URL))
 			_, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
 			se := statusError(t, err)
@@ -1472,11 +1472,11 @@ func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := upstream.NewMetrics(reg)
 	arrived := make(chan struct{}, 1)
-	srv := newServer(t, upstreamtest.Sequence(
+	srv := newServer(t, simulator.Sequence(
 		reply(429, ""), // call 1: 429, then 200
-		upstreamtest.Reply{},
-		reply(409, ""), // call 2: 409
-		upstreamtest.Reply{Fault: upstreamtest.Reset}, // call 3: lost, and not retried
+		simulator.Reply{},
+		reply(409, ""),                          // call 2: 409
+		simulator.Reply{Fault: simulator.Reset}, // call 3: lost, and not retried
 	))
 	cfg := testConfig(t, srv.URL)
 	cfg.Metrics = m
@@ -1486,9 +1486,9 @@ func TestMetrics(t *testing.T) {
 	}
 
 	// A call that stays in flight until canceled.
-	srv.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	srv.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Delay: time.Hour}
+		return simulator.Reply{Delay: time.Hour}
 	})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -1546,7 +1546,7 @@ func TestMetrics(t *testing.T) {
 // A nil *Metrics records nothing and is safe.
 func TestNilMetrics(t *testing.T) {
 	t.Parallel()
-	srv := newServer(t, upstreamtest.Sequence(reply(429, "")))
+	srv := newServer(t, simulator.Sequence(reply(429, "")))
 	c := newClient(t, testConfig(t, srv.URL))
 	if _, err := c.CreateMultiCardPayment(t.Context(), payment("k")); err != nil {
 		t.Fatal(err)
@@ -1557,14 +1557,14 @@ func TestNilMetrics(t *testing.T) {
 func TestConcurrentCalls(t *testing.T) {
 	t.Parallel()
 	const calls = 200
-	srv := newServer(t, func(n int, _ upstreamtest.Request) upstreamtest.Reply {
+	srv := newServer(t, func(n int, _ simulator.Request) simulator.Reply {
 		switch n % 6 {
 		case 3:
 			return reply(http.StatusServiceUnavailable, "")
 		case 0:
-			return upstreamtest.Reply{Fault: upstreamtest.Reset}
+			return simulator.Reply{Fault: simulator.Reset}
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	c := newClient(t, testConfig(t, srv.URL))
 
@@ -1629,7 +1629,7 @@ func TestConcurrentCalls(t *testing.T) {
 // provider it cannot trust is one it never reached.
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	tlsConfig := func(t *testing.T, srv *upstreamtest.Server, trust bool) upstream.Config {
+	tlsConfig := func(t *testing.T, srv *simulator.Server, trust bool) upstream.Config {
 		cfg := testConfig(t, srv.URL)
 		tr := &http.Transport{}
 		if trust {
@@ -1644,7 +1644,7 @@ func TestTLS(t *testing.T) {
 	tests := []struct {
 		name         string
 		trust        bool
-		script       upstreamtest.Script
+		script       simulator.Script
 		wantErr      error
 		wantAttempts int
 		wantMaybe    bool
@@ -1653,14 +1653,14 @@ func TestTLS(t *testing.T) {
 		{"success", true, nil, nil, 1, false, 1},
 		// A request lost after it was written may still be at the
 		// provider: it is not followed by another.
-		{"reset", true, upstreamtest.Sequence(upstreamtest.Reply{Fault: upstreamtest.Reset}), upstream.ErrConnectionLost, 1, true, 1},
-		{"hangup", true, upstreamtest.Always(upstreamtest.Reply{Fault: upstreamtest.Hangup}), upstream.ErrConnectionLost, 1, true, 1},
+		{"reset", true, simulator.Sequence(simulator.Reply{Fault: simulator.Reset}), upstream.ErrConnectionLost, 1, true, 1},
+		{"hangup", true, simulator.Always(simulator.Reply{Fault: simulator.Hangup}), upstream.ErrConnectionLost, 1, true, 1},
 		{"untrusted certificate", false, nil, upstream.ErrUnreachable, 3, false, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := upstreamtest.NewTLSServer()
+			srv := simulator.NewTLSServer()
 			t.Cleanup(srv.Close)
 			srv.AllowKey(testKey)
 			srv.SetScript(tt.script)
@@ -1692,11 +1692,11 @@ func TestTLS(t *testing.T) {
 // to wherever the provider points.
 func TestRedirectNotFollowed(t *testing.T) {
 	t.Parallel()
-	elsewhere := upstreamtest.NewServer()
+	elsewhere := simulator.NewServer()
 	t.Cleanup(elsewhere.Close)
-	srv := upstreamtest.NewServer()
+	srv := simulator.NewServer()
 	t.Cleanup(srv.Close)
-	srv.SetScript(upstreamtest.Always(upstreamtest.Reply{
+	srv.SetScript(simulator.Always(simulator.Reply{
 		Status: http.StatusTemporaryRedirect,
 		Header: http.Header{"Location": {elsewhere.URL + "/multi-card-payments"}},
 	}))
@@ -1722,11 +1722,11 @@ func TestOutcomeByStatus(t *testing.T) {
 	t.Parallel()
 	notCreated := []int{400, 401, 403, 404, 405, 406, 411, 413, 414, 415, 429, 431}
 	maybe := []int{300, 301, 302, 303, 304, 307, 308, 402, 408, 409, 410, 412, 416, 417, 418, 421, 422, 423, 424, 425, 426, 428, 451, 499, 500, 501, 502, 503, 504, 599}
-	srv := newServer(t, func(_ int, r upstreamtest.Request) upstreamtest.Reply {
+	srv := newServer(t, func(_ int, r simulator.Request) simulator.Reply {
 		var body struct{ IdempotencyKey string }
 		json.Unmarshal(r.Body, &body)
 		status, _ := strconv.Atoi(body.IdempotencyKey)
-		return upstreamtest.Reply{Status: status, Body: []byte(`{"error":"scripted"}`)}
+		return simulator.Reply{Status: status, Body: []byte(`{"error":"scripted"}`)}
 	})
 	cfg := testConfig(t, srv.URL)
 	cfg.MaxAttempts = 1
@@ -1756,8 +1756,8 @@ func TestOutcomeByStatus(t *testing.T) {
 // outcome unknown, whatever later attempts answer.
 func TestOutcomeUnknownSticks(t *testing.T) {
 	t.Parallel()
-	cut := upstreamtest.Reply{Status: http.StatusOK, Body: []byte(`{"id":"p"}`), Fault: upstreamtest.CutBody}
-	srv := newServer(t, upstreamtest.Sequence(cut, reply(http.StatusTooManyRequests, "")))
+	cut := simulator.Reply{Status: http.StatusOK, Body: []byte(`{"id":"p"}`), Fault: simulator.CutBody}
+	srv := newServer(t, simulator.Sequence(cut, reply(http.StatusTooManyRequests, "")))
 	cfg := testConfig(t, srv.URL)
 	cfg.MaxAttempts = 2
 	c := newClient(t, cfg)
@@ -1780,7 +1780,7 @@ func TestNoBase64PrefixAtErrorBodyCut(t *testing.T) {
 		body := shrink + strings.Repeat(".", readLimit-len(shrink)-m) + form + " trailing"
 		srv := newServer(t, nil)
 		srv.AllowKey(key)
-		srv.SetScript(upstreamtest.Always(reply(http.StatusBadRequest, body)))
+		srv.SetScript(simulator.Always(reply(http.StatusBadRequest, body)))
 		cfg := testConfig(t, srv.URL)
 		cfg.APIKey = key
 		_, err := newClient(t, cfg).CreateMultiCardPayment(t.Context(), payment("k"))
@@ -1798,7 +1798,7 @@ func TestEscapedBase64InCutJSONBody(t *testing.T) {
 	body := `{"error":"invalid credentials","echo":"Basic c2tfbGl2ZV9xOFpyL3g\/WWszblAwd35MbT0=","trace":"` + strings.Repeat("x", 20000) + `"}`
 	srv := newServer(t, nil)
 	srv.AllowKey(key)
-	srv.SetScript(upstreamtest.Always(reply(http.StatusUnauthorized, body)))
+	srv.SetScript(simulator.Always(reply(http.StatusUnauthorized, body)))
 	cfg := testConfig(t, srv.URL)
 	cfg.APIKey = key
 	_, err := newClient(t, cfg).CreateMultiCardPayment(t.Context(), payment("k"))

@@ -1,4 +1,4 @@
-package upstreamtest
+package simulator
 
 import (
 	"net/http"

@@ -1,4 +1,4 @@
-// Package upstreamtest is a fake payment provider, in the style of
+// Package simulator is a fake payment provider, in the style of
 // net/http/httptest. By default it behaves as the provider's documentation
 // says: it checks x-api-key (401 when missing or unknown, 403 when known but
 // not permitted), checks the request body (400 when it is not the documented
@@ -18,7 +18,7 @@
 // its own, so the history says whose request each was.
 //
 // paymentsd --simulate runs the same server in-process.
-package upstreamtest
+package simulator
 
 import (
 	"bytes"
@@ -227,7 +227,7 @@ type listenerKey struct{}
 func (s *Server) AddListener(name string) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		panic(fmt.Sprintf("upstreamtest: listen: %v", err))
+		panic(fmt.Sprintf("simulator: listen: %v", err))
 	}
 	scheme := "http"
 	if s.srv.TLS != nil {
@@ -629,7 +629,7 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request, reply Reply, key s
 	case Reset, Hangup, CutBody:
 		conn, buf, err := http.NewResponseController(w).Hijack()
 		if err != nil {
-			panic(fmt.Sprintf("upstreamtest: hijack: %v", err))
+			panic(fmt.Sprintf("simulator: hijack: %v", err))
 		}
 		defer conn.Close()
 		switch reply.Fault {

@@ -1,4 +1,4 @@
-package upstreamtest_test
+package simulator_test
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"example.com/paymentsd/internal/upstream/upstreamtest"
+	"example.com/paymentsd/internal/simulator"
 )
 
 const (
@@ -31,9 +31,9 @@ const (
 )
 
 // newServer starts a fake provider that knows goodKey and forbiddenKey.
-func newServer(t *testing.T) *upstreamtest.Server {
+func newServer(t *testing.T) *simulator.Server {
 	t.Helper()
-	srv := upstreamtest.NewServer()
+	srv := simulator.NewServer()
 	t.Cleanup(srv.Close)
 	srv.AllowKey(goodKey)
 	srv.ForbidKey(forbiddenKey)
@@ -86,7 +86,7 @@ func do(t *testing.T, client *http.Client, baseURL string, c call) (result, erro
 }
 
 // mustDo is do for requests that must get a complete reply.
-func mustDo(t *testing.T, srv *upstreamtest.Server, c call) result {
+func mustDo(t *testing.T, srv *simulator.Server, c call) result {
 	t.Helper()
 	r, err := do(t, srv.Client(), srv.URL, c)
 	if err != nil {
@@ -311,9 +311,9 @@ func TestDefaultUnknownEndpoint(t *testing.T) {
 func TestSequence(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t)
-	srv.SetScript(upstreamtest.Sequence(
-		upstreamtest.Reply{Status: http.StatusServiceUnavailable, Header: http.Header{"Retry-After": {"7"}}, Body: []byte(`{"busy":true}`)},
-		upstreamtest.Reply{Status: http.StatusCreated, Body: []byte(`{"id":"pay_1"}`)},
+	srv.SetScript(simulator.Sequence(
+		simulator.Reply{Status: http.StatusServiceUnavailable, Header: http.Header{"Retry-After": {"7"}}, Body: []byte(`{"busy":true}`)},
+		simulator.Reply{Status: http.StatusCreated, Body: []byte(`{"id":"pay_1"}`)},
 	))
 	want := []struct {
 		status     int
@@ -346,7 +346,7 @@ func TestSequence(t *testing.T) {
 func TestAlways(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t)
-	srv.SetScript(upstreamtest.Always(upstreamtest.Reply{Status: http.StatusAccepted, Body: []byte(`{"ok":true}`)}))
+	srv.SetScript(simulator.Always(simulator.Reply{Status: http.StatusAccepted, Body: []byte(`{"ok":true}`)}))
 	for i := range 3 {
 		r := mustDo(t, srv, call{body: "not even json"})
 		if r.status != http.StatusAccepted || string(r.body) != `{"ok":true}` {
@@ -366,9 +366,9 @@ func TestAlways(t *testing.T) {
 func TestReplyHeaders(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t)
-	srv.SetScript(upstreamtest.Sequence(
-		upstreamtest.Reply{Status: http.StatusOK, Body: []byte(`<html></html>`), Header: http.Header{"Content-Type": {"text/html"}, "X-Multi": {"a", "b"}}},
-		upstreamtest.Reply{Status: http.StatusOK, Body: []byte(`{}`)},
+	srv.SetScript(simulator.Sequence(
+		simulator.Reply{Status: http.StatusOK, Body: []byte(`<html></html>`), Header: http.Header{"Content-Type": {"text/html"}, "X-Multi": {"a", "b"}}},
+		simulator.Reply{Status: http.StatusOK, Body: []byte(`{}`)},
 	))
 	r := mustDo(t, srv, call{key: goodKey, body: goodBody})
 	if got := r.header.Get("Content-Type"); got != "text/html" {
@@ -397,11 +397,11 @@ func TestScriptAndRequests(t *testing.T) {
 		mu  sync.Mutex
 		got []seen
 	)
-	srv.SetScript(func(n int, r upstreamtest.Request) upstreamtest.Reply {
+	srv.SetScript(func(n int, r simulator.Request) simulator.Reply {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, seen{n, r.Header.Get("X-Api-Key"), string(r.Body)})
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	bodies := []string{
 		`{"amountMoney":{"currency":"USD","amount":1},"idempotencyKey":"a"}`,
@@ -449,14 +449,14 @@ func TestKeepRequestsFalse(t *testing.T) {
 		mu sync.Mutex
 		ns []int
 	)
-	srv.SetScript(func(n int, r upstreamtest.Request) upstreamtest.Reply {
+	srv.SetScript(func(n int, r simulator.Request) simulator.Reply {
 		mu.Lock()
 		defer mu.Unlock()
 		ns = append(ns, n)
 		if string(r.Body) != goodBody {
 			t.Errorf("script got body %q, want %q", r.Body, goodBody)
 		}
-		return upstreamtest.Reply{}
+		return simulator.Reply{}
 	})
 	srv.KeepRequests(false)
 	for range 3 {
@@ -508,7 +508,7 @@ func TestConnections(t *testing.T) {
 }
 
 // clientFor returns an HTTP client of the test's own that trusts srv.
-func clientFor(t *testing.T, srv *upstreamtest.Server) *http.Client {
+func clientFor(t *testing.T, srv *simulator.Server) *http.Client {
 	t.Helper()
 	tr := &http.Transport{}
 	if cert := srv.Certificate(); cert != nil {
@@ -525,13 +525,13 @@ func TestFaults(t *testing.T) {
 	full := []byte(`{"id":"pay_1","status":"COMPLETED","padding":"0123456789"}`)
 	tests := []struct {
 		name  string
-		reply upstreamtest.Reply
+		reply simulator.Reply
 		// check judges the outcome of one request.
 		check func(t *testing.T, r result, err error)
 	}{
 		{
 			name:  "Reset",
-			reply: upstreamtest.Reply{Fault: upstreamtest.Reset},
+			reply: simulator.Reply{Fault: simulator.Reset},
 			check: func(t *testing.T, r result, err error) {
 				if !errors.Is(err, syscall.ECONNRESET) {
 					t.Errorf("got %d %s, %v; want a connection reset", r.status, r.body, err)
@@ -540,7 +540,7 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "Hangup",
-			reply: upstreamtest.Reply{Fault: upstreamtest.Hangup},
+			reply: simulator.Reply{Fault: simulator.Hangup},
 			check: func(t *testing.T, r result, err error) {
 				if !errors.Is(err, io.EOF) {
 					t.Errorf("got %d %s, %v; want io.EOF before any response", r.status, r.body, err)
@@ -549,7 +549,7 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "CutBody",
-			reply: upstreamtest.Reply{Status: http.StatusOK, Body: full, Fault: upstreamtest.CutBody},
+			reply: simulator.Reply{Status: http.StatusOK, Body: full, Fault: simulator.CutBody},
 			check: func(t *testing.T, r result, err error) {
 				if r.status != http.StatusOK {
 					t.Errorf("status = %d, want 200 before the cut", r.status)
@@ -567,7 +567,7 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "Dribble",
-			reply: upstreamtest.Reply{Status: http.StatusCreated, Body: full, Fault: upstreamtest.Dribble, DribbleInterval: time.Microsecond},
+			reply: simulator.Reply{Status: http.StatusCreated, Body: full, Fault: simulator.Dribble, DribbleInterval: time.Microsecond},
 			check: func(t *testing.T, r result, err error) {
 				if err != nil || r.status != http.StatusCreated || !bytes.Equal(r.body, full) {
 					t.Errorf("got %d %q, %v; want 201 and the whole body", r.status, r.body, err)
@@ -576,7 +576,7 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:  "Delay",
-			reply: upstreamtest.Reply{Delay: 10 * time.Millisecond},
+			reply: simulator.Reply{Delay: 10 * time.Millisecond},
 			check: func(t *testing.T, r result, err error) {
 				if err != nil || r.status != http.StatusOK {
 					t.Errorf("got %d %s, %v; want the default 200 after the delay", r.status, r.body, err)
@@ -586,10 +586,10 @@ func TestFaults(t *testing.T) {
 	}
 	servers := []struct {
 		name string
-		new  func() *upstreamtest.Server
+		new  func() *simulator.Server
 	}{
-		{"HTTP", upstreamtest.NewServer},
-		{"HTTPS", upstreamtest.NewTLSServer},
+		{"HTTP", simulator.NewServer},
+		{"HTTPS", simulator.NewTLSServer},
 	}
 	for _, s := range servers {
 		for _, tt := range tests {
@@ -598,7 +598,7 @@ func TestFaults(t *testing.T) {
 				srv := s.new()
 				t.Cleanup(srv.Close)
 				srv.AllowKey(goodKey)
-				srv.SetScript(upstreamtest.Sequence(tt.reply))
+				srv.SetScript(simulator.Sequence(tt.reply))
 				client := clientFor(t, srv)
 				r, err := do(t, client, srv.URL, call{key: goodKey, body: goodBody})
 				tt.check(t, r, err)
@@ -618,7 +618,7 @@ func TestFaults(t *testing.T) {
 
 func TestTLSServer(t *testing.T) {
 	t.Parallel()
-	srv := upstreamtest.NewTLSServer()
+	srv := simulator.NewTLSServer()
 	t.Cleanup(srv.Close)
 	srv.AllowKey(goodKey)
 	if !strings.HasPrefix(srv.URL, "https://127.0.0.1:") || !strings.HasSuffix(srv.URL, "/v1") {
@@ -641,7 +641,7 @@ func TestTLSServer(t *testing.T) {
 		t.Errorf("Requests() has %d requests, want 1", n)
 	}
 
-	plain := upstreamtest.NewServer()
+	plain := simulator.NewServer()
 	t.Cleanup(plain.Close)
 	if plain.Certificate() != nil {
 		t.Error("Certificate() is not nil for a plain HTTP server")
@@ -654,9 +654,9 @@ func TestWait(t *testing.T) {
 	srv := newServer(t)
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 1)
-	srv.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	srv.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Wait: release}
+		return simulator.Reply{Wait: release}
 	})
 	type answer struct {
 		r   result
@@ -684,18 +684,18 @@ func TestCanceled(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name  string
-		reply upstreamtest.Reply
+		reply simulator.Reply
 	}{
-		{"Delay", upstreamtest.Reply{Delay: time.Hour}},
-		{"Wait", upstreamtest.Reply{Wait: make(chan struct{})}},
-		{"Dribble", upstreamtest.Reply{Status: http.StatusOK, Body: bytes.Repeat([]byte(" "), 100), Fault: upstreamtest.Dribble, DribbleInterval: time.Hour}},
+		{"Delay", simulator.Reply{Delay: time.Hour}},
+		{"Wait", simulator.Reply{Wait: make(chan struct{})}},
+		{"Dribble", simulator.Reply{Status: http.StatusOK, Body: bytes.Repeat([]byte(" "), 100), Fault: simulator.Dribble, DribbleInterval: time.Hour}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			srv := newServer(t)
 			arrived := make(chan struct{}, 1)
-			srv.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+			srv.SetScript(func(int, simulator.Request) simulator.Reply {
 				arrived <- struct{}{}
 				return tt.reply
 			})
@@ -761,7 +761,7 @@ func TestIdempotentCreatesBeforeAFault(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t)
 	srv.Idempotent(true)
-	srv.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Fault: upstreamtest.Reset}))
+	srv.SetScript(simulator.Sequence(simulator.Reply{Fault: simulator.Reset}))
 	if _, err := do(t, srv.Client(), srv.URL, call{key: goodKey, body: goodBody}); err == nil {
 		t.Fatalf("first request succeeded, want the connection reset")
 	}
@@ -776,9 +776,9 @@ func TestMaxInFlight(t *testing.T) {
 	srv := newServer(t)
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 2)
-	srv.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	srv.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Wait: release}
+		return simulator.Reply{Wait: release}
 	})
 	var wg sync.WaitGroup
 	for range 2 {
@@ -800,25 +800,25 @@ func TestKeyHistory(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name  string
-		reply upstreamtest.Reply
-		want  upstreamtest.KeyRequest
+		reply simulator.Reply
+		want  simulator.KeyRequest
 		// wantErr: the client gets no complete reply.
 		wantErr bool
 	}{
-		{"success", upstreamtest.Reply{}, upstreamtest.KeyRequest{Status: http.StatusOK, Charged: true, Delivered: true}, false},
-		{"dribbled success", upstreamtest.Reply{Status: http.StatusCreated, Body: []byte(`{}`), Fault: upstreamtest.Dribble, DribbleInterval: time.Millisecond},
-			upstreamtest.KeyRequest{Status: http.StatusCreated, Delivered: true}, false},
-		{"refusal", upstreamtest.Reply{Status: http.StatusBadRequest, Body: []byte(`{}`)}, upstreamtest.KeyRequest{Status: http.StatusBadRequest}, false},
-		{"reset", upstreamtest.Reply{Fault: upstreamtest.Reset}, upstreamtest.KeyRequest{}, true},
-		{"hangup", upstreamtest.Reply{Fault: upstreamtest.Hangup}, upstreamtest.KeyRequest{}, true},
-		{"cut body", upstreamtest.Reply{Status: http.StatusOK, Body: []byte(`{"id":"pay_cut"}`), Fault: upstreamtest.CutBody},
-			upstreamtest.KeyRequest{Status: http.StatusOK}, true},
+		{"success", simulator.Reply{}, simulator.KeyRequest{Status: http.StatusOK, Charged: true, Delivered: true}, false},
+		{"dribbled success", simulator.Reply{Status: http.StatusCreated, Body: []byte(`{}`), Fault: simulator.Dribble, DribbleInterval: time.Millisecond},
+			simulator.KeyRequest{Status: http.StatusCreated, Delivered: true}, false},
+		{"refusal", simulator.Reply{Status: http.StatusBadRequest, Body: []byte(`{}`)}, simulator.KeyRequest{Status: http.StatusBadRequest}, false},
+		{"reset", simulator.Reply{Fault: simulator.Reset}, simulator.KeyRequest{}, true},
+		{"hangup", simulator.Reply{Fault: simulator.Hangup}, simulator.KeyRequest{}, true},
+		{"cut body", simulator.Reply{Status: http.StatusOK, Body: []byte(`{"id":"pay_cut"}`), Fault: simulator.CutBody},
+			simulator.KeyRequest{Status: http.StatusOK}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			srv := newServer(t)
-			srv.SetScript(upstreamtest.Sequence(tt.reply))
+			srv.SetScript(simulator.Sequence(tt.reply))
 			before := time.Now()
 			if _, err := do(t, srv.Client(), srv.URL, call{key: goodKey, body: goodBody}); (err != nil) != tt.wantErr {
 				t.Fatalf("request error = %v, want error %v", err, tt.wantErr)
@@ -839,7 +839,7 @@ func TestKeyHistory(t *testing.T) {
 			if got[1].Arrived.Before(got[0].Ended) {
 				t.Errorf("second request arrived %v, before the first ended %v", got[1].Arrived, got[0].Ended)
 			}
-			ignoreTimes := cmpopts.IgnoreFields(upstreamtest.KeyRequest{}, "Arrived", "Ended")
+			ignoreTimes := cmpopts.IgnoreFields(simulator.KeyRequest{}, "Arrived", "Ended")
 			if diff := cmp.Diff(tt.want, got[0], ignoreTimes); diff != "" {
 				t.Errorf("first request's history (-want +got):\n%s", diff)
 			}
@@ -847,7 +847,7 @@ func TestKeyHistory(t *testing.T) {
 				t.Errorf("second request's history = %+v, want a delivered 200", got[1])
 			}
 
-			want := upstreamtest.KeyStats{Requests: 2, MaxInFlight: 1, Bodies: 1, Delivered: 1, Charges: 1}
+			want := simulator.KeyStats{Requests: 2, MaxInFlight: 1, Bodies: 1, Delivered: 1, Charges: 1}
 			if tt.want.Delivered {
 				want.Delivered, want.AfterDelivered = 2, 1
 			}
@@ -867,9 +867,9 @@ func TestKeyHistoryClientGone(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t)
 	arrived := make(chan struct{}, 1)
-	srv.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	srv.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Wait: make(chan struct{})}
+		return simulator.Reply{Wait: make(chan struct{})}
 	})
 	ctx, cancel := context.WithCancel(t.Context())
 	errc := make(chan error, 1)
@@ -904,9 +904,9 @@ func TestOverlaps(t *testing.T) {
 	srv := newServer(t)
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 3)
-	srv.SetScript(func(int, upstreamtest.Request) upstreamtest.Reply {
+	srv.SetScript(func(int, simulator.Request) simulator.Reply {
 		arrived <- struct{}{}
-		return upstreamtest.Reply{Wait: release}
+		return simulator.Reply{Wait: release}
 	})
 	var wg sync.WaitGroup
 	for range 3 {
@@ -930,10 +930,10 @@ func TestAddListener(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		name string
-		srv  func() *upstreamtest.Server
+		srv  func() *simulator.Server
 	}{
-		{"http", upstreamtest.NewServer},
-		{"https", upstreamtest.NewTLSServer},
+		{"http", simulator.NewServer},
+		{"https", simulator.NewTLSServer},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -974,7 +974,7 @@ func TestAddListener(t *testing.T) {
 func TestKeyStatsDelivered(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t)
-	srv.SetScript(upstreamtest.Sequence(upstreamtest.Reply{Status: http.StatusServiceUnavailable}))
+	srv.SetScript(simulator.Sequence(simulator.Reply{Status: http.StatusServiceUnavailable}))
 	for range 3 {
 		mustDo(t, srv, call{key: goodKey, body: goodBody})
 	}

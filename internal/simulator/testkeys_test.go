@@ -1,4 +1,4 @@
-package upstreamtest_test
+package simulator_test
 
 import (
 	"net/http"
