@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
@@ -10,7 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"example.com/paymentsd/internal/pgtest"
 )
 
 // Record stores a paymentsd process can be given. Every process gets a
@@ -52,32 +51,20 @@ func (d *databases) postgres(ctx context.Context) (string, error) {
 	if d.pgAdmin == "" {
 		return "", errors.New("no PostgreSQL URL (-postgres)")
 	}
-	u, err := url.Parse(d.pgAdmin)
-	if err != nil {
+	if _, err := url.Parse(d.pgAdmin); err != nil {
 		// It may hold a password: don't quote it.
 		return "", errors.New("-postgres is not a URL")
 	}
-	name := "paymentsbench_" + randomHex(8)
-	if err := d.pgExec(ctx, `CREATE DATABASE "`+name+`" TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'`); err != nil {
+	dbURL, drop, err := pgtest.CreateDatabase(ctx, d.pgAdmin, "paymentsbench_"+randomHex(8))
+	if err != nil {
 		return "", fmt.Errorf("create database: %w", err)
 	}
 	d.cleanups = append(d.cleanups, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		return d.pgExec(ctx, `DROP DATABASE IF EXISTS "`+name+`" WITH (FORCE)`)
+		return drop(ctx)
 	})
-	u.Path = "/" + name
-	return u.String(), nil
-}
-
-func (d *databases) pgExec(ctx context.Context, stmt string) error {
-	db, err := sql.Open("pgx", d.pgAdmin)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	_, err = db.ExecContext(ctx, stmt)
-	return err
+	return dbURL, nil
 }
 
 // close drops the PostgreSQL databases it created.

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"example.com/paymentsd/internal/pgtest"
 	"example.com/paymentsd/internal/proc"
 )
 
@@ -51,20 +52,20 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 		if err != nil {
 			return nil, err
 		}
-		defer pg.close()
-		inj.pg, dbURL = pg, pg.url
+		defer pg.Close()
+		inj.pg, dbURL = pg, pg.URL
 	case storeSQLite:
 		inj.sqlitePath = filepath.Join(dir, "records.db")
 		dbURL = "sqlite:" + inj.sqlitePath
 	case storePatroni:
 		fmt.Fprintf(logw, "starting the Patroni cluster (bash %s start)…\n", o.pgcluster)
-		pat, err := startPatroni(ctx, o.pgcluster, filepath.Join(dir, "pgcluster"), o.replication, storeLog)
+		pat, err := pgtest.StartPatroni(ctx, o.pgcluster, filepath.Join(dir, "pgcluster"), o.replication, storeLog)
 		if err != nil {
 			return nil, err
 		}
-		defer pat.stop()
+		defer pat.Stop()
 		inj.patroni = pat
-		if dbURL, err = pat.url(o.front); err != nil {
+		if dbURL, err = pat.FrontURL(o.front); err != nil {
 			return nil, err
 		}
 	}
@@ -82,13 +83,13 @@ func chaos(ctx context.Context, o *options, cycle []string, dir string, args []s
 	replicaURL := map[string]string{}
 	if slices.Contains(cycle, faultReplicaPartition) {
 		for i := range o.replicas {
-			px, err := newCutProxy(fmt.Sprintf("127.0.0.1:%d", inj.pg.port))
+			px, err := newCutProxy(fmt.Sprintf("127.0.0.1:%d", inj.pg.Port()))
 			if err != nil {
 				return nil, err
 			}
 			defer px.close()
 			inj.proxies = append(inj.proxies, px)
-			replicaURL[fmt.Sprintf("r%d", i)] = strings.Replace(dbURL, fmt.Sprintf("127.0.0.1:%d", inj.pg.port), px.addr(), 1)
+			replicaURL[fmt.Sprintf("r%d", i)] = strings.Replace(dbURL, fmt.Sprintf("127.0.0.1:%d", inj.pg.Port()), px.addr(), 1)
 		}
 	}
 	replicas := newReplicas(o.replicas, bin, dir, certs, func(name string) []string {

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"example.com/paymentsd/internal/pgtest"
 )
 
 // Kinds of fault.
@@ -134,8 +136,8 @@ func parseMix(s, storeKind string) ([]string, error) {
 // injector injects faults, one at a time, each undone before it returns.
 type injector struct {
 	replicas   []*replica
-	pg         *pgServer
-	patroni    *patroni
+	pg         *pgtest.Server
+	patroni    *pgtest.Patroni
 	provider   *provider
 	sqlitePath string
 	down       [2]time.Duration // how long a killed or stopped part stays down
@@ -177,13 +179,13 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 	case faultPostgresKill, faultPostgresStop:
 		f.Start = time.Now()
 		if kind == faultPostgresKill {
-			err = in.pg.kill()
+			err = in.pg.KillPostmaster()
 		} else {
-			err = in.pg.stopImmediate(ctx)
+			err = in.pg.Stop(ctx, "immediate")
 		}
 		if err == nil {
 			sleepCtx(ctx, in.between(in.down))
-			err = in.pg.start(context.WithoutCancel(ctx))
+			err = startAgain(context.WithoutCancel(ctx), in.pg)
 		}
 	case faultSQLiteLock:
 		release := make(chan struct{})
@@ -199,7 +201,7 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 		err = in.killPrimary(ctx, &f)
 	case faultLoseCommits:
 		var pid int
-		if pid, err = in.patroni.walSender(ctx); err == nil {
+		if pid, err = in.patroni.WALSender(ctx); err == nil {
 			f.Start = time.Now()
 			if err = syscall.Kill(pid, syscall.SIGSTOP); err == nil {
 				sleepCtx(ctx, in.between(in.down))
@@ -213,9 +215,9 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 		err = in.freezeTerm(ctx, &f)
 	case faultPostgresStopTerm:
 		f.Start = time.Now()
-		if err = in.pg.stopImmediate(ctx); err == nil {
+		if err = in.pg.Stop(ctx, "immediate"); err == nil {
 			in.terminateAll(ctx, &f, 0)
-			err = in.pg.start(context.WithoutCancel(ctx))
+			err = startAgain(context.WithoutCancel(ctx), in.pg)
 			f.Undone = time.Now()
 			if err == nil {
 				err = in.restartTerminated(ctx, &f)
@@ -229,22 +231,22 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 		in.proxies[i].heal()
 		f.Undone = time.Now()
 	case faultPostgresReadOnly:
-		if err = in.pg.readOnly(ctx, true); err == nil {
+		if err = in.pg.ReadOnly(ctx, true); err == nil {
 			f.Start = time.Now()
 			sleepCtx(ctx, in.between(in.freeze))
-			err = in.pg.readOnly(context.WithoutCancel(ctx), false)
+			err = in.pg.ReadOnly(context.WithoutCancel(ctx), false)
 			f.Undone = time.Now()
 		}
 	case faultFreezePrimary:
 		var out string
-		if out, err = in.patroni.run(ctx, "freeze-primary", in.patroni.dir); err == nil {
+		if out, err = in.patroni.Run(ctx, "freeze-primary", in.patroni.Dir); err == nil {
 			f.Start, f.Target = time.Now(), strings.TrimSpace(out)
 			sleepCtx(ctx, in.between(in.freeze))
-			_, err = in.patroni.run(context.WithoutCancel(ctx), "thaw", in.patroni.dir)
+			_, err = in.patroni.Run(context.WithoutCancel(ctx), "thaw", in.patroni.Dir)
 			f.Undone = time.Now()
 		}
 		if err == nil {
-			_, err = in.patroni.run(ctx, "wait-healthy", in.patroni.dir)
+			_, err = in.patroni.Run(ctx, "wait-healthy", in.patroni.Dir)
 		}
 	case faultFailoverAfterUnknown:
 		f.Start = time.Now()
@@ -255,7 +257,7 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 		// callers' retries of those keys come from here on.
 		sleepCtx(ctx, in.settled)
 		var pid int
-		if pid, err = in.patroni.walSender(ctx); err == nil {
+		if pid, err = in.patroni.WALSender(ctx); err == nil {
 			if err = syscall.Kill(pid, syscall.SIGSTOP); err == nil {
 				sleepCtx(ctx, in.between(in.down))
 				err = in.killPrimary(ctx, &f)
@@ -264,13 +266,13 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 		}
 	case faultSwitchover:
 		f.Start = time.Now()
-		if _, err = in.patroni.run(ctx, "switchover", in.patroni.dir); err == nil {
+		if _, err = in.patroni.Run(ctx, "switchover", in.patroni.Dir); err == nil {
 			f.Undone = time.Now()
-			_, err = in.patroni.run(ctx, "wait-healthy", in.patroni.dir)
+			_, err = in.patroni.Run(ctx, "wait-healthy", in.patroni.Dir)
 		}
 	case faultPoolerRestart:
 		f.Start = time.Now()
-		_, err = in.patroni.run(ctx, "restart-pooler", in.patroni.dir)
+		_, err = in.patroni.Run(ctx, "restart-pooler", in.patroni.Dir)
 	default:
 		err = fmt.Errorf("unknown fault %q", kind)
 	}
@@ -303,7 +305,7 @@ func (in *injector) inject(ctx context.Context, kind string) fault {
 // leads (f is then undone), and restarts the dead node until the cluster
 // is healthy again.
 func (in *injector) killPrimary(ctx context.Context, f *fault) error {
-	out, err := in.patroni.run(ctx, "kill-primary", in.patroni.dir)
+	out, err := in.patroni.Run(ctx, "kill-primary", in.patroni.Dir)
 	if err != nil {
 		return err
 	}
@@ -311,10 +313,10 @@ func (in *injector) killPrimary(ctx context.Context, f *fault) error {
 	err = in.awaitLeader(ctx, f.Target)
 	f.Undone = time.Now()
 	if err == nil {
-		_, err = in.patroni.run(ctx, "restart-node", in.patroni.dir, f.Target)
+		_, err = in.patroni.Run(ctx, "restart-node", in.patroni.Dir, f.Target)
 	}
 	if err == nil {
-		_, err = in.patroni.run(ctx, "wait-healthy", in.patroni.dir)
+		_, err = in.patroni.Run(ctx, "wait-healthy", in.patroni.Dir)
 	}
 	return err
 }
@@ -333,7 +335,7 @@ func (in *injector) freezePostgres(ctx context.Context, f *fault, kills bool) er
 	}
 	order := in.rng.Perm(len(at))
 	slices.Sort(at)
-	pids, err := in.pg.freeze()
+	thaw, err := in.pg.Freeze()
 	if err != nil {
 		return err
 	}
@@ -345,7 +347,7 @@ func (in *injector) freezePostgres(ctx context.Context, f *fault, kills bool) er
 		f.Kills = append(f.Kills, kill{Target: r.name, At: time.Now()})
 	}
 	sleepCtx(ctx, time.Until(f.Start.Add(d)))
-	thaw(pids)
+	thaw()
 	f.Undone = time.Now()
 	for _, k := range f.Kills {
 		for _, r := range in.replicas {
@@ -366,14 +368,14 @@ func (in *injector) freezePostgres(ctx context.Context, f *fault, kills bool) er
 // SIGTERM), and starts them again.
 func (in *injector) freezeTerm(ctx context.Context, f *fault) error {
 	d := in.between(in.freeze)
-	pids, err := in.pg.freeze()
+	thaw, err := in.pg.Freeze()
 	if err != nil {
 		return err
 	}
 	f.Start = time.Now()
 	in.terminateAll(ctx, f, d*8/10)
 	sleepCtx(ctx, time.Until(f.Start.Add(d)))
-	thaw(pids)
+	thaw()
 	f.Undone = time.Now()
 	return in.restartTerminated(ctx, f)
 }
@@ -441,7 +443,7 @@ func (in *injector) restart(ctx context.Context, r *replica) error {
 func (in *injector) awaitLeader(ctx context.Context, old string) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		leader, err := in.patroni.leader(ctx)
+		leader, err := in.patroni.Leader(ctx)
 		if err == nil && leader != "" && leader != old {
 			return nil
 		}

@@ -1,38 +1,18 @@
 package storetest
 
 import (
-	"bytes"
-	"fmt"
-	"net"
-	"net/url"
+	"errors"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
-	"sync"
-	"syscall"
 	"testing"
-	"time"
+
+	"example.com/paymentsd/internal/pgtest"
 )
 
-// PgBouncer is a PgBouncer of a test's own in transaction mode (pool_mode =
-// transaction), in front of a PostgreSQL server: each transaction a client
-// runs is lent whichever server connection of the pool is free, so nothing
-// a client leaves in a server session (a prepared statement, a SET, an
-// advisory lock) is there for its next transaction, and another client may
-// find it.
+// PgBouncer is a PgBouncer of a test's own in transaction mode
+// (pgtest.PgBouncer), failing the test on errors.
 type PgBouncer struct {
-	t    testing.TB
-	dir  string
-	port int
-	cred *syscall.Credential // whom PgBouncer runs as, if not this user
-	bin  string
-	log  *syncBuffer
-	// cmd is the running PgBouncer, and exited is closed once it has
-	// exited; nil when stopped.
-	cmd    *exec.Cmd
-	exited chan struct{}
+	t testing.TB
+	b *pgtest.PgBouncer
 }
 
 // PooledPostgresURL is PostgresURL reached through a PgBouncer of the
@@ -46,96 +26,40 @@ func PooledPostgresURL(t testing.TB, poolSize int) string {
 
 // StartPgBouncer starts PgBouncer on a free loopback port, in transaction
 // mode, in front of the PostgreSQL server that serverURL names, with a
-// pool of poolSize server connections for each database and user. Every
-// database name is routed to that server. It logs in to the server as the
-// URL's user, with its password if it has one; clients are trusted.
-// t.Cleanup stops it. It needs PgBouncer (Debian's package pgbouncer):
-// without it it skips the test, except under CI=true, where it fails it.
-// As root, PgBouncer runs as the postgres user: it refuses to run as root.
+// pool of poolSize server connections for each database and user (see
+// pgtest.StartPgBouncer). t.Cleanup stops it. It needs PgBouncer
+// (Debian's package pgbouncer): without it it skips the test, except
+// under CI=true, where it fails it.
 func StartPgBouncer(t testing.TB, serverURL string, poolSize int) *PgBouncer {
 	t.Helper()
-	bin, err := exec.LookPath("pgbouncer")
+	dir, err := os.MkdirTemp("", "paymentsd-pgbouncer-")
 	if err != nil {
-		bin, err = exec.LookPath("/usr/sbin/pgbouncer")
+		t.Fatal(err)
 	}
-	if err != nil {
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	b, err := pgtest.StartPgBouncer(dir, serverURL, poolSize)
+	if errors.Is(err, pgtest.ErrNoPgBouncer) {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("pgbouncer is not installed and CI=true; apt-get install pgbouncer (.ci/run does)")
 		}
 		t.Skip("pgbouncer is not installed; apt-get install pgbouncer to test paymentsd behind a pooler")
 	}
-	u, err := url.Parse(serverURL)
-	if err != nil {
-		t.Fatal("the server URL is not a URL")
-	}
-	serverPort := u.Port()
-	if serverPort == "" {
-		serverPort = "5432"
-	}
-	password, _ := u.User.Password()
-
-	b := &PgBouncer{t: t, log: &syncBuffer{}}
-	b.dir, err = os.MkdirTemp("", "paymentsd-pgbouncer-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(b.dir) })
-	if err := os.Chmod(b.dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if os.Geteuid() == 0 {
-		pg, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatalf("running as root needs a postgres user to run PgBouncer as: %v", err)
-		}
-		uid, _ := strconv.Atoi(pg.Uid)
-		gid, _ := strconv.Atoi(pg.Gid)
-		b.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.port = l.Addr().(*net.TCPAddr).Port
-	l.Close()
-
-	quote := func(s string) string { return `"` + s + `"` }
-	userlist := quote(u.User.Username()) + " " + quote(password) + "\n"
-	ini := fmt.Sprintf(`[databases]
-* = host=%s port=%s
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = %d
-unix_socket_dir =
-auth_type = trust
-auth_file = %s
-pool_mode = transaction
-default_pool_size = %d
-max_client_conn = 2000
-server_login_retry = 1
-`, u.Hostname(), serverPort, b.port, filepath.Join(b.dir, "userlist.txt"), poolSize)
-	for name, body := range map[string]string{"userlist.txt": userlist, "pgbouncer.ini": ini} {
-		if err := os.WriteFile(filepath.Join(b.dir, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b.bin = bin
-	b.start()
-	t.Cleanup(b.stop)
-	return b
+	t.Cleanup(b.Stop)
+	return &PgBouncer{t: t, b: b}
 }
 
 // URL returns dbURL, a URL of a database on the server behind b, with b's
 // address in place of the server's.
 func (b *PgBouncer) URL(dbURL string) string {
 	b.t.Helper()
-	u, err := url.Parse(dbURL)
+	u, err := b.b.URL(dbURL)
 	if err != nil {
-		b.t.Fatal("the database URL is not a URL")
+		b.t.Fatal(err)
 	}
-	u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(b.port))
-	return u.String()
+	return u
 }
 
 // Restart stops PgBouncer, which closes every client's connection and
@@ -143,72 +67,7 @@ func (b *PgBouncer) URL(dbURL string) string {
 // starts it again on the same port.
 func (b *PgBouncer) Restart() {
 	b.t.Helper()
-	b.stop()
-	b.start()
-}
-
-func (b *PgBouncer) start() {
-	b.t.Helper()
-	cmd := exec.Command(b.bin, filepath.Join(b.dir, "pgbouncer.ini"))
-	cmd.Stdout, cmd.Stderr = b.log, b.log
-	if b.cred != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: b.cred}
+	if err := b.b.Restart(); err != nil {
+		b.t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		b.t.Fatalf("start pgbouncer: %v", err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	b.cmd, b.exited = cmd, exited
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(b.port)), time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		select {
-		case <-exited:
-			b.t.Fatalf("pgbouncer exited: %v\n%s", cmd.ProcessState, b.log.String())
-		case <-time.After(20 * time.Millisecond): // waiting for its listener: there is no other signal
-		}
-		if time.Now().After(deadline) {
-			b.t.Fatalf("pgbouncer does not accept connections on 127.0.0.1:%d\n%s", b.port, b.log.String())
-		}
-	}
-}
-
-// stop ends PgBouncer at once (SIGTERM: immediate shutdown) and waits for
-// it.
-func (b *PgBouncer) stop() {
-	if b.cmd == nil {
-		return
-	}
-	b.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-b.exited:
-	case <-time.After(10 * time.Second):
-		b.cmd.Process.Kill()
-		<-b.exited
-	}
-	b.cmd, b.exited = nil, nil
-}
-
-// syncBuffer is a bytes.Buffer that a process's output and a test may use
-// at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }

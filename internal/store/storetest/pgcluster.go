@@ -1,29 +1,28 @@
 package storetest
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"example.com/paymentsd/internal/pgtest"
 )
 
 // PatroniCluster is a two-node PostgreSQL cluster managed by Patroni, with
 // HAProxy and PgBouncer in front, started by `.ci/pgcluster` (see the
 // script for the shape) for one test, which may kill its primary, switch
-// it over and restart its pooler while paymentsd runs on it.
+// it over and restart its pooler while paymentsd runs on it. It is
+// pgtest.Patroni, failing the test on errors.
 type PatroniCluster struct {
-	t      testing.TB
-	script string
-	dir    string
+	t testing.TB
+	p *pgtest.Patroni
 	// URL goes through HAProxy to the leader (Patroni's REST GET /primary);
 	// MultiHostURL names both nodes, with target_session_attrs=read-write;
 	// PoolerURL goes through PgBouncer (transaction mode) to HAProxy. Each
@@ -39,25 +38,14 @@ type PatroniCluster struct {
 // PostgreSQL it skips the test, except under CI=true, where it fails it.
 func StartPatroniCluster(t testing.TB, async bool) *PatroniCluster {
 	t.Helper()
-	var missing []string
-	for _, bin := range []string{"patroni", "patronictl", "etcd", "haproxy", "pgbouncer", "curl", "jq"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if _, err := exec.LookPath("/usr/sbin/" + bin); err != nil {
-				missing = append(missing, bin)
-			}
-		}
-	}
-	if bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres"); len(bins) == 0 {
-		missing = append(missing, "postgresql")
-	}
-	if len(missing) > 0 {
+	if missing := pgtest.PatroniTools(); len(missing) > 0 {
 		msg := fmt.Sprintf("a Patroni cluster needs %s: apt-get install patroni etcd-server haproxy pgbouncer postgresql curl jq", strings.Join(missing, ", "))
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg + " (CI=true: .ci/run installs them)")
 		}
 		t.Skip(msg)
 	}
-	script, err := repoFile(".ci/pgcluster")
+	script, err := pgtest.RepoFile(".ci/pgcluster")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,54 +56,33 @@ func StartPatroniCluster(t testing.TB, async bool) *PatroniCluster {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	c := &PatroniCluster{t: t, script: script, dir: filepath.Join(dir, "c")}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	args := []string{"start", c.dir}
+	replication := pgtest.ReplicationStrict
 	if async {
-		args = append(args, "--async")
+		replication = pgtest.ReplicationAsync
 	}
-	out, err := c.run(args...)
-	t.Cleanup(func() {
-		if _, err := c.run("stop", c.dir); err != nil {
-			t.Errorf("stop the cluster: %v", err)
-		}
-	})
+	p, err := pgtest.StartPatroni(context.Background(), script, filepath.Join(dir, "c"), replication, nil)
 	if err != nil {
 		t.Fatalf("start the cluster: %v", err)
 	}
-	for _, line := range strings.Split(out, "\n") {
-		name, value, ok := strings.Cut(strings.TrimPrefix(line, "export "), "=")
-		if !ok {
-			continue
+	t.Cleanup(func() {
+		if err := p.Stop(); err != nil {
+			t.Errorf("stop the cluster: %v", err)
 		}
-		value = strings.Trim(value, "'")
-		switch name {
-		case "PAYMENTS_PGCLUSTER_URL":
-			c.URL = value
-		case "PAYMENTS_PGCLUSTER_MULTIHOST_URL":
-			c.MultiHostURL = value
-		case "PAYMENTS_PGCLUSTER_POOLER_URL":
-			c.PoolerURL = value
-		}
+	})
+	if p.URL == "" || p.MultiHostURL == "" || p.PoolerURL == "" {
+		t.Fatalf(".ci/pgcluster start printed no URLs")
 	}
-	if c.URL == "" || c.MultiHostURL == "" || c.PoolerURL == "" {
-		t.Fatalf(".ci/pgcluster start printed no URLs:\n%s", out)
-	}
-	return c
+	return &PatroniCluster{t: t, p: p, URL: p.URL, MultiHostURL: p.MultiHostURL, PoolerURL: p.PoolerURL}
 }
 
 // Database creates the database name on the cluster and returns url (one
 // of c's URLs) naming it instead.
 func (c *PatroniCluster) Database(name, dbURL string) string {
 	c.t.Helper()
-	db, err := sql.Open("pgx", c.URL)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	defer db.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := db.ExecContext(ctx, `CREATE DATABASE "`+name+`" TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'`); err != nil {
+	if _, _, err := pgtest.CreateDatabase(ctx, c.URL, name); err != nil {
 		c.t.Fatalf("create database %s: %v", name, err)
 	}
 	u, err := url.Parse(dbURL)
@@ -130,24 +97,27 @@ func (c *PatroniCluster) Database(name, dbURL string) string {
 // machine, and returns the node's name at once.
 func (c *PatroniCluster) KillPrimary() string {
 	c.t.Helper()
-	return strings.TrimSpace(c.must("kill-primary", c.dir))
+	return strings.TrimSpace(c.must("kill-primary", c.p.Dir))
 }
 
 // RestartNode starts a killed node again; it rejoins as a replica.
-func (c *PatroniCluster) RestartNode(node string) { c.t.Helper(); c.must("restart-node", c.dir, node) }
+func (c *PatroniCluster) RestartNode(node string) {
+	c.t.Helper()
+	c.must("restart-node", c.p.Dir, node)
+}
 
 // Switchover hands leadership to the other node (patronictl switchover)
 // and returns once it leads.
-func (c *PatroniCluster) Switchover() { c.t.Helper(); c.must("switchover", c.dir) }
+func (c *PatroniCluster) Switchover() { c.t.Helper(); c.must("switchover", c.p.Dir) }
 
 // RestartPooler restarts PgBouncer: its clients' connections drop.
-func (c *PatroniCluster) RestartPooler() { c.t.Helper(); c.must("restart-pooler", c.dir) }
+func (c *PatroniCluster) RestartPooler() { c.t.Helper(); c.must("restart-pooler", c.p.Dir) }
 
 // WaitLeader waits until a leader takes writes through every front.
-func (c *PatroniCluster) WaitLeader() { c.t.Helper(); c.must("wait-leader", c.dir) }
+func (c *PatroniCluster) WaitLeader() { c.t.Helper(); c.must("wait-leader", c.p.Dir) }
 
 // WaitHealthy waits until a leader and a streaming (sync) standby run.
-func (c *PatroniCluster) WaitHealthy() { c.t.Helper(); c.must("wait-healthy", c.dir) }
+func (c *PatroniCluster) WaitHealthy() { c.t.Helper(); c.must("wait-healthy", c.p.Dir) }
 
 // PauseReplication stops (SIGSTOP) the leader's WAL sender, as a network
 // that stalls the replication stream would, and returns the function that
@@ -183,46 +153,15 @@ func (c *PatroniCluster) PauseReplication() (resume func()) {
 }
 
 // Status is `.ci/pgcluster status`: one line per node.
-func (c *PatroniCluster) Status() string { c.t.Helper(); return c.must("status", c.dir) }
+func (c *PatroniCluster) Status() string { c.t.Helper(); return c.must("status", c.p.Dir) }
 
 func (c *PatroniCluster) must(args ...string) string {
 	c.t.Helper()
-	out, err := c.run(args...)
+	out, err := c.p.Run(context.Background(), args...)
 	if err != nil {
-		c.t.Fatalf(".ci/pgcluster %s: %v", args[0], err)
+		c.t.Fatal(err)
 	}
 	return out
-}
-
-// run runs the script and returns its standard output; its standard error
-// is in the error, if any.
-func (c *PatroniCluster) run(args ...string) (string, error) {
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command("bash", append([]string{c.script}, args...)...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("%w\n%s", err, stderr.String())
-	}
-	return stdout.String(), nil
-}
-
-// repoFile finds path, relative to the repository's root: the first
-// directory above the working directory that holds go.mod.
-func repoFile(path string) (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, path), nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // WaitReplicated waits until the standby has replayed everything the

@@ -6,7 +6,6 @@ package storetest
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"net/url"
 	"os"
@@ -16,6 +15,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
+	"example.com/paymentsd/internal/pgtest"
 	"example.com/paymentsd/internal/testenv"
 )
 
@@ -41,8 +41,7 @@ func PostgresURL(t testing.TB) string {
 	if admin == "" {
 		testenv.Missing(t, "%s is not set; run eval \"$(bash .ci/postgres)\" to test PostgreSQL", EnvPostgresURL)
 	}
-	u, err := url.Parse(admin)
-	if err != nil {
+	if _, err := url.Parse(admin); err != nil {
 		// The URL may hold a password: don't quote the parser's error.
 		t.Fatalf("%s is not a URL", EnvPostgresURL)
 	}
@@ -53,30 +52,16 @@ func PostgresURL(t testing.TB) string {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	db, err := sql.Open("pgx", admin)
+	dbURL, drop, err := pgtest.CreateDatabase(ctx, admin, name)
 	if err != nil {
-		t.Fatalf("open %s: %v", EnvPostgresURL, err)
-	}
-	defer db.Close()
-	// template0, UTF8 and the C collation: the same empty database on any
-	// server, whatever its defaults.
-	if _, err := db.ExecContext(ctx, `CREATE DATABASE "`+name+`" TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'`); err != nil {
 		t.Fatalf("create test database: %v", err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		db, err := sql.Open("pgx", admin)
-		if err != nil {
-			t.Errorf("open %s: %v", EnvPostgresURL, err)
-			return
-		}
-		defer db.Close()
-		if _, err := db.ExecContext(ctx, `DROP DATABASE IF EXISTS "`+name+`" WITH (FORCE)`); err != nil {
+		if err := drop(ctx); err != nil {
 			t.Errorf("drop test database %s: %v", name, err)
 		}
 	})
-
-	u.Path = "/" + name
-	return u.String()
+	return dbURL
 }
