@@ -6,8 +6,6 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -265,17 +263,13 @@ written so, escaped. JSON lines escape the same characters.
 `
 
 func paymentsExport(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
-	var conn connFlags
 	var filters filterFlags
-	fs := newFlagSet("export", exportText, stdout, stderr)
-	conn.register(fs, env)
-	filters.register(fs, "from", "to")
-	format := fs.String("format", "csv", "csv or jsonl")
-	output := fs.String("output", "", "write to this file instead of stdout (replaced, once the export is whole)")
-	rest, err := parseArgs(fs, args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	} else if err != nil {
+	v := newVerb("export", exportText, env, stdout, stderr)
+	filters.register(v.fs, "from", "to")
+	format := v.fs.String("format", "csv", "csv or jsonl")
+	output := v.fs.String("output", "", "write to this file instead of stdout (replaced, once the export is whole)")
+	rest, ok, err := v.parse(args)
+	if !ok {
 		return err
 	}
 	if len(rest) > 0 {
@@ -291,7 +285,7 @@ func paymentsExport(ctx context.Context, args []string, env func(string) string,
 	if err != nil {
 		return err
 	}
-	client, closeConn, err := conn.dial()
+	client, closeConn, err := v.conn.dial()
 	if err != nil {
 		return err
 	}
@@ -317,7 +311,7 @@ func paymentsExport(ctx context.Context, args []string, env func(string) string,
 	}
 	start := time.Now()
 	n, err := exportPayments(ctx, client, req, *format, out, exportOptions{
-		timeout: conn.timeout, progress: stderr, progressAfter: 2 * time.Second,
+		timeout: v.conn.timeout, progress: stderr, progressAfter: 2 * time.Second,
 	})
 	if err != nil {
 		return err

@@ -339,6 +339,33 @@ func newFlagSet(name, text string, stdout, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
+// verb is what each command of 'paymentsd payments' starts from: its flag
+// set, with the flags that reach paymentsd among them.
+type verb struct {
+	fs     *flag.FlagSet
+	conn   connFlags
+	stdout io.Writer
+}
+
+// newVerb makes the command name's flag set (see newFlagSet) and registers
+// the connection flags on it; the command adds its own before parse.
+func newVerb(name, text string, env func(string) string, stdout, stderr io.Writer) *verb {
+	v := &verb{fs: newFlagSet(name, text, stdout, stderr), stdout: stdout}
+	v.conn.register(v.fs, env)
+	return v
+}
+
+// parse parses args as parseArgs does and returns the positional
+// arguments. ok is false when the command is done: --help was asked for
+// and printed (err is nil), or the flags are wrong (err says how).
+func (v *verb) parse(args []string) (rest []string, ok bool, err error) {
+	rest, err = parseArgs(v.fs, args, v.stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil, false, nil
+	}
+	return rest, err == nil, err
+}
+
 // parseArgs parses flags given before, between or after the positional
 // arguments, and returns those; after "--" every argument is positional.
 // --help prints the usage once, on stdout; a bad flag, its error and the
@@ -496,17 +523,13 @@ outcome is unknown; --gave-up only those paymentsd_records_unsettled counts.
 `
 
 func paymentsList(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
-	var conn connFlags
 	var filters filterFlags
-	fs := newFlagSet("list", listText, stdout, stderr)
-	conn.register(fs, env)
-	filters.register(fs, "created-after", "created-before")
-	output := fs.String("o", "table", "output: table or json (JSON lines)")
-	limit := fs.Int("limit", 500, "at most this many payments; 0 for all")
-	rest, err := parseArgs(fs, args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	} else if err != nil {
+	v := newVerb("list", listText, env, stdout, stderr)
+	filters.register(v.fs, "created-after", "created-before")
+	output := v.fs.String("o", "table", "output: table or json (JSON lines)")
+	limit := v.fs.Int("limit", 500, "at most this many payments; 0 for all")
+	rest, ok, err := v.parse(args)
+	if !ok {
 		return err
 	}
 	if len(rest) > 0 {
@@ -523,7 +546,7 @@ func paymentsList(ctx context.Context, args []string, env func(string) string, s
 	if err != nil {
 		return err
 	}
-	client, closeConn, err := conn.dial()
+	client, closeConn, err := v.conn.dial()
 	if err != nil {
 		return err
 	}
@@ -543,7 +566,7 @@ func paymentsList(ctx context.Context, args []string, env func(string) string, s
 		} else {
 			req.PageSize = 1000
 		}
-		callCtx, cancel := context.WithTimeout(ctx, conn.timeout)
+		callCtx, cancel := context.WithTimeout(ctx, v.conn.timeout)
 		page, err := client.ListMultiCardPayments(callCtx, req)
 		cancel()
 		if err != nil {
@@ -655,14 +678,10 @@ resolved it, when, from and to which state, and with what evidence.
 `
 
 func paymentsGet(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
-	var conn connFlags
-	fs := newFlagSet("get", getText, stdout, stderr)
-	conn.register(fs, env)
-	output := fs.String("o", "table", "output: table or json")
-	rest, err := parseArgs(fs, args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	} else if err != nil {
+	v := newVerb("get", getText, env, stdout, stderr)
+	output := v.fs.String("o", "table", "output: table or json")
+	rest, ok, err := v.parse(args)
+	if !ok {
 		return err
 	}
 	if len(rest) != 1 {
@@ -672,12 +691,12 @@ func paymentsGet(ctx context.Context, args []string, env func(string) string, st
 	if err != nil {
 		return err
 	}
-	client, closeConn, err := conn.dial()
+	client, closeConn, err := v.conn.dial()
 	if err != nil {
 		return err
 	}
 	defer closeConn()
-	callCtx, cancel := context.WithTimeout(ctx, conn.timeout)
+	callCtx, cancel := context.WithTimeout(ctx, v.conn.timeout)
 	defer cancel()
 	p, err := client.GetMultiCardPayment(callCtx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: rest[0]})
 	if err != nil {
@@ -799,19 +818,15 @@ nothing (PAYMENT_IN_PROGRESS) and says how long to wait; --wait waits.
 `
 
 func paymentsResolve(ctx context.Context, args []string, env func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
-	var conn connFlags
-	fs := newFlagSet("resolve", resolveText, stdout, stderr)
-	conn.register(fs, env)
-	outcomeFlag := fs.String("outcome", "", "succeeded or not-created (required)")
-	evidence := fs.String("evidence", "", "what you saw, e.g. the provider dashboard's payment ID and status; asked for if not given")
-	replyFile := fs.String("reply-file", "", "with succeeded: a file holding the provider's payment JSON, exactly as you got it")
-	yes := fs.Bool("yes", false, "don't ask for confirmation")
-	wait := fs.Duration("wait", 0, "while a request with the key may still be at the provider (PAYMENT_IN_PROGRESS), wait as paymentsd asks and try again, for up to this long; 0: don't wait")
-	output := fs.String("o", "table", "output: table or json")
-	rest, err := parseArgs(fs, args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	} else if err != nil {
+	v := newVerb("resolve", resolveText, env, stdout, stderr)
+	outcomeFlag := v.fs.String("outcome", "", "succeeded or not-created (required)")
+	evidence := v.fs.String("evidence", "", "what you saw, e.g. the provider dashboard's payment ID and status; asked for if not given")
+	replyFile := v.fs.String("reply-file", "", "with succeeded: a file holding the provider's payment JSON, exactly as you got it")
+	yes := v.fs.Bool("yes", false, "don't ask for confirmation")
+	wait := v.fs.Duration("wait", 0, "while a request with the key may still be at the provider (PAYMENT_IN_PROGRESS), wait as paymentsd asks and try again, for up to this long; 0: don't wait")
+	output := v.fs.String("o", "table", "output: table or json")
+	rest, ok, err := v.parse(args)
+	if !ok {
 		return err
 	}
 	if len(rest) != 1 {
@@ -846,14 +861,14 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 		}
 		req.ReplyJson = string(b)
 	}
-	client, closeConn, err := conn.dial()
+	client, closeConn, err := v.conn.dial()
 	if err != nil {
 		return err
 	}
 	defer closeConn()
 
 	// Show what is about to change before asking anything.
-	callCtx, cancel := context.WithTimeout(ctx, conn.timeout)
+	callCtx, cancel := context.WithTimeout(ctx, v.conn.timeout)
 	current, err := client.GetMultiCardPayment(callCtx, &paymentsv1.GetMultiCardPaymentRequest{IdempotencyKey: key})
 	cancel()
 	if err != nil {
@@ -895,7 +910,7 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 			return &exitError{exitDeclined, errors.New("resolve: not confirmed; nothing changed (--yes skips the question)")}
 		}
 	}
-	resp, err := resolveWaiting(ctx, client, req, conn.timeout, *wait, stderr)
+	resp, err := resolveWaiting(ctx, client, req, v.conn.timeout, *wait, stderr)
 	if err != nil {
 		if status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded {
 			return fmt.Errorf("%w (the resolution may or may not have been recorded: 'paymentsd payments get' shows which)", callError("resolve", err))

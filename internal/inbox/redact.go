@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"encoding/hex"
 	"slices"
 	"strings"
 )
@@ -85,29 +86,16 @@ func percentDecode(view []byte, from, to []int) ([]byte, []int, []int) {
 	nf, nt := make([]int, 0, len(view)), make([]int, 0, len(view))
 	for i := 0; i < len(view); i++ {
 		if view[i] == '%' && i+2 < len(view) {
-			if hi, ok := unhex(view[i+1]); ok {
-				if lo, ok := unhex(view[i+2]); ok {
-					out = append(out, hi<<4|lo)
-					nf, nt = append(nf, from[i]), append(nt, to[i+2])
-					i += 2
-					continue
-				}
+			var c [1]byte
+			if _, err := hex.Decode(c[:], view[i+1:i+3]); err == nil {
+				out = append(out, c[0])
+				nf, nt = append(nf, from[i]), append(nt, to[i+2])
+				i += 2
+				continue
 			}
 		}
 		out = append(out, view[i])
 		nf, nt = append(nf, from[i]), append(nt, to[i])
 	}
 	return out, nf, nt
-}
-
-func unhex(c byte) (byte, bool) {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0', true
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10, true
-	case 'A' <= c && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
 }
