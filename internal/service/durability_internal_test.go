@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/record"
 	"example.com/paymentsd/internal/simulator"
+	"example.com/paymentsd/internal/store"
 	"example.com/paymentsd/internal/store/storetest"
 	"example.com/paymentsd/internal/upstream"
 )
@@ -427,9 +429,18 @@ func TestSettlementClaimFaults(t *testing.T) {
 func waitState(t *testing.T, f fixture, key string, state record.State) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for f.record(t, key).State != state {
+	for {
+		// A claim released a moment ago may not have committed yet: its
+		// key has no record until it does.
+		r, err := f.store.Get(t.Context(), key)
+		switch {
+		case err == nil && r.State == state:
+			return
+		case err != nil && !errors.Is(err, store.ErrNotFound):
+			t.Fatalf("Get(%s) error = %v", key, err)
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("record %s = %v, never %v", key, f.record(t, key).State, state)
+			t.Fatalf("record %s = %v (error %v), never %v", key, r.State, err, state)
 		}
 		time.Sleep(5 * time.Millisecond) // the outbox has no signal but the record
 	}

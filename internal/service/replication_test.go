@@ -128,6 +128,10 @@ func TestReplicationWatchPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { admin.Close() })
+	// The server is stopped and started below: a connection kept idle
+	// across that is dead (57P01) when next used. Each statement opens
+	// its own.
+	admin.SetMaxIdleConns(0)
 	setNames := func(names string) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
