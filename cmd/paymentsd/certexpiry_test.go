@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/config"
 	"example.com/paymentsd/internal/service"
 )
 
@@ -32,7 +33,7 @@ func clockedMTLS(t *testing.T) (in *instance, serverCA, clientCA *testCA, advanc
 	}
 	in = startConfigured(t, with(sandboxEnv(idempotentProvider(t)), "PAYMENTS_TLS_CERT_FILE", certFile, "PAYMENTS_TLS_KEY_FILE", keyFile,
 		"PAYMENTS_TLS_CLIENT_CA_FILE", clientCAFile, "PAYMENTS_ALLOWED_CALLERS", checkout, "PAYMENTS_ADMIN_CALLERS", oncall),
-		nil, func(c *config) { c.testHooks.clock = clock })
+		nil, func(c *config.Config) { c.Hooks.Clock = clock })
 	return in, serverCA, clientCA, clock.advance
 }
 

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/config"
 )
 
 // exportColumns are export's CSV header and JSON lines' keys, in order.
@@ -301,7 +302,7 @@ func paymentsExport(ctx context.Context, args []string, env func(string) string,
 		removeStalePartials(*output, stderr)
 		file, err = os.CreateTemp(filepath.Dir(*output), "."+filepath.Base(*output)+".partial-*")
 		if err != nil {
-			return usageError("--output: %w", fileError(err))
+			return usageError("--output: %w", config.FileError(err))
 		}
 		defer func() {
 			file.Close()

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/config"
 	"example.com/paymentsd/internal/simulator"
 )
 
@@ -124,7 +125,7 @@ func startWith(t testing.TB, env map[string]string, tp trace.TracerProvider, arg
 
 // startConfigured is startWith with a change to the loaded configuration,
 // for states the configuration's own checks refuse.
-func startConfigured(t testing.TB, env map[string]string, tp trace.TracerProvider, change func(*config), args ...string) *instance {
+func startConfigured(t testing.TB, env map[string]string, tp trace.TracerProvider, change func(*config.Config), args ...string) *instance {
 	t.Helper()
 	full := map[string]string{
 		"PAYMENTS_GRPC_ADDR": "127.0.0.1:0",

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"example.com/paymentsd/internal/config"
 	"example.com/paymentsd/internal/service"
 )
 
@@ -35,7 +36,7 @@ const (
 
 // listenHealth binds the health listener; evicted counts the connections
 // closed to make room for new ones.
-func listenHealth(cfg *config, h http.Handler, logger *slog.Logger, evicted prometheus.Counter) (*probePort, error) {
+func listenHealth(cfg *config.Config, h http.Handler, logger *slog.Logger, evicted prometheus.Counter) (*probePort, error) {
 	if cfg.HealthAddr == "" {
 		return &probePort{}, nil
 	}

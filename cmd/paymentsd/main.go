@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"example.com/paymentsd/internal/config"
 	"example.com/paymentsd/internal/service"
 	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store"
@@ -79,10 +80,10 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 
 	cfg, err := loadConfig(args, environ)
 	switch {
-	case errors.Is(err, errHelp):
-		_, err := io.WriteString(stdout, usage())
+	case errors.Is(err, config.ErrHelp):
+		_, err := io.WriteString(stdout, config.Usage())
 		return err
-	case errors.Is(err, errVersion):
+	case errors.Is(err, config.ErrVersion):
 		_, err := fmt.Fprintln(stdout, "paymentsd", version())
 		return err
 	case err != nil:
@@ -90,7 +91,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 
 	quietOpenTelemetry(newLogger(cfg, stderr, slog.LevelWarn))
-	tracerProvider, shutdownTracing, err := setupTracing(ctx, lookup(environ), stdout)
+	tracerProvider, shutdownTracing, err := setupTracing(ctx, config.Lookup(environ), stdout)
 	if err != nil {
 		return err
 	}
@@ -99,16 +100,25 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	return serve(ctx, cfg, stderr, tracerProvider)
 }
 
+// loadConfig is config.Load, stamped with this binary's version.
+func loadConfig(args, environ []string) (*config.Config, error) {
+	cfg, err := config.Load(args, environ)
+	if cfg != nil {
+		cfg.Version, cfg.Release = version(), releaseVersion()
+	}
+	return cfg, err
+}
+
 // newLogger writes JSON lines to w at level and above, each labelled with
 // the environment.
-func newLogger(cfg *config, w io.Writer, level slog.Level) *slog.Logger {
+func newLogger(cfg *config.Config, w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})).
 		With("environment", cfg.Environment)
 }
 
 // serve runs the service with cfg until ctx ends, then drains it, logging to
 // logw.
-func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trace.TracerProvider) error {
+func serve(ctx context.Context, cfg *config.Config, logw io.Writer, tracerProvider trace.TracerProvider) error {
 	// Calls and problems are logged at PAYMENTS_LOG_LEVEL; the lifecycle
 	// lines (effective config, serving, draining, stopped) always are.
 	logger := newLogger(cfg, logw, cfg.LogLevel)
@@ -124,11 +134,11 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		sim.SetScript(sim.TestKeys())
 		key := randomKey()
 		sim.AllowKey(key)
-		cfg.BaseURL, cfg.APIKeys, cfg.APIKeyFrom = sim.URL, []secret{secret(key)}, "simulator"
+		cfg.BaseURL, cfg.APIKeys, cfg.APIKeyFrom = sim.URL, []config.Secret{config.Secret(key)}, "simulator"
 	}
 	lifecycle.Info("starting", "config", cfg)
 
-	registry := cfg.registry
+	registry := cfg.Registry
 	if registry == nil {
 		registry = prometheus.NewRegistry()
 	}
@@ -148,21 +158,21 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	defer httpClient.CloseIdleConnections()
 	client, err := upstream.New(upstream.Config{
 		BaseURL:          cfg.BaseURL,
-		APIKeys:          plain(cfg.APIKeys),
+		APIKeys:          config.Plain(cfg.APIKeys),
 		HTTPClient:       httpClient,
 		MaxAttempts:      cfg.UpstreamMaxAttempts,
 		Timeout:          cfg.UpstreamTimeout,
 		MaxResponseBytes: cfg.UpstreamMaxResponseBytes,
 		BreakerFailures:  cfg.BreakerFailures,
 		BreakerCooldown:  cfg.BreakerCooldown,
-		UserAgent:        "paymentsd/" + releaseVersion(),
+		UserAgent:        "paymentsd/" + cfg.Release,
 		Metrics:          upstream.NewMetrics(registerer),
 		Logger:           logger,
 	})
 	if err != nil {
 		return err
 	}
-	secretMetrics := newSecretMetrics(registerer)
+	secretMetrics := config.NewSecretMetrics(registerer)
 	// Simulated payments never share a database with real ones: replayed
 	// later, they would read as real sandbox payments.
 	stamp := cfg.Environment
@@ -180,7 +190,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	svc := service.New(service.Config{
 		Client:      client,
 		Store:       records,
-		Environment: cfg.env(),
+		Environment: cfg.Env(),
 		Logger:      logger,
 		Registerer:  registerer,
 		// A call holds its key for as long as the provider call can take,
@@ -190,8 +200,8 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		QuietPeriod:        cfg.ProviderQuietPeriod,
 		Retention:          cfg.RecordRetention,
 		TombstoneRetention: cfg.TombstoneRetention,
-		RetentionInterval:  cfg.testHooks.retentionInterval,
-		Now:                cfg.testHooks.now(),
+		RetentionInterval:  cfg.Hooks.RetentionInterval,
+		Now:                cfg.Hooks.Now(),
 		MaxSends:           cfg.MaxInFlight,
 		AdminCallers:       cfg.AdminCallers,
 		// A newcomer trying paymentsd out may list and resolve; simulated
@@ -200,7 +210,7 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	})
 	// The webhook inbox's reader; its events are deleted with the records
 	// after PAYMENTS_RECORD_RETENTION.
-	events, err := service.NewEvents(records, cfg.env(), service.EventsOptions{
+	events, err := service.NewEvents(records, cfg.Env(), service.EventsOptions{
 		Registerer: registerer,
 		Logger:     logger,
 		Readers:    slices.Concat(cfg.EventReaders, cfg.AdminCallers),
@@ -212,11 +222,11 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	}
 
 	var clock service.Clock = service.SystemClock{}
-	if cfg.testHooks.clock != nil {
-		clock = cfg.testHooks.clock
+	if cfg.Hooks.Clock != nil {
+		clock = cfg.Hooks.Clock
 	}
 	now := clock.Now
-	serverTLS, err := loadServerTLS(cfg, now, registerer)
+	serverTLS, err := config.LoadServerTLS(cfg, now, registerer)
 	if err != nil {
 		return err
 	}
@@ -225,9 +235,9 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	// is set; the webhook port never does.
 	var grpcTLS, httpTLS, hooksTLS *tls.Config
 	if serverTLS != nil {
-		grpcTLS = serverTLS.config([]string{"h2"}, true)
-		httpTLS = serverTLS.config([]string{"h2", "http/1.1"}, true)
-		hooksTLS = serverTLS.config([]string{"h2", "http/1.1"}, false)
+		grpcTLS = serverTLS.Config([]string{"h2"}, true)
+		httpTLS = serverTLS.Config([]string{"h2", "http/1.1"}, true)
+		hooksTLS = serverTLS.Config([]string{"h2", "http/1.1"}, false)
 	}
 	opts := service.Options{
 		Logger:          logger,
@@ -239,20 +249,20 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 		Events:          events,
 		MaxInFlight:     cfg.MaxInFlight,
 		ReadTimeout:     cfg.HTTPReadTimeout,
-		RequireIdentity: serverTLS.requiresClientCerts(),
+		RequireIdentity: serverTLS.RequiresClientCerts(),
 		AllowedCallers:  cfg.AllowedCallers,
 		AdminCallers:    cfg.AdminCallers,
 		EventReaders:    cfg.EventReaders,
-		Version:         releaseVersion(),
+		Version:         cfg.Release,
 	}
 	// Refused TLS handshakes, on every TLS port, are counted and logged.
 	refusals := newHandshakeRefusals(registerer, logger, now)
 	if grpcTLS != nil {
 		opts.GRPCOptions = append(opts.GRPCOptions, grpc.Creds(refusals.grpcCreds("grpc", credentials.NewTLS(grpcTLS))))
 	}
-	if serverTLS.requiresClientCerts() {
-		opts.StillTrusted = serverTLS.stillTrusted
-		opts.Clock, opts.TrustChanged = clock, serverTLS.clientCAsChanged
+	if serverTLS.RequiresClientCerts() {
+		opts.StillTrusted = serverTLS.StillTrusted
+		opts.Clock, opts.TrustChanged = clock, serverTLS.ClientCAsChanged
 	}
 	srv, err := service.NewServer(svc, opts)
 	if err != nil {
@@ -342,35 +352,20 @@ func serve(ctx context.Context, cfg *config, logw io.Writer, tracerProvider trac
 	background.Go(func() { srv.WatchStore(bgCtx, records.CheckWrite, storeCheckInterval) })
 	background.Go(func() { hooks.watchUsage(bgCtx) })
 	background.Go(func() { replication.Watch(bgCtx, service.DefaultReplicationInterval) })
-	if cfg.APIKeyFile != "" {
-		f := &secretFile{
-			secret: secretProviderKey, variable: cfg.APIKeyFileVar, path: cfg.APIKeyFile,
-			parse: parseAPIKeys,
-			apply: func(keys []secret) ([]slog.Attr, error) {
-				if err := client.SetKeys(plain(keys)); err != nil {
-					return nil, err
-				}
-				loaded, inUse := client.Keys()
-				return []slog.Attr{slog.String("api_key_in_use", inUse), slog.Any("api_keys", loaded)}, nil
-			},
-		}
-		background.Go(func() { f.watch(bgCtx, cfg.APIKeys, cfg.SecretReloadInterval, secretMetrics, lifecycle) })
-	}
+	background.Go(func() {
+		cfg.WatchAPIKeys(bgCtx, secretMetrics, lifecycle, func(keys []string) ([]slog.Attr, error) {
+			if err := client.SetKeys(keys); err != nil {
+				return nil, err
+			}
+			loaded, inUse := client.Keys()
+			return []slog.Attr{slog.String("api_key_in_use", inUse), slog.Any("api_keys", loaded)}, nil
+		})
+	})
 	if serverTLS != nil {
-		background.Go(func() { serverTLS.watch(bgCtx, cfg.SecretReloadInterval, secretMetrics, lifecycle) })
+		background.Go(func() { serverTLS.Watch(bgCtx, cfg.SecretReloadInterval, secretMetrics, lifecycle) })
 	}
-	if cfg.WebhookTokenFile != "" && hooks.handler != nil {
-		f := &secretFile{
-			secret: secretWebhookTokens, variable: cfg.WebhookTokenFileVar, path: cfg.WebhookTokenFile,
-			parse: func(b []byte) ([]secret, error) { return parseWebhookTokens(string(b)) },
-			apply: func(tokens []secret) ([]slog.Attr, error) {
-				if err := hooks.handler.SetTokens(plain(tokens)); err != nil {
-					return nil, err
-				}
-				return []slog.Attr{slog.Any("webhook_tokens", fingerprints(tokens))}, nil
-			},
-		}
-		background.Go(func() { f.watch(bgCtx, cfg.WebhookTokens, cfg.SecretReloadInterval, secretMetrics, lifecycle) })
+	if hooks.handler != nil {
+		background.Go(func() { cfg.WatchWebhookTokens(bgCtx, secretMetrics, lifecycle, hooks.handler.SetTokens) })
 	}
 	lifecycle.Info("serving", "grpc_addr", grpcLn.Addr().String(), "http_addr", httpLn.Addr().String(), "webhook_addr", hooks.addr(), "metrics_addr", scrape.addr(), "health_addr", probes.addr(),
 		"replica", svc.Replica())
@@ -472,7 +467,7 @@ func closeStore(records *store.Store, logger *slog.Logger) {
 // saying first what it waits for and which variables bound the wait, so a
 // database that never answers is told from a slow one. Its refusal names
 // the variable to look at.
-func openStore(ctx context.Context, cfg *config, stamp string, logger *slog.Logger) (*store.Store, error) {
+func openStore(ctx context.Context, cfg *config.Config, stamp string, logger *slog.Logger) (*store.Store, error) {
 	logger.Info("opening the record store",
 		"waiting_for", "a connection to the database, then its migrations; the ports open after",
 		"database", cfg.DatabaseShown, "database_from", cfg.DatabaseFrom,
@@ -483,21 +478,21 @@ func openStore(ctx context.Context, cfg *config, stamp string, logger *slog.Logg
 		ConnectTimeout: cfg.ConnectTimeout,
 		MigrateTimeout: cfg.MigrateTimeout,
 		Logger:         logger,
-		Now:            cfg.testHooks.storeClock(string(cfg.DatabaseURL)),
+		Now:            cfg.Hooks.StoreClock(string(cfg.DatabaseURL)),
 		InboxQuota:     cfg.WebhookMaxStoredBytes,
 	})
 	switch {
 	case errors.Is(err, store.ErrConnectTimeout):
 		return nil, fmt.Errorf("%s: the database at %s did not answer within PAYMENTS_DATABASE_CONNECT_TIMEOUT (%v): check that it is up and reachable from here (host, port, firewall, NetworkPolicy egress), or raise the timeout: %w",
-			cfg.databaseVar(), cfg.DatabaseShown, cfg.ConnectTimeout, err)
+			cfg.DatabaseVar(), cfg.DatabaseShown, cfg.ConnectTimeout, err)
 	case errors.Is(err, store.ErrMigrateTimeout):
 		return nil, fmt.Errorf("%s: the database at %s answered, but its migrations did not finish within PAYMENTS_DATABASE_MIGRATE_TIMEOUT (%v); another replica may hold the migration lock: %w",
-			cfg.databaseVar(), cfg.DatabaseShown, cfg.MigrateTimeout, err)
-	case err != nil && cfg.DatabaseFrom != cfg.databaseVar():
+			cfg.DatabaseVar(), cfg.DatabaseShown, cfg.MigrateTimeout, err)
+	case err != nil && cfg.DatabaseFrom != cfg.DatabaseVar():
 		// The default, or a file: say which database it was.
-		return nil, fmt.Errorf("%s (%s, from %s): %w", cfg.databaseVar(), cfg.DatabaseShown, cfg.DatabaseFrom, err)
+		return nil, fmt.Errorf("%s (%s, from %s): %w", cfg.DatabaseVar(), cfg.DatabaseShown, cfg.DatabaseFrom, err)
 	case err != nil:
-		return nil, fmt.Errorf("%s (%s): %w", cfg.databaseVar(), cfg.DatabaseShown, err)
+		return nil, fmt.Errorf("%s (%s): %w", cfg.DatabaseVar(), cfg.DatabaseShown, err)
 	}
 	return records, nil
 }
@@ -510,7 +505,7 @@ const hardStopGrace = 2 * time.Second
 // newHTTPClient is the client for the provider: a pooled transport sized
 // for many concurrent calls to one host, no redirects (a redirected POST
 // would become a GET), and a timeout as a backstop to the per-call context.
-func newHTTPClient(cfg *config, tp trace.TracerProvider, prop propagation.TextMapPropagator) (*http.Client, error) {
+func newHTTPClient(cfg *config.Config, tp trace.TracerProvider, prop propagation.TextMapPropagator) (*http.Client, error) {
 	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12}
 	if cfg.UpstreamCAFile != "" {
 		roots, err := x509.SystemCertPool()
@@ -519,7 +514,7 @@ func newHTTPClient(cfg *config, tp trace.TracerProvider, prop propagation.TextMa
 		}
 		pem, err := os.ReadFile(cfg.UpstreamCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("PAYMENTS_UPSTREAM_CA_FILE: %w", fileError(err))
+			return nil, fmt.Errorf("PAYMENTS_UPSTREAM_CA_FILE: %w", config.FileError(err))
 		}
 		if !roots.AppendCertsFromPEM(pem) {
 			return nil, errors.New("PAYMENTS_UPSTREAM_CA_FILE: the file it names holds no PEM certificates")
@@ -563,7 +558,7 @@ func newHTTPClient(cfg *config, tp trace.TracerProvider, prop propagation.TextMa
 // when no client CA is set: loudly, naming the variable, since caller
 // isolation, the admin calls and the events then work for nobody.
 // --simulate moves no money, and says nothing.
-func warnUnidentified(cfg *config, logger *slog.Logger) {
+func warnUnidentified(cfg *config.Config, logger *slog.Logger) {
 	if cfg.TLSClientCAFile != "" || cfg.Simulate {
 		return
 	}

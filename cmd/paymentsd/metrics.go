@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"example.com/paymentsd/internal/config"
 	"example.com/paymentsd/internal/service"
 )
 
@@ -38,7 +39,7 @@ const (
 // certificate, and the metrics name no caller and hold no secret; a
 // NetworkPolicy admits only the scraper to the port. evicted counts the
 // connections closed to make room for new ones.
-func listenMetrics(cfg *config, g prometheus.Gatherer, logger *slog.Logger, evicted prometheus.Counter) (*scrapePort, error) {
+func listenMetrics(cfg *config.Config, g prometheus.Gatherer, logger *slog.Logger, evicted prometheus.Counter) (*scrapePort, error) {
 	if cfg.MetricsAddr == "" {
 		return &scrapePort{}, nil
 	}

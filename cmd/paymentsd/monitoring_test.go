@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/config"
 	"example.com/paymentsd/internal/service"
 	"example.com/paymentsd/internal/simulator"
 )
@@ -232,7 +233,7 @@ func selectorsOf(t *testing.T, q query) []*parser.VectorSelector {
 func TestMonitoringQueriesUseExportedMetrics(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	in := startConfigured(t, webhookEnv(t), nil, func(c *config) { c.registry = reg })
+	in := startConfigured(t, webhookEnv(t), nil, func(c *config.Config) { c.Registry = reg })
 	if _, err := in.client.CreateMultiCardPayment(t.Context(), validRequest("k-monitoring")); err != nil {
 		t.Fatalf("CreateMultiCardPayment() = %v", err)
 	}
@@ -252,7 +253,7 @@ func TestMonitoringQueriesUseExportedMetrics(t *testing.T) {
 	// And what paymentsd exports only with mTLS (the TLS files' expiry,
 	// refused handshakes), as deploy/ runs it.
 	tlsReg := prometheus.NewRegistry()
-	withTLS := startStreamTrustWith(t, func(c *config) { c.registry = tlsReg })
+	withTLS := startStreamTrustWith(t, func(c *config.Config) { c.Registry = tlsReg })
 	tlsExp := exportedBy(t, tlsReg, scrapeMetricsPort(t, withTLS.in))
 	for name := range tlsExp.names {
 		if !exp.names[name] {

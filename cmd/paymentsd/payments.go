@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/config"
 	"example.com/paymentsd/internal/service"
 )
 
@@ -156,7 +157,7 @@ func runPayments(ctx context.Context, args, environ []string, stdin io.Reader, s
 		io.WriteString(stderr, paymentsUsage)
 		return usageError("payments: name a command: list, get, resolve or export")
 	}
-	env := lookup(environ)
+	env := config.Lookup(environ)
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
 		_, err := io.WriteString(stdout, paymentsUsage)
@@ -213,7 +214,7 @@ func (c *connFlags) dial() (paymentsv1.PaymentsServiceClient, func(), error) {
 		if c.caFile != "" {
 			pem, err := os.ReadFile(c.caFile)
 			if err != nil {
-				return nil, nil, usageError("--tls-ca: %w", fileError(err))
+				return nil, nil, usageError("--tls-ca: %w", config.FileError(err))
 			}
 			tc.RootCAs = x509.NewCertPool()
 			if !tc.RootCAs.AppendCertsFromPEM(pem) {
@@ -224,7 +225,7 @@ func (c *connFlags) dial() (paymentsv1.PaymentsServiceClient, func(), error) {
 		case c.certFile != "" && c.keyFile != "":
 			cert, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
 			if err != nil {
-				return nil, nil, usageError("--tls-cert, --tls-key: %w", fileError(err))
+				return nil, nil, usageError("--tls-cert, --tls-key: %w", config.FileError(err))
 			}
 			tc.Certificates = []tls.Certificate{cert}
 		case c.certFile != "" || c.keyFile != "":
@@ -857,7 +858,7 @@ func paymentsResolve(ctx context.Context, args []string, env func(string) string
 		}
 		b, err := os.ReadFile(*replyFile)
 		if err != nil {
-			return usageError("--reply-file: %w", fileError(err))
+			return usageError("--reply-file: %w", config.FileError(err))
 		}
 		req.ReplyJson = string(b)
 	}

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/config"
 	"example.com/paymentsd/internal/service"
 	"example.com/paymentsd/internal/simulator"
 )
@@ -442,7 +443,7 @@ func TestDrainDeadline(t *testing.T) {
 	// so only a call held some other way outlives it; the hard stop is the
 	// safety net for that, and this reaches it by lifting the timeout.
 	in := startConfigured(t, with(sandboxEnv(p), "PAYMENTS_SHUTDOWN_TIMEOUT", "300ms", "PAYMENTS_UPSTREAM_TIMEOUT", "300ms"), nil,
-		func(c *config) { c.UpstreamTimeout = time.Minute })
+		func(c *config.Config) { c.UpstreamTimeout = time.Minute })
 	grpcDone := make(chan error, 1)
 	go func() {
 		_, err := in.client.CreateMultiCardPayment(context.Background(), validRequest("cut-off-grpc"))

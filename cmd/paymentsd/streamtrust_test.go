@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/config"
 	"example.com/paymentsd/internal/service"
 )
 
@@ -38,7 +39,7 @@ func startStreamTrust(t *testing.T) *streamTrust {
 
 // startStreamTrustWith is startStreamTrust with a further change to the
 // loaded configuration.
-func startStreamTrustWith(t *testing.T, change func(*config)) *streamTrust {
+func startStreamTrustWith(t *testing.T, change func(*config.Config)) *streamTrust {
 	t.Helper()
 	s := &streamTrust{clock: newTestClock(), serverCA: newTestCA(t, "server CA"), clientCA: newTestCA(t, "client CA")}
 	certFile, keyFile := writePEMFiles(t, s.serverCA.issue(t, x509.ExtKeyUsageServerAuth))
@@ -48,8 +49,8 @@ func startStreamTrustWith(t *testing.T, change func(*config)) *streamTrust {
 		"PAYMENTS_TLS_CLIENT_CA_FILE", s.caVolume.path(),
 		"PAYMENTS_SECRET_RELOAD_INTERVAL", "20ms", "PAYMENTS_METRICS_ADDR", "127.0.0.1:0",
 		"PAYMENTS_ALLOWED_CALLERS", checkout, "PAYMENTS_ADMIN_CALLERS", oncall, "PAYMENTS_EVENT_READERS", eventReader),
-		nil, func(c *config) {
-			c.testHooks.clock = s.clock
+		nil, func(c *config.Config) {
+			c.Hooks.Clock = s.clock
 			if change != nil {
 				change(c)
 			}

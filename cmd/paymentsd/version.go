@@ -76,3 +76,10 @@ func releaseVersion() string {
 	}
 	return "devel"
 }
+
+func prefixed(prefix, s string) string {
+	if s == "" {
+		return ""
+	}
+	return prefix + s
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"example.com/paymentsd/internal/config"
 	"example.com/paymentsd/internal/inbox"
 	"example.com/paymentsd/internal/service"
 	"example.com/paymentsd/internal/store"
@@ -29,7 +30,7 @@ type webhooks struct {
 // listenWebhooks binds the intake's listener. With server TLS configured it
 // serves TLS with the same certificate but never asks for a client
 // certificate: the provider has none.
-func listenWebhooks(cfg *config, st *store.Store, events *service.Events, logger *slog.Logger, reg prometheus.Registerer, tlsConfig *tls.Config, tp trace.TracerProvider) (*webhooks, error) {
+func listenWebhooks(cfg *config.Config, st *store.Store, events *service.Events, logger *slog.Logger, reg prometheus.Registerer, tlsConfig *tls.Config, tp trace.TracerProvider) (*webhooks, error) {
 	if cfg.WebhookAddr == "" {
 		return &webhooks{}, nil
 	}

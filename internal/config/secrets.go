@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"bytes"
@@ -30,7 +30,7 @@ func readSecretFile(path string) ([]byte, error) {
 	// writes to it, which would hang startup, the reloads and shutdown.
 	switch st, err := os.Stat(path); {
 	case err != nil:
-		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+		return nil, fmt.Errorf("cannot read the file it names: %v", FileError(err))
 	case st.IsDir():
 		return nil, fmt.Errorf("names a directory, %s: want a file", path)
 	case !st.Mode().IsRegular():
@@ -38,7 +38,7 @@ func readSecretFile(path string) ([]byte, error) {
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+		return nil, fmt.Errorf("cannot read the file it names: %v", FileError(err))
 	}
 	defer f.Close()
 	if st, err := f.Stat(); err == nil && st.IsDir() {
@@ -46,7 +46,7 @@ func readSecretFile(path string) ([]byte, error) {
 	}
 	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
 	if err != nil {
-		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+		return nil, fmt.Errorf("cannot read the file it names: %v", FileError(err))
 	}
 	if len(b) > maxSecretFile {
 		return nil, fmt.Errorf("names a file over %d bytes: want one or two lines", maxSecretFile)
@@ -69,7 +69,7 @@ func secretLines(b []byte) []string {
 
 // parseAPIKeys reads a key file's contents: one key, or two while
 // rotating, one a line. The error never quotes them.
-func parseAPIKeys(b []byte) ([]secret, error) {
+func parseAPIKeys(b []byte) ([]Secret, error) {
 	lines := secretLines(b)
 	switch {
 	case len(lines) == 0:
@@ -79,17 +79,17 @@ func parseAPIKeys(b []byte) ([]secret, error) {
 	case len(lines) == 2 && lines[0] == lines[1]:
 		return nil, errors.New("names a file holding the same key twice")
 	}
-	keys := make([]secret, len(lines))
+	keys := make([]Secret, len(lines))
 	for i, k := range lines {
 		if p := keyProblem(k); p != "" {
 			return nil, fmt.Errorf("names a file whose line %d %s", i+1, p)
 		}
-		keys[i] = secret(k)
+		keys[i] = Secret(k)
 	}
 	return keys, nil
 }
 
-func readAPIKeys(path string) ([]secret, error) {
+func readAPIKeys(path string) ([]Secret, error) {
 	b, err := readSecretFile(path)
 	if err != nil {
 		return nil, err
@@ -99,12 +99,12 @@ func readAPIKeys(path string) ([]secret, error) {
 
 // parseWebhookTokens reads one or two webhook tokens, separated by commas
 // or newlines. The error never quotes them.
-func parseWebhookTokens(raw string) ([]secret, error) {
-	var tokens []secret
+func parseWebhookTokens(raw string) ([]Secret, error) {
+	var tokens []Secret
 	raw = strings.TrimPrefix(raw, "\uFEFF")
 	for t := range strings.FieldsFuncSeq(raw, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }) {
 		if t = strings.TrimSpace(t); t != "" {
-			tokens = append(tokens, secret(t))
+			tokens = append(tokens, Secret(t))
 		}
 	}
 	switch {
@@ -123,7 +123,7 @@ func parseWebhookTokens(raw string) ([]secret, error) {
 	return tokens, nil
 }
 
-func readWebhookTokens(path string) ([]secret, error) {
+func readWebhookTokens(path string) ([]Secret, error) {
 	b, err := readSecretFile(path)
 	if err != nil {
 		return nil, err
@@ -137,14 +137,15 @@ const (
 	secretWebhookTokens = "webhook_tokens"
 )
 
-// secretMetrics are the reloads of key and token files.
-type secretMetrics struct {
+// SecretMetrics are the reloads of key, token and TLS files.
+type SecretMetrics struct {
 	ok      *prometheus.GaugeVec
 	reloads *prometheus.CounterVec
 }
 
-func newSecretMetrics(reg prometheus.Registerer) *secretMetrics {
-	m := &secretMetrics{
+// NewSecretMetrics registers the reload metrics with reg.
+func NewSecretMetrics(reg prometheus.Registerer) *SecretMetrics {
+	m := &SecretMetrics{
 		ok: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "paymentsd_secret_file_ok",
 			Help: "1 if the secret's file (provider_api_key, webhook_tokens, tls_certificate, tls_client_ca) was readable and well formed when last read; 0 if not, and the last good secrets are in use.",
@@ -165,8 +166,8 @@ type secretFile struct {
 	path     string
 	// parse reads the file's contents; apply puts its secrets in use and
 	// returns what to log of them (fingerprints).
-	parse func([]byte) ([]secret, error)
-	apply func([]secret) ([]slog.Attr, error)
+	parse func([]byte) ([]Secret, error)
+	apply func([]Secret) ([]slog.Attr, error)
 }
 
 // watch re-reads f every interval until ctx ends. New contents are put in
@@ -174,7 +175,7 @@ type secretFile struct {
 // use, said once in the log and in paymentsd_secret_file_ok until it is
 // good again. Contents are compared, not the file's inode or time: a
 // Kubernetes Secret volume swaps a symlink, and editors replace files.
-func (f *secretFile) watch(ctx context.Context, good []secret, interval time.Duration, m *secretMetrics, logger *slog.Logger) {
+func (f *secretFile) watch(ctx context.Context, good []Secret, interval time.Duration, m *SecretMetrics, logger *slog.Logger) {
 	m.ok.WithLabelValues(f.secret).Set(1)
 	for _, r := range []string{"ok", "unreadable", "invalid"} {
 		m.reloads.WithLabelValues(f.secret, r)
@@ -188,7 +189,7 @@ func (f *secretFile) watch(ctx context.Context, good []secret, interval time.Dur
 			return
 		case <-t.C:
 		}
-		var secrets []secret
+		var secrets []Secret
 		var attrs []slog.Attr
 		result := "unreadable"
 		b, err := readSecretFile(f.path)
@@ -225,8 +226,43 @@ func (f *secretFile) watch(ctx context.Context, good []secret, interval time.Dur
 	}
 }
 
+// WatchAPIKeys re-reads c's provider key file (if the keys came from one)
+// every c.SecretReloadInterval until ctx ends, and hands new keys to use,
+// which returns what to log of them.
+func (c *Config) WatchAPIKeys(ctx context.Context, m *SecretMetrics, logger *slog.Logger, use func(keys []string) ([]slog.Attr, error)) {
+	if c.APIKeyFile == "" {
+		return
+	}
+	f := &secretFile{
+		secret: secretProviderKey, variable: c.APIKeyFileVar, path: c.APIKeyFile,
+		parse: parseAPIKeys,
+		apply: func(keys []Secret) ([]slog.Attr, error) { return use(Plain(keys)) },
+	}
+	f.watch(ctx, c.APIKeys, c.SecretReloadInterval, m, logger)
+}
+
+// WatchWebhookTokens re-reads c's webhook token file (if the tokens came
+// from one) every c.SecretReloadInterval until ctx ends, and hands new
+// tokens to use.
+func (c *Config) WatchWebhookTokens(ctx context.Context, m *SecretMetrics, logger *slog.Logger, use func(tokens []string) error) {
+	if c.WebhookTokenFile == "" {
+		return
+	}
+	f := &secretFile{
+		secret: secretWebhookTokens, variable: c.WebhookTokenFileVar, path: c.WebhookTokenFile,
+		parse: func(b []byte) ([]Secret, error) { return parseWebhookTokens(string(b)) },
+		apply: func(tokens []Secret) ([]slog.Attr, error) {
+			if err := use(Plain(tokens)); err != nil {
+				return nil, err
+			}
+			return []slog.Attr{slog.Any("webhook_tokens", fingerprints(tokens))}, nil
+		},
+	}
+	f.watch(ctx, c.WebhookTokens, c.SecretReloadInterval, m, logger)
+}
+
 // fingerprints names secrets by upstream.Fingerprint.
-func fingerprints(secrets []secret) []string {
+func fingerprints(secrets []Secret) []string {
 	out := make([]string, len(secrets))
 	for i, s := range secrets {
 		out[i] = upstream.Fingerprint(string(s))
@@ -234,7 +270,8 @@ func fingerprints(secrets []secret) []string {
 	return out
 }
 
-func plain(secrets []secret) []string {
+// Plain is secrets as the strings they hold, for the code that uses them.
+func Plain(secrets []Secret) []string {
 	out := make([]string, len(secrets))
 	for i, s := range secrets {
 		out[i] = string(s)

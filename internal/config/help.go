@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"fmt"
@@ -11,9 +11,9 @@ import (
 // docs/configuration.md is made from the same table as usage, by a test:
 //go:generate go test -run=^TestConfigurationPage$ -update .
 
-// usage is --help's text: the flags, then every variable of the table that
-// loadConfig reads, with its default and meaning.
-func usage() string {
+// Usage is --help's text: the flags, then every variable of the table that
+// Load reads, with its default and meaning.
+func Usage() string {
 	var b strings.Builder
 	b.WriteString(`Usage: paymentsd [--simulate] [--version] [--help]
        paymentsd payments <command> [flags]   (the operators' CLI)
@@ -96,13 +96,6 @@ func wrap(b *strings.Builder, text, indent string, width int) {
 	b.WriteString(line + "\n")
 }
 
-func prefixed(prefix, s string) string {
-	if s == "" {
-		return ""
-	}
-	return prefix + s
-}
-
 // variableName is the shape of a name that may be echoed in a refusal:
 // anything else (a key pasted as a name) is not repeated.
 var variableName = regexp.MustCompile(`^[A-Za-z0-9_]{1,128}$`)
@@ -165,7 +158,7 @@ var linkSuffix = regexp.MustCompile(`_(SERVICE_HOST|SERVICE_PORT|SERVICE_PORT_[A
 // <SVC>_SERVICE_PORT, as Kubernetes always sets them together. A lone
 // PAYMENTS_GRPC_PORT is a mistake, not a link.
 func serviceLinks(environ []string) map[string]bool {
-	getenv := lookup(environ)
+	getenv := Lookup(environ)
 	links := map[string]bool{}
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"errors"
@@ -26,24 +26,24 @@ import (
 	"example.com/paymentsd/internal/upstream"
 )
 
-// secret is a value that must never be printed: every way of formatting or
+// Secret is a value that must never be printed: every way of formatting or
 // logging it gives [REDACTED].
-type secret string
+type Secret string
 
 const redacted = "[REDACTED]"
 
-func (secret) String() string               { return redacted }
-func (secret) GoString() string             { return redacted }
-func (secret) LogValue() slog.Value         { return slog.StringValue(redacted) }
-func (secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
+func (Secret) String() string               { return redacted }
+func (Secret) GoString() string             { return redacted }
+func (Secret) LogValue() slog.Value         { return slog.StringValue(redacted) }
+func (Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
 
-// config is paymentsd's whole configuration, from the environment and flags.
-type config struct {
+// Config is paymentsd's whole configuration, from the environment and flags.
+type Config struct {
 	Environment string // "sandbox" or "live"
 	BaseURL     string
 	// APIKeys are the provider keys: one, or two (current, then next)
 	// while rotating.
-	APIKeys []secret
+	APIKeys []Secret
 	// APIKeyFrom says where the keys came from: a variable's name, or a
 	// variable's name and the file it names; APIKeyFile is that file, which
 	// is re-read while serving, and APIKeyFileVar its variable.
@@ -78,7 +78,7 @@ type config struct {
 	// may hold a password, so it is a secret; DatabaseFrom says where it
 	// came from, and DatabaseShown is what of it may be shown (see
 	// store.RedactedURL).
-	DatabaseURL    secret
+	DatabaseURL    Secret
 	DatabaseFrom   string
 	DatabaseShown  string
 	ConnectTimeout time.Duration
@@ -121,7 +121,7 @@ type config struct {
 	// WebhookTokens are the accepted webhook URL tokens (two while
 	// rotating), and WebhookTokensFrom the variable (and file) they came
 	// from.
-	WebhookTokens     []secret
+	WebhookTokens     []Secret
 	WebhookTokensFrom string
 	// WebhookTokenFile, if the tokens came from a file, is re-read while
 	// serving; WebhookTokenFileVar is its variable.
@@ -136,16 +136,21 @@ type config struct {
 	WebhookMaxStoredBytes int64
 	WebhookMaxConnsPerIP  int
 
-	// testHooks are a test binary's changes; none in production builds.
-	testHooks testHooks
-	// registry, if set, holds the metrics instead of a new registry, so a
+	// Version is what paymentsd --version prints, and Release the version
+	// alone, as one token (paymentsd/<Release> to the provider). main sets
+	// them: its link-time stamps are main's.
+	Version, Release string
+
+	// Hooks are a test binary's changes; none in production builds.
+	Hooks Hooks
+	// Registry, if set, holds the metrics instead of a new registry, so a
 	// test can read the description of every metric paymentsd registers,
 	// even those with no series yet. Never set from the environment.
-	registry *prometheus.Registry
+	Registry *prometheus.Registry
 }
 
 // A variable is one PAYMENTS_* setting. The table of them (variables) is
-// the one list paymentsd knows: loadConfig reads the environment through
+// the one list paymentsd knows: Load reads the environment through
 // it, --help prints it, the start-up line logs it, and a PAYMENTS_* name
 // that is not in it is refused. Adding a setting is adding an entry (and
 // its field in config).
@@ -155,7 +160,7 @@ type variable struct {
 	name string
 	// def is the default, as it would be written in the environment; an
 	// unset or empty variable takes it. For a variable read by one of
-	// loadConfig's own steps (parse is nil) it only describes the default.
+	// Load's own steps (parse is nil) it only describes the default.
 	def string
 	// meaning is what --help says the variable does.
 	meaning string
@@ -165,18 +170,18 @@ type variable struct {
 // A setting reads a variable's value into the configuration and shows it.
 type setting struct {
 	// parse reads v, the value or else the default, into c; its error
-	// says what is wanted and never quotes v. nil: loadConfig reads the
+	// says what is wanted and never quotes v. nil: Load reads the
 	// variable in a step of its own, with the variables it goes with.
-	parse func(c *config, v string) error
+	parse func(c *Config, v string) error
 	// show is the effective value as the start-up line logs it; nil: it
 	// is logged with its step's other settings, or not at all.
-	show func(c *config) slog.Value
+	show func(c *Config) slog.Value
 }
 
 // simulateDefaults are the defaults that --simulate changes, so that a
 // payment whose outcome is unknown settles, or is given up on and can be
 // resolved, in seconds rather than minutes (docs/simulator.md). They keep
-// the rules loadConfig checks: the quiet period at least the upstream
+// the rules Load checks: the quiet period at least the upstream
 // timeout, and shorter than the settlement window.
 var simulateDefaults = map[string]string{
 	"PAYMENTS_SETTLEMENT_WINDOW":     "20s",
@@ -198,7 +203,7 @@ func variables() []variable {
 	return []variable{
 		{"PAYMENTS_ENVIRONMENT", "sandbox",
 			"Which environment of the provider to call: sandbox or live. Only that environment's PAYMENTS_<ENV>_* variables are read.",
-			setting{parse: func(c *config, v string) error {
+			setting{parse: func(c *Config, v string) error {
 				c.Environment = strings.TrimSpace(v)
 				if c.Environment == "" {
 					c.Environment = "sandbox"
@@ -219,16 +224,16 @@ func variables() []variable {
 			setting{}},
 		{"PAYMENTS_GRPC_ADDR", ":9090",
 			"The gRPC listen address, host:port or :port.",
-			addrSetting(func(c *config) *string { return &c.GRPCAddr })},
+			addrSetting(func(c *Config) *string { return &c.GRPCAddr })},
 		{"PAYMENTS_HTTP_ADDR", ":8080",
 			"The HTTP listen address: REST, /healthz, /readyz, /metrics and /openapi.json.",
-			addrSetting(func(c *config) *string { return &c.HTTPAddr })},
+			addrSetting(func(c *Config) *string { return &c.HTTPAddr })},
 		{"PAYMENTS_METRICS_ADDR", "",
 			"A listen address serving GET /metrics and nothing else, in plaintext even when the other ports serve TLS, so that the scraper needs neither access to PAYMENTS_HTTP_ADDR, whose REST API takes payments, nor a client certificate. Unset: /metrics on PAYMENTS_HTTP_ADDR only.",
-			addrSetting(func(c *config) *string { return &c.MetricsAddr })},
+			addrSetting(func(c *Config) *string { return &c.MetricsAddr })},
 		{"PAYMENTS_HEALTH_ADDR", "",
 			"A listen address serving health checks and nothing else, in plaintext and without client certificates, for the kubelet's probes: grpc.health.v1 Check and List over cleartext HTTP/2 (service \"\" for readiness, \"liveness\" for liveness) and GET /healthz and /readyz. Unset: health checks on PAYMENTS_GRPC_ADDR and PAYMENTS_HTTP_ADDR only, which need a client certificate when PAYMENTS_TLS_CLIENT_CA_FILE is set.",
-			addrSetting(func(c *config) *string { return &c.HealthAddr })},
+			addrSetting(func(c *Config) *string { return &c.HealthAddr })},
 		{"PAYMENTS_DATABASE_URL", "sqlite:paymentsd-sandbox.db in sandbox; none in live",
 			"The record store: sqlite:PATH, or a postgres:// URL for replicas sharing one database (percent-encode @ / ? # % in its user name and password). Required in live; --simulate keeps records in memory unless it is set.",
 			setting{}},
@@ -237,80 +242,80 @@ func variables() []variable {
 			setting{}},
 		{"PAYMENTS_DATABASE_CONNECT_TIMEOUT", "15s",
 			"How long start-up waits for the record store's first connection before giving up; also bounds each later PostgreSQL connection whose URL sets no connect_timeout.",
-			durationSetting(func(c *config) *time.Duration { return &c.ConnectTimeout })},
+			durationSetting(func(c *Config) *time.Duration { return &c.ConnectTimeout })},
 		{"PAYMENTS_DATABASE_MIGRATE_TIMEOUT", "1m",
 			"How long start-up waits for the record store's migrations, including another replica's running at the same time, before giving up.",
-			durationSetting(func(c *config) *time.Duration { return &c.MigrateTimeout })},
+			durationSetting(func(c *Config) *time.Duration { return &c.MigrateTimeout })},
 		{"PAYMENTS_SETTLEMENT_WINDOW", "10m",
 			"How long after a payment's first attempt paymentsd keeps re-sending one whose outcome is unknown.",
-			durationSetting(func(c *config) *time.Duration { return &c.SettlementWindow })},
+			durationSetting(func(c *Config) *time.Duration { return &c.SettlementWindow })},
 		{"PAYMENTS_RECORD_RETENTION", "720h",
 			"How long payment records and webhook events are kept after their last change (720h is 30 days); at least PAYMENTS_SETTLEMENT_WINDOW.",
-			durationSetting(func(c *config) *time.Duration { return &c.RecordRetention })},
+			durationSetting(func(c *Config) *time.Duration { return &c.RecordRetention })},
 		{"PAYMENTS_TOMBSTONE_RETENTION", "9600h",
 			"How long a deleted record's tombstone (the SHA-256 of its key and body, its final state and dates) refuses its key (9600h is 400 days); at least 1h.",
-			durationSetting(func(c *config) *time.Duration { return &c.TombstoneRetention })},
+			durationSetting(func(c *Config) *time.Duration { return &c.TombstoneRetention })},
 		{"PAYMENTS_PROVIDER_QUIET_PERIOD", "30s",
 			"How long after its start a request that ended without the provider's answer is presumed still at the provider: nothing is sent with its key until then. At least PAYMENTS_UPSTREAM_TIMEOUT, and shorter than PAYMENTS_SETTLEMENT_WINDOW.",
-			durationSetting(func(c *config) *time.Duration { return &c.ProviderQuietPeriod })},
+			durationSetting(func(c *Config) *time.Duration { return &c.ProviderQuietPeriod })},
 		{"PAYMENTS_UPSTREAM_TIMEOUT", "15s",
 			"Bounds each payment's provider calls, retries included (a caller's deadline bounds only its own wait); at most PAYMENTS_SHUTDOWN_TIMEOUT and PAYMENTS_PROVIDER_QUIET_PERIOD.",
-			durationSetting(func(c *config) *time.Duration { return &c.UpstreamTimeout })},
+			durationSetting(func(c *Config) *time.Duration { return &c.UpstreamTimeout })},
 		{"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", strconv.Itoa(upstream.DefaultMaxAttempts),
 			"Attempts per provider call, the first included, for failures that may be retried.",
-			intSetting(1, 10, func(c *config) *int { return &c.UpstreamMaxAttempts })},
+			intSetting(1, 10, func(c *Config) *int { return &c.UpstreamMaxAttempts })},
 		{"PAYMENTS_UPSTREAM_MAX_RESPONSE_BYTES", strconv.Itoa(upstream.DefaultMaxResponseBytes),
 			"The largest provider reply read.",
-			int64Setting(1024, 64<<20, func(c *config) *int64 { return &c.UpstreamMaxResponseBytes })},
+			int64Setting(1024, 64<<20, func(c *Config) *int64 { return &c.UpstreamMaxResponseBytes })},
 		{"PAYMENTS_UPSTREAM_BREAKER_FAILURES", strconv.Itoa(upstream.DefaultBreakerFailures),
 			"Consecutive failed provider attempts that open the circuit breaker.",
-			intSetting(1, 1000, func(c *config) *int { return &c.BreakerFailures })},
+			intSetting(1, 1000, func(c *Config) *int { return &c.BreakerFailures })},
 		{"PAYMENTS_UPSTREAM_BREAKER_COOLDOWN", upstream.DefaultBreakerCooldown.String(),
 			"How long an open circuit breaker fails calls fast before letting one through.",
-			durationSetting(func(c *config) *time.Duration { return &c.BreakerCooldown })},
+			durationSetting(func(c *Config) *time.Duration { return &c.BreakerCooldown })},
 		{"PAYMENTS_UPSTREAM_CA_FILE", "",
 			"A PEM file of extra roots to trust for the provider's certificate (a private CA, or a TLS-inspecting egress proxy).",
-			fileSetting(func(c *config) *string { return &c.UpstreamCAFile })},
+			fileSetting(func(c *Config) *string { return &c.UpstreamCAFile })},
 		{"PAYMENTS_MAX_REQUEST_BYTES", strconv.Itoa(64 << 10),
 			"The largest REST body or gRPC message accepted.",
-			intSetting(1024, 4<<20, func(c *config) *int { return &c.MaxRequestBytes })},
+			intSetting(1024, 4<<20, func(c *Config) *int { return &c.MaxRequestBytes })},
 		{"PAYMENTS_MAX_IN_FLIGHT", strconv.Itoa(service.DefaultMaxInFlight),
 			"Calls in progress at once, over both ports together; more are refused with RESOURCE_EXHAUSTED (REST 429).",
-			intSetting(1, 100000, func(c *config) *int { return &c.MaxInFlight })},
+			intSetting(1, 100000, func(c *Config) *int { return &c.MaxInFlight })},
 		{"PAYMENTS_MAX_CONNECTIONS", strconv.Itoa(service.DefaultMaxConnections),
 			"Open connections on each port; more are closed as they are accepted.",
-			intSetting(1, 100000, func(c *config) *int { return &c.MaxConnections })},
+			intSetting(1, 100000, func(c *Config) *int { return &c.MaxConnections })},
 		{"PAYMENTS_HTTP_READ_TIMEOUT", service.DefaultReadTimeout.String(),
 			"How long a REST request's header, and then its body, may take to arrive.",
-			durationSetting(func(c *config) *time.Duration { return &c.HTTPReadTimeout })},
+			durationSetting(func(c *Config) *time.Duration { return &c.HTTPReadTimeout })},
 		{"PAYMENTS_SHUTDOWN_DELAY", "0",
 			"How long to keep serving after SIGTERM, with readiness already failing, while load balancers stop sending.",
 			setting{
-				parse: func(c *config, v string) error {
+				parse: func(c *Config, v string) error {
 					if v == "0" {
 						c.ShutdownDelay = 0
 						return nil
 					}
 					return parseDuration(v, &c.ShutdownDelay)
 				},
-				show: func(c *config) slog.Value { return slog.StringValue(c.ShutdownDelay.String()) },
+				show: func(c *Config) slog.Value { return slog.StringValue(c.ShutdownDelay.String()) },
 			}},
 		{"PAYMENTS_SHUTDOWN_TIMEOUT", "20s",
 			"How long calls in flight at SIGTERM may take to finish before they are cut off.",
-			durationSetting(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
+			durationSetting(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 		{"PAYMENTS_TLS_CERT_FILE", "",
 			"The server's PEM certificate (and its chain); with PAYMENTS_TLS_KEY_FILE, the gRPC, HTTP and webhook ports serve TLS. Re-read every PAYMENTS_SECRET_RELOAD_INTERVAL, with the key, so a renewed certificate is used without a restart. Unset: plaintext.",
-			fileSetting(func(c *config) *string { return &c.TLSCertFile })},
+			fileSetting(func(c *Config) *string { return &c.TLSCertFile })},
 		{"PAYMENTS_TLS_KEY_FILE", "",
 			"The server certificate's PEM private key.",
-			fileSetting(func(c *config) *string { return &c.TLSKeyFile })},
+			fileSetting(func(c *Config) *string { return &c.TLSKeyFile })},
 		{"PAYMENTS_TLS_CLIENT_CA_FILE", "",
 			"PEM roots that callers' client certificates must chain to (mTLS) on the gRPC and HTTP ports: with it every caller has an identity, the one SPIFFE ID (URI SAN) or DNS name (DNS SAN) of its certificate, and a certificate naming none is refused (CALLER_NOT_ALLOWED). Needs the server certificate. Re-read every PAYMENTS_SECRET_RELOAD_INTERVAL. Unset: callers are not identified, which paymentsd says at start; live refuses to start so unless PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS is true.",
-			fileSetting(func(c *config) *string { return &c.TLSClientCAFile })},
+			fileSetting(func(c *Config) *string { return &c.TLSClientCAFile })},
 		{"PAYMENTS_ALLOW_UNIDENTIFIED_CALLERS", "false",
 			"true lets live start without PAYMENTS_TLS_CLIENT_CA_FILE, so without caller identities: every caller that reaches the ports may pay and look up any key, nobody may list, resolve or read events, and records name no caller. For a deployment that identifies its callers some other way; paymentsd logs an error at start all the same.",
 			setting{
-				parse: func(c *config, v string) error {
+				parse: func(c *Config, v string) error {
 					b, err := strconv.ParseBool(v)
 					if err != nil {
 						return errors.New("want true or false")
@@ -318,31 +323,31 @@ func variables() []variable {
 					c.AllowUnidentifiedCallers = b
 					return nil
 				},
-				show: func(c *config) slog.Value { return slog.BoolValue(c.AllowUnidentifiedCallers) },
+				show: func(c *Config) slog.Value { return slog.BoolValue(c.AllowUnidentifiedCallers) },
 			}},
 		{"PAYMENTS_ALLOWED_CALLERS", "",
 			"Comma-separated caller identities that may pay, and look up and list their own payments: SPIFFE IDs (spiffe://trust-domain/path, matched byte for byte) or dns: and a DNS name (dns:billing.corp.example); needs PAYMENTS_TLS_CLIENT_CA_FILE. Unset: every caller whose trusted certificate names an identity may; set to only commas or spaces: refused.",
-			identitiesSetting(func(c *config) *[]service.Identity { return &c.AllowedCallers })},
+			identitiesSetting(func(c *Config) *[]service.Identity { return &c.AllowedCallers })},
 		{"PAYMENTS_ADMIN_CALLERS", "",
 			"Comma-separated caller identities, written as for PAYMENTS_ALLOWED_CALLERS, that may list every caller's payments, resolve payments in doubt and read provider events: usually on-call people (spiffe://trust-domain/ns/NAMESPACE/people/NAME, the user name escaped as docs/identity.md says); needs PAYMENTS_TLS_CLIENT_CA_FILE. Not in PAYMENTS_ALLOWED_CALLERS, they may do all that but pay (CreateMultiCardPayment is refused, CALLER_NOT_ALLOWED). Unset: nobody (but everyone under --simulate).",
-			identitiesSetting(func(c *config) *[]service.Identity { return &c.AdminCallers })},
+			identitiesSetting(func(c *Config) *[]service.Identity { return &c.AdminCallers })},
 		{"PAYMENTS_EVENT_READERS", "",
 			"Comma-separated caller identities, written as for PAYMENTS_ALLOWED_CALLERS, that may list and watch the provider's events (ProviderEventsService), which tell of every caller's payments; the admins may too; needs PAYMENTS_TLS_CLIENT_CA_FILE. Not in PAYMENTS_ALLOWED_CALLERS, they may call the provider-events service and nothing else. Unset: only the admins (everyone under --simulate).",
-			identitiesSetting(func(c *config) *[]service.Identity { return &c.EventReaders })},
+			identitiesSetting(func(c *Config) *[]service.Identity { return &c.EventReaders })},
 		{"PAYMENTS_LOG_LEVEL", "info",
 			"The lowest level logged: debug, info, warn or error. The start-up and shutdown lines are always logged.",
 			setting{
-				parse: func(c *config, v string) error {
+				parse: func(c *Config, v string) error {
 					if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 						return errors.New("want debug, info, warn or error")
 					}
 					return nil
 				},
-				show: func(c *config) slog.Value { return slog.StringValue(c.LogLevel.String()) },
+				show: func(c *Config) slog.Value { return slog.StringValue(c.LogLevel.String()) },
 			}},
 		{"PAYMENTS_WEBHOOK_ADDR", "",
 			"The webhook intake's own listen address. Unset: no intake. Needs PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE or PAYMENTS_<ENV>_WEBHOOK_TOKEN.",
-			addrSetting(func(c *config) *string { return &c.WebhookAddr })},
+			addrSetting(func(c *Config) *string { return &c.WebhookAddr })},
 		{"PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE", "",
 			"A file holding the environment's webhook URL token: at least 32 of A-Z a-z 0-9 - . _ ~ (openssl rand -hex 32); two, one a line, while rotating. Re-read every PAYMENTS_SECRET_RELOAD_INTERVAL.",
 			setting{}},
@@ -351,16 +356,16 @@ func variables() []variable {
 			setting{}},
 		{"PAYMENTS_SECRET_RELOAD_INTERVAL", "10s",
 			"How often PAYMENTS_<ENV>_API_KEY_FILE and PAYMENTS_<ENV>_WEBHOOK_TOKEN_FILE are re-read (by content, so a Kubernetes Secret volume's in-place update is seen). A file that becomes unreadable, empty or malformed keeps the last good keys, with a warning and paymentsd_secret_file_ok 0. At least 10ms.",
-			minDurationSetting(10*time.Millisecond, func(c *config) *time.Duration { return &c.SecretReloadInterval })},
+			minDurationSetting(10*time.Millisecond, func(c *Config) *time.Duration { return &c.SecretReloadInterval })},
 		{"PAYMENTS_WEBHOOK_MAX_BYTES", strconv.Itoa(inbox.DefaultMaxBytes),
 			"The largest webhook delivery body accepted (413 beyond); at least 1024, at most 512 KiB, so that any event fits a page a default gRPC client can read within the memory budget.",
-			int64Setting(1024, inbox.LargestMaxBytes, func(c *config) *int64 { return &c.WebhookMaxBytes })},
+			int64Setting(1024, inbox.LargestMaxBytes, func(c *Config) *int64 { return &c.WebhookMaxBytes })},
 		{"PAYMENTS_WEBHOOK_MAX_STORED_BYTES", strconv.Itoa(1 << 30),
 			"The webhook inbox's quota: past it deliveries get 503 (outcome over_quota) until retention deletes old events; at least 1 MiB.",
-			int64Setting(1<<20, 1<<50, func(c *config) *int64 { return &c.WebhookMaxStoredBytes })},
+			int64Setting(1<<20, 1<<50, func(c *Config) *int64 { return &c.WebhookMaxStoredBytes })},
 		{"PAYMENTS_WEBHOOK_MAX_CONNECTIONS_PER_IP", strconv.Itoa(inbox.DefaultMaxConnectionsPerIP),
 			"Open connections to the webhook port from one address; 0 for no bound. Behind an Ingress every connection comes from its addresses: raise it there.",
-			intSetting(0, 100000, func(c *config) *int { return &c.WebhookMaxConnsPerIP })},
+			intSetting(0, 100000, func(c *Config) *int { return &c.WebhookMaxConnsPerIP })},
 	}
 }
 
@@ -369,11 +374,11 @@ func variables() []variable {
 var ignoredVariables = map[string]string{
 	"PAYMENTS_TEST_POSTGRES_URL": "the tests' PostgreSQL server (bash .ci/postgres sets it)",
 	"PAYMENTS_BENCH_CPUPROFILE":  "paymentsbench's CPU profile, read only by a binary built with -tags=benchprofile",
-	envCLIAddr:                   "paymentsd payments' --addr",
-	envCLICA:                     "paymentsd payments' --tls-ca",
-	envCLICert:                   "paymentsd payments' --tls-cert",
-	envCLIKey:                    "paymentsd payments' --tls-key",
-	envCLIServerName:             "paymentsd payments' --server-name",
+	"PAYMENTS_CLI_ADDR":          "paymentsd payments' --addr",
+	"PAYMENTS_CLI_TLS_CA_FILE":   "paymentsd payments' --tls-ca",
+	"PAYMENTS_CLI_TLS_CERT_FILE": "paymentsd payments' --tls-cert",
+	"PAYMENTS_CLI_TLS_KEY_FILE":  "paymentsd payments' --tls-key",
+	"PAYMENTS_CLI_SERVER_NAME":   "paymentsd payments' --server-name",
 }
 
 // environments are the provider environments, as <ENV> is written.
@@ -384,19 +389,19 @@ func (v variable) named(env string) string {
 	return strings.ReplaceAll(v.name, "<ENV>", env)
 }
 
-func durationSetting(field func(*config) *time.Duration) setting {
+func durationSetting(field func(*Config) *time.Duration) setting {
 	return setting{
-		parse: func(c *config, v string) error { return parseDuration(v, field(c)) },
-		show:  func(c *config) slog.Value { return slog.StringValue(field(c).String()) },
+		parse: func(c *Config, v string) error { return parseDuration(v, field(c)) },
+		show:  func(c *Config) slog.Value { return slog.StringValue(field(c).String()) },
 	}
 }
 
 // minDurationSetting is durationSetting for a duration that must be at
 // least lo, such as a polling interval that would otherwise spin.
-func minDurationSetting(lo time.Duration, field func(*config) *time.Duration) setting {
+func minDurationSetting(lo time.Duration, field func(*Config) *time.Duration) setting {
 	s := durationSetting(field)
 	parse := s.parse
-	s.parse = func(c *config, v string) error {
+	s.parse = func(c *Config, v string) error {
 		if err := parse(c, v); err != nil {
 			return err
 		}
@@ -417,9 +422,9 @@ func parseDuration(v string, d *time.Duration) error {
 	return nil
 }
 
-func intSetting(lo, hi int, field func(*config) *int) setting {
+func intSetting(lo, hi int, field func(*Config) *int) setting {
 	return setting{
-		parse: func(c *config, v string) error {
+		parse: func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < lo || n > hi {
 				return fmt.Errorf("want a whole number from %d to %d", lo, hi)
@@ -427,13 +432,13 @@ func intSetting(lo, hi int, field func(*config) *int) setting {
 			*field(c) = n
 			return nil
 		},
-		show: func(c *config) slog.Value { return slog.IntValue(*field(c)) },
+		show: func(c *Config) slog.Value { return slog.IntValue(*field(c)) },
 	}
 }
 
-func int64Setting(lo, hi int64, field func(*config) *int64) setting {
+func int64Setting(lo, hi int64, field func(*Config) *int64) setting {
 	return setting{
-		parse: func(c *config, v string) error {
+		parse: func(c *Config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < lo || n > hi {
 				return fmt.Errorf("want a whole number from %d to %d", lo, hi)
@@ -441,15 +446,15 @@ func int64Setting(lo, hi int64, field func(*config) *int64) setting {
 			*field(c) = n
 			return nil
 		},
-		show: func(c *config) slog.Value { return slog.Int64Value(*field(c)) },
+		show: func(c *Config) slog.Value { return slog.Int64Value(*field(c)) },
 	}
 }
 
 // addrSetting reads a listen address, host:port or :port; "" (no default)
 // means none.
-func addrSetting(field func(*config) *string) setting {
+func addrSetting(field func(*Config) *string) setting {
 	return setting{
-		parse: func(c *config, v string) error {
+		parse: func(c *Config, v string) error {
 			*field(c) = v
 			if v == "" {
 				return nil
@@ -467,22 +472,22 @@ func addrSetting(field func(*config) *string) setting {
 			}
 			return errors.Join(problems...)
 		},
-		show: func(c *config) slog.Value { return slog.StringValue(*field(c)) },
+		show: func(c *Config) slog.Value { return slog.StringValue(*field(c)) },
 	}
 }
 
 // fileSetting reads a variable that names a file, refusing one that names
 // no readable file.
-func fileSetting(field func(*config) *string) setting {
+func fileSetting(field func(*Config) *string) setting {
 	return setting{
-		parse: func(c *config, path string) error {
+		parse: func(c *Config, path string) error {
 			*field(c) = path
 			if path == "" {
 				return nil
 			}
 			f, err := os.Open(path)
 			if err != nil {
-				return fmt.Errorf("cannot read the file it names: %v", fileError(err))
+				return fmt.Errorf("cannot read the file it names: %v", FileError(err))
 			}
 			defer f.Close()
 			if st, err := f.Stat(); err == nil && st.IsDir() {
@@ -491,15 +496,15 @@ func fileSetting(field func(*config) *string) setting {
 			}
 			return nil
 		},
-		show: func(c *config) slog.Value { return slog.StringValue(*field(c)) },
+		show: func(c *Config) slog.Value { return slog.StringValue(*field(c)) },
 	}
 }
 
 // identitiesSetting reads a comma-separated list of caller identities.
-func identitiesSetting(field func(*config) *[]service.Identity) setting {
+func identitiesSetting(field func(*Config) *[]service.Identity) setting {
 	return setting{
-		parse: func(c *config, v string) error { return parseIdentities(field(c), v) },
-		show: func(c *config) slog.Value {
+		parse: func(c *Config, v string) error { return parseIdentities(field(c), v) },
+		show: func(c *Config) slog.Value {
 			out := make([]string, len(*field(c)))
 			for i, id := range *field(c) {
 				out[i] = id.String()
@@ -537,7 +542,8 @@ func parseIdentities(list *[]service.Identity, v string) error {
 	return errors.Join(problems...)
 }
 
-func (c *config) env() paymentsv1.Environment {
+// Env is the environment as the API names it.
+func (c *Config) Env() paymentsv1.Environment {
 	if c.Environment == "live" {
 		return paymentsv1.Environment_ENVIRONMENT_LIVE
 	}
@@ -547,12 +553,12 @@ func (c *config) env() paymentsv1.Environment {
 // LogValue is the effective configuration as logged at start: every
 // variable's value, secrets redacted, named as the variable is, in lower
 // case without PAYMENTS_.
-func (c *config) LogValue() slog.Value {
+func (c *Config) LogValue() slog.Value {
 	attrs := []slog.Attr{
-		slog.String("version", version()),
+		slog.String("version", c.Version),
 		slog.String("environment", c.Environment),
 		slog.String("base_url", c.BaseURL),
-		slog.Any("api_key", secret("")),
+		slog.Any("api_key", Secret("")),
 		slog.Any("api_keys", fingerprints(c.APIKeys)),
 		slog.String("api_key_in_use", apiKeyInUse(c.APIKeys)),
 		slog.String("api_key_from", c.APIKeyFrom),
@@ -572,37 +578,37 @@ func (c *config) LogValue() slog.Value {
 
 // apiKeyInUse is the fingerprint of the key requests carry first at
 // start, "" if there is none.
-func apiKeyInUse(keys []secret) string {
+func apiKeyInUse(keys []Secret) string {
 	if len(keys) == 0 {
 		return ""
 	}
 	return fingerprints(keys[:1])[0]
 }
 
-// errHelp and errVersion are loadConfig's answers to --help and --version:
+// ErrHelp and ErrVersion are Load's answers to --help and --version:
 // run prints the help or the version and exits 0.
 var (
-	errHelp    = errors.New("help requested")
-	errVersion = errors.New("version requested")
+	ErrHelp    = errors.New("help requested")
+	ErrVersion = errors.New("version requested")
 )
 
-// loadConfig reads the configuration from args and environ (as
+// Load reads the configuration from args and environ (as
 // os.Environ gives it) and validates it, reporting every problem at once,
 // each naming its setting and saying what is wanted. A refusal never
 // repeats a value: a key pasted into the wrong variable must not reach the
 // terminal or the logs. Only the selected environment's variables are
 // read, and a PAYMENTS_* variable paymentsd does not know is refused.
-func loadConfig(args, environ []string) (*config, error) {
+func Load(args, environ []string) (*Config, error) {
 	simulate, err := parseFlags(args)
 	if err != nil {
 		return nil, err
 	}
-	getenv := lookup(environ)
+	getenv := Lookup(environ)
 
 	var problems []error
 	problem := func(format string, a ...any) { problems = append(problems, fmt.Errorf(format, a...)) }
 
-	c := &config{Simulate: simulate}
+	c := &Config{Simulate: simulate}
 	vars := variables()
 	// PAYMENTS_ENVIRONMENT comes first: it says which PAYMENTS_<ENV>_*
 	// names are read. Should it be wrong, sandbox's are checked.
@@ -650,7 +656,7 @@ func loadConfig(args, environ []string) (*config, error) {
 		// minutes after writing the tombstone.
 		problem("PAYMENTS_TOMBSTONE_RETENTION must be at least 1h: a tombstone refuses its key only while it is kept")
 	}
-	c.testHooks = loadTestHooks(getenv, problem)
+	c.Hooks = loadHooks(getenv, problem)
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		problem("PAYMENTS_TLS_CERT_FILE and PAYMENTS_TLS_KEY_FILE must be set together")
 	}
@@ -693,9 +699,9 @@ func loadConfig(args, environ []string) (*config, error) {
 	return c, nil
 }
 
-// lookup is getenv over environ: the last of a name's entries wins, as in
+// Lookup is getenv over environ: the last of a name's entries wins, as in
 // os.Getenv.
-func lookup(environ []string) func(string) string {
+func Lookup(environ []string) func(string) string {
 	m := make(map[string]string, len(environ))
 	for _, kv := range environ {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -723,7 +729,7 @@ func parseFlags(args []string) (simulate bool, err error) {
 	if err := fs.Parse(args[1:]); err != nil {
 		switch {
 		case errors.Is(err, flag.ErrHelp):
-			return false, errHelp
+			return false, ErrHelp
 		case badSimulate:
 			return false, errors.New("--simulate: want no value, or true or false")
 		default:
@@ -731,10 +737,10 @@ func parseFlags(args []string) (simulate bool, err error) {
 		}
 	}
 	if *showVersion {
-		return false, errVersion
+		return false, ErrVersion
 	}
 	if fs.NArg() == 1 && fs.Arg(0) == "help" {
-		return false, errHelp
+		return false, ErrHelp
 	}
 	if fs.NArg() > 0 {
 		return false, fmt.Errorf("%d unexpected argument(s): paymentsd takes only flags, such as --simulate; the operators' CLI is 'paymentsd payments' (paymentsd payments --help)", fs.NArg())
@@ -744,7 +750,7 @@ func parseFlags(args []string) (simulate bool, err error) {
 
 // loadProvider reads the selected environment's base URL and key, and no
 // other environment's.
-func (c *config) loadProvider(getenv func(string) string, problem func(string, ...any)) {
+func (c *Config) loadProvider(getenv func(string) string, problem func(string, ...any)) {
 	prefix := "PAYMENTS_" + strings.ToUpper(c.Environment) + "_"
 	urlVar, keyVar, fileVar := prefix+"BASE_URL", prefix+"API_KEY", prefix+"API_KEY_FILE"
 
@@ -770,7 +776,7 @@ func (c *config) loadProvider(getenv func(string) string, problem func(string, .
 		problem("%s or %s must be set", keyVar, fileVar)
 	case key != "":
 		k := strings.TrimSpace(key)
-		c.APIKeys, c.APIKeyFrom = []secret{secret(k)}, keyVar
+		c.APIKeys, c.APIKeyFrom = []Secret{Secret(k)}, keyVar
 		switch {
 		case k == "":
 			problem("%s is blank", keyVar)
@@ -790,7 +796,7 @@ func (c *config) loadProvider(getenv func(string) string, problem func(string, .
 
 // loadWebhookTokens reads the selected environment's webhook tokens, one or
 // two separated by commas or newlines, and never prints them.
-func (c *config) loadWebhookTokens(getenv func(string) string, problem func(string, ...any)) {
+func (c *Config) loadWebhookTokens(getenv func(string) string, problem func(string, ...any)) {
 	prefix := "PAYMENTS_" + strings.ToUpper(c.Environment) + "_"
 	tokVar, fileVar := prefix+"WEBHOOK_TOKEN", prefix+"WEBHOOK_TOKEN_FILE"
 	tok, file := getenv(tokVar), getenv(fileVar)
@@ -821,7 +827,7 @@ func (c *config) loadWebhookTokens(getenv func(string) string, problem func(stri
 
 // loadDatabase reads PAYMENTS_DATABASE_URL or PAYMENTS_DATABASE_URL_FILE.
 // The URL may hold a password, so no refusal repeats it.
-func (c *config) loadDatabase(getenv func(string) string, problem func(string, ...any)) {
+func (c *Config) loadDatabase(getenv func(string) string, problem func(string, ...any)) {
 	const urlVar, fileVar = "PAYMENTS_DATABASE_URL", "PAYMENTS_DATABASE_URL_FILE"
 	v, file := strings.TrimSpace(getenv(urlVar)), getenv(fileVar)
 	switch {
@@ -831,7 +837,7 @@ func (c *config) loadDatabase(getenv func(string) string, problem func(string, .
 	case file != "":
 		b, err := os.ReadFile(file)
 		if err != nil {
-			problem("%s: cannot read the file it names: %v", fileVar, fileError(err))
+			problem("%s: cannot read the file it names: %v", fileVar, FileError(err))
 			return
 		}
 		v, c.DatabaseFrom = strings.TrimSpace(strings.TrimPrefix(string(b), "\uFEFF")), fileVar+"="+file
@@ -852,18 +858,19 @@ func (c *config) loadDatabase(getenv func(string) string, problem func(string, .
 	default:
 		v, c.DatabaseFrom = "sqlite:paymentsd-"+c.Environment+".db", "default (PAYMENTS_DATABASE_URL is not set)"
 	}
-	c.DatabaseURL = secret(v)
+	c.DatabaseURL = Secret(v)
 	// Only what can't hold a password is shown: the query can (pgx reads
 	// password and sslpassword there), and so can what looks like the
 	// host or the path when a password's '@', '#', '/' or '?' is not
 	// escaped.
 	c.DatabaseShown, _ = store.RedactedURL(v)
 	if err := store.CheckURL(v); err != nil {
-		problem("%s: %v", c.databaseVar(), err)
+		problem("%s: %v", c.DatabaseVar(), err)
 	}
 }
 
-func (c *config) databaseVar() string {
+// DatabaseVar is the variable the database URL was read from.
+func (c *Config) DatabaseVar() string {
 	if strings.HasPrefix(c.DatabaseFrom, "PAYMENTS_DATABASE_URL_FILE") {
 		return "PAYMENTS_DATABASE_URL_FILE"
 	}
@@ -909,13 +916,13 @@ func validHostname(h string) bool {
 	return true
 }
 
-// fileError is err, from opening or reading a file, saying where its path
+// FileError is err, from opening or reading a file, saying where its path
 // leads without repeating it unless it exists: a variable meant to name a
 // file may hold a key pasted by mistake, which must not be printed, but a
 // path that exists on this machine is no secret. For a path that doesn't
 // exist it names the nearest directory above it that does, which tells a
 // mount in the wrong place from a file name mistyped.
-func fileError(err error) error {
+func FileError(err error) error {
 	var pe *fs.PathError
 	if !errors.As(err, &pe) {
 		return err

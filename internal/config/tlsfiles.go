@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"bytes"
@@ -30,12 +30,12 @@ const (
 // chain is a few KiB, and a CA bundle of a few hundred roots under 1 MiB.
 const maxTLSFile = 1 << 20
 
-// serverTLS is the server's certificate and key, and the CA that callers'
+// ServerTLS is the server's certificate and key, and the CA that callers'
 // client certificates must chain to, as last read from their files.
 // cert-manager renews the certificate, and the kubelet swaps a Secret
 // volume's files in place: watch re-reads them, and every new handshake
 // uses what was last read, so a rotation needs no restart.
-type serverTLS struct {
+type ServerTLS struct {
 	certFile, keyFile, caFile string
 
 	cert      atomic.Pointer[tls.Certificate]
@@ -56,20 +56,20 @@ type serverTLS struct {
 
 // clientCAs are the CAs of PAYMENTS_TLS_CLIENT_CA_FILE as last read: the
 // pool that handshakes verify by, and each certificate's DER, by which
-// stillTrusted knows whether a chain verified earlier ends at one still in
+// StillTrusted knows whether a chain verified earlier ends at one still in
 // use.
 type clientCAs struct {
 	pool *x509.CertPool
 	der  map[string]bool
 }
 
-// loadServerTLS reads the TLS files that cfg names; nil for plaintext.
+// LoadServerTLS reads the TLS files that cfg names; nil for plaintext.
 // Certificates are verified by now.
-func loadServerTLS(cfg *config, now func() time.Time, reg prometheus.Registerer) (*serverTLS, error) {
+func LoadServerTLS(cfg *Config, now func() time.Time, reg prometheus.Registerer) (*ServerTLS, error) {
 	if cfg.TLSCertFile == "" {
 		return nil, nil
 	}
-	t := &serverTLS{certFile: cfg.TLSCertFile, keyFile: cfg.TLSKeyFile, caFile: cfg.TLSClientCAFile, now: now, caChanged: make(chan struct{}),
+	t := &ServerTLS{certFile: cfg.TLSCertFile, keyFile: cfg.TLSKeyFile, caFile: cfg.TLSClientCAFile, now: now, caChanged: make(chan struct{}),
 		notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paymentsd_tls_certificate_expiry_timestamp_seconds",
 			Help: "When the serving certificate in use (PAYMENTS_TLS_CERT_FILE) expires, in Unix seconds: it is re-read every PAYMENTS_SECRET_RELOAD_INTERVAL, so this moves forward at each renewal.",
@@ -110,12 +110,12 @@ func loadServerTLS(cfg *config, now func() time.Time, reg prometheus.Registerer)
 	return t, nil
 }
 
-// config is the TLS configuration of a listener offering nextProtos.
+// Config is the TLS configuration of a listener offering nextProtos.
 // With clientAuth, and a client CA configured, it requires a client
 // certificate that chains to the CA (the gRPC and HTTP ports); without,
 // it asks for none (the webhook port: the provider has none). Each
 // handshake takes the certificate and CA last read.
-func (t *serverTLS) config(nextProtos []string, clientAuth bool) *tls.Config {
+func (t *ServerTLS) Config(nextProtos []string, clientAuth bool) *tls.Config {
 	current := func() *tls.Config {
 		c := &tls.Config{
 			MinVersion:   tls.VersionTLS12,
@@ -142,11 +142,11 @@ func (t *serverTLS) config(nextProtos []string, clientAuth bool) *tls.Config {
 	}
 }
 
-// stillTrusted reports whether a client certificate whose chains were
+// StillTrusted reports whether a client certificate whose chains were
 // verified when its connection opened would be verified now: one chain
 // whose every certificate is within its validity, and whose last is one
 // of the client CAs in use now (service.Options.StillTrusted).
-func (t *serverTLS) stillTrusted(verifiedChains [][]*x509.Certificate) error {
+func (t *ServerTLS) StillTrusted(verifiedChains [][]*x509.Certificate) error {
 	now, cas := t.now(), t.clientCAs.Load()
 	expired := false
 	for _, chain := range verifiedChains {
@@ -166,20 +166,20 @@ func (t *serverTLS) stillTrusted(verifiedChains [][]*x509.Certificate) error {
 	return errors.New("the CA it chains to was removed from PAYMENTS_TLS_CLIENT_CA_FILE since its connection opened")
 }
 
-// clientCAsChanged returns a channel that is closed the next time new
+// ClientCAsChanged returns a channel that is closed the next time new
 // client CAs are put in use (service.Options.TrustChanged).
-func (t *serverTLS) clientCAsChanged() <-chan struct{} {
+func (t *ServerTLS) ClientCAsChanged() <-chan struct{} {
 	t.caMu.Lock()
 	defer t.caMu.Unlock()
 	return t.caChanged
 }
 
-// requiresClientCerts reports whether callers must present certificates.
-func (t *serverTLS) requiresClientCerts() bool {
+// RequiresClientCerts reports whether callers must present certificates.
+func (t *ServerTLS) RequiresClientCerts() bool {
 	return t != nil && t.caFile != ""
 }
 
-func (t *serverTLS) readKeyPair() (certPEM, keyPEM []byte, err error) {
+func (t *ServerTLS) readKeyPair() (certPEM, keyPEM []byte, err error) {
 	if certPEM, err = readTLSFile(t.certFile); err != nil {
 		return nil, nil, err
 	}
@@ -190,7 +190,7 @@ func (t *serverTLS) readKeyPair() (certPEM, keyPEM []byte, err error) {
 }
 
 // useKeyPair puts the key pair in use, and returns what to log of it.
-func (t *serverTLS) useKeyPair(certPEM, keyPEM []byte) ([]slog.Attr, error) {
+func (t *ServerTLS) useKeyPair(certPEM, keyPEM []byte) ([]slog.Attr, error) {
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		// X509KeyPair's errors never hold the key's bytes.
@@ -213,7 +213,7 @@ func (t *serverTLS) useKeyPair(certPEM, keyPEM []byte) ([]slog.Attr, error) {
 }
 
 // useClientCA puts the CA bundle in use, and returns what to log of it.
-func (t *serverTLS) useClientCA(caPEM []byte) ([]slog.Attr, error) {
+func (t *ServerTLS) useClientCA(caPEM []byte) ([]slog.Attr, error) {
 	cas := &clientCAs{pool: x509.NewCertPool(), der: map[string]bool{}}
 	n := 0
 	var last time.Time
@@ -250,12 +250,12 @@ func (t *serverTLS) useClientCA(caPEM []byte) ([]slog.Attr, error) {
 	return []slog.Attr{slog.Int("client_ca_certificates", n), slog.String("client_ca_not_after", last.UTC().Format(time.RFC3339))}, nil
 }
 
-// watch re-reads the files every interval until ctx ends, as the key and
+// Watch re-reads the files every interval until ctx ends, as the key and
 // token files are (see secretFile.watch): new contents are put in use for
 // the next handshakes, connections already open keep theirs; a file that
 // can't be read or used leaves the last good in use, said once in the log
 // and in paymentsd_secret_file_ok until it is good again.
-func (t *serverTLS) watch(ctx context.Context, interval time.Duration, m *secretMetrics, logger *slog.Logger) {
+func (t *ServerTLS) Watch(ctx context.Context, interval time.Duration, m *SecretMetrics, logger *slog.Logger) {
 	type file struct {
 		secret, variable string
 		read             func() ([]byte, error)
@@ -342,18 +342,18 @@ func (t *serverTLS) watch(ctx context.Context, interval time.Duration, m *secret
 func readTLSFile(path string) ([]byte, error) {
 	switch st, err := os.Stat(path); {
 	case err != nil:
-		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+		return nil, fmt.Errorf("cannot read the file it names: %v", FileError(err))
 	case !st.Mode().IsRegular():
 		return nil, fmt.Errorf("names %s, which is not a regular file: want a file", path)
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+		return nil, fmt.Errorf("cannot read the file it names: %v", FileError(err))
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, maxTLSFile+1))
 	if err != nil {
-		return nil, fmt.Errorf("cannot read the file it names: %v", fileError(err))
+		return nil, fmt.Errorf("cannot read the file it names: %v", FileError(err))
 	}
 	if len(b) > maxTLSFile {
 		return nil, fmt.Errorf("names a file over %d bytes", maxTLSFile)

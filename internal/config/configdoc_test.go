@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"bytes"
@@ -47,7 +47,7 @@ func TestConfigurationPage(t *testing.T) {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(string(want), string(got)); diff != "" {
-		t.Errorf("docs/configuration.md is not what docs/configuration.md.tmpl and the variables table make of it: run go generate ./cmd/paymentsd (-generated +file):\n%s", diff)
+		t.Errorf("docs/configuration.md is not what docs/configuration.md.tmpl and the variables table make of it: run go generate ./internal/config (-generated +file):\n%s", diff)
 	}
 }
 
