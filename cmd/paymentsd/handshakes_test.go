@@ -5,14 +5,12 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -172,28 +170,5 @@ func TestRefusedHandshakesAreCountedAndLogged(t *testing.T) {
 		if was, _ := sample(before, "paymentsd_tls_handshakes_refused_total", labels); m.GetCounter().GetValue() != was {
 			t.Errorf("paymentsd_tls_handshakes_refused_total%v moved from %v to %v for a good caller", labels, was, m.GetCounter().GetValue())
 		}
-	}
-}
-
-// TestRefusalLogLinesStaySmall: the caller writes its certificate, and so
-// most of a refusal's error; a line about it holds a few of its names,
-// each clipped, however many and however long they are.
-func TestRefusalLogLinesStaySmall(t *testing.T) {
-	t.Parallel()
-	logs := newLogBuffer()
-	h := newHandshakeRefusals(prometheus.NewRegistry(), slog.New(slog.NewJSONHandler(logs, nil)), time.Now)
-	long := strings.Repeat("a", 10_000)
-	var uris []*url.URL
-	for i := range 50 {
-		uris = append(uris, &url.URL{Scheme: "spiffe", Host: "corp.example", Path: fmt.Sprintf("/%d/%s", i, long)})
-	}
-	cert := &x509.Certificate{URIs: uris, DNSNames: []string{long, long, long, long, long, long}}
-	h.refuse("grpc", nil, &tls.CertificateVerificationError{UnverifiedCertificates: []*x509.Certificate{cert}, Err: fmt.Errorf("x509: %s", long)})
-	l := logs.lines("TLS handshake refused")
-	if len(l) != 1 {
-		t.Fatalf("log lines = %v, want one", l)
-	}
-	if n := len(logs.String()); n > 4096 {
-		t.Errorf("the refusal's log line is %d bytes, want it clipped", n)
 	}
 }

@@ -22,6 +22,7 @@ import (
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 	"example.com/paymentsd/internal/config"
+	"example.com/paymentsd/internal/daemon"
 	"example.com/paymentsd/internal/simulator"
 )
 
@@ -152,7 +153,7 @@ func startConfigured(t testing.TB, env map[string]string, tp trace.TracerProvide
 			if change != nil {
 				change(cfg)
 			}
-			done <- serve(ctx, cfg, logs, tp)
+			done <- daemon.Serve(ctx, cfg, logs, tp)
 		}()
 	}
 	serving := logs.waitFor(t, "serving", done)

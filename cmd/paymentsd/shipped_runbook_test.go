@@ -102,7 +102,7 @@ func (pod *shippedPod) certRefusals(t *testing.T) float64 {
 	n := 0.0
 	for _, m := range pod.metrics(t)["paymentsd_tls_handshakes_refused_total"].GetMetric() {
 		for _, l := range m.GetLabel() {
-			if l.GetName() == "reason" && slices.Contains([]string{refusedNoCertificate, refusedUnknownAuthority, refusedExpired, refusedBadCertificate, refusedByClient}, l.GetValue()) {
+			if l.GetName() == "reason" && slices.Contains([]string{"no_certificate", "unknown_authority", "expired", "bad_certificate", "client_refused"}, l.GetValue()) {
 				n += m.GetCounter().GetValue()
 			}
 		}
