@@ -590,9 +590,15 @@ func testShippedDeployment(t *testing.T, env string) {
 	// and one made yesterday (UTC), to export.
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	yesterday := today.AddDate(0, 0, -1)
+	// The two in doubt were made an hour ago, but today (UTC) even in the
+	// day's first hour: yesterday's export must not hold them.
+	doubtAt := time.Now().Add(-time.Hour)
+	if doubtAt.Before(today) {
+		doubtAt = today
+	}
 	seedRecords(t, db, []seedRecord{
-		{key: "k-doubt-1", amount: 1250, created: time.Now().Add(-time.Hour), inDoubt: true, caller: caller},
-		{key: "k-doubt-2", amount: 990, created: time.Now().Add(-time.Hour), inDoubt: true, caller: caller},
+		{key: "k-doubt-1", amount: 1250, created: doubtAt, inDoubt: true, caller: caller},
+		{key: "k-doubt-2", amount: 990, created: doubtAt, inDoubt: true, caller: caller},
 		{key: "k-yesterday", amount: 4200, created: yesterday.Add(9 * time.Hour), reply: `{"id":"pay_y"}`, caller: caller},
 		{key: "k-yesterday-other", amount: 700, created: yesterday.Add(10 * time.Hour), reply: `{"id":"pay_o"}`, caller: "spiffe://corp.example/ns/elsewhere/sa/someone"},
 	})

@@ -249,21 +249,20 @@ func (b *batcher) loop() {
 // synchronous standby takes (commit.go), and the next batch waits behind
 // it. Its operations' callers stop waiting at their deadlines (run, wait).
 func (s *Store) runBatch(ops []*batchOp) {
-	ctx := context.Background()
 	errs := make([]error, len(ops))
 	var failed error
+	var wrote atomic.Bool
+	ctx := context.WithValue(context.Background(), wroteKey{}, &wrote)
 	err := s.transact(ctx, func(tx *sql.Tx) error {
 		now, err := s.txNow(ctx, tx)
 		if err != nil {
 			return err
 		}
-		taken := false
 		for i, op := range ops {
 			if !op.take() {
 				errs[i] = op.abandoned()
 				continue
 			}
-			taken = true
 			if err := op.fn(ctx, tx, now); err != nil {
 				if !clean(err) {
 					failed = err
@@ -272,7 +271,7 @@ func (s *Store) runBatch(ops []*batchOp) {
 				errs[i] = err
 			}
 		}
-		if !taken {
+		if !wrote.Load() {
 			return errNoWrite
 		}
 		return nil
@@ -282,12 +281,20 @@ func (s *Store) runBatch(ops []*batchOp) {
 			// Taken, and its caller still waits: run it again (its caller
 			// may still detach while it runs: late then gets what it did).
 			if op.state.CompareAndSwap(opTaken, opRetaken) || op.take() {
+				var wrote atomic.Bool
+				ctx := context.WithValue(context.Background(), wroteKey{}, &wrote)
 				op.finish(s.transact(ctx, func(tx *sql.Tx) error {
 					now, err := s.txNow(ctx, tx)
 					if err != nil {
 						return err
 					}
-					return op.fn(ctx, tx, now)
+					if err := op.fn(ctx, tx, now); err != nil {
+						return err
+					}
+					if !wrote.Load() {
+						return errNoWrite
+					}
+					return nil
 				}))
 				continue
 			}
@@ -315,3 +322,20 @@ var (
 	// back; the operation was not run again, and wrote nothing.
 	errRolledBack = errors.New("the batch was rolled back; nothing of the operation was written")
 )
+
+// wroteKey is the context key under which a batch's transaction keeps
+// whether any of its operations' statements wrote a row (noteWrote).
+type wroteKey struct{}
+
+// noteWrote notes, in the batch whose operation ctx is, that a statement
+// wrote a row. A batch that wrote none (claims answered from their
+// records: replays, keys in progress, quiet periods; outcomes whose
+// claims had lost their records) is rolled back as errNoWrite: on
+// PostgreSQL it would commit at once, without waiting for a synchronous
+// standby, and counted in the write health it would let this replica take
+// a lease over while every write, the holder's outcome among them, waits.
+func noteWrote(ctx context.Context) {
+	if w, ok := ctx.Value(wroteKey{}).(*atomic.Bool); ok {
+		w.Store(true)
+	}
+}

@@ -164,6 +164,7 @@ func (s *Store) begin(ctx context.Context, tx *sql.Tx, c record.Claim, now, ran 
 			return Began{}, err
 		}
 		if inserted == 1 {
+			noteWrote(ctx)
 			saw.Store(sawNone)
 			return Began{Verdict: record.Acquired, Record: n}, nil
 		}
@@ -260,6 +261,7 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, was, n *record.Record, ef
 	if err := oneRow(res, eff.Write.String()); err != nil {
 		return err
 	}
+	noteWrote(ctx)
 	if eff.Ended != nil {
 		if err := s.journal(ctx, tx, was.Key, eff.Ended); err != nil {
 			return err

@@ -381,7 +381,8 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 
 // errNoWrite is what a transaction's fn returns when it wrote nothing (a
 // settlement pass with nothing to claim or give up, a retention step with
-// nothing to delete, a batch whose every operation was abandoned). On
+// nothing to delete, a batch none of whose operations wrote a row:
+// noteWrote). On
 // PostgreSQL such a transaction commits at once, without waiting for a
 // synchronous standby: its commit is no evidence that a write can land,
 // and counted in the write health it would let a replica take a lease

@@ -377,6 +377,9 @@ func TestTakeoverWaitsForHealthyWrites(t *testing.T) {
 			if got, gave := settleDue(t, s, "settler/1", 0, 10); len(got)+len(gave) != 0 {
 				t.Errorf("SettleDue() just after an outage = %v, %v; want nothing", keys(got), keys(gave))
 			}
+			// Neither wrote anything, which on PostgreSQL proves nothing of
+			// writes (noteWrote); a new key's claim does.
+			begin(t, s, claim("d", "body", "taker/3"), record.Acquired)
 			select {
 			case <-resumed:
 			default:

@@ -103,10 +103,16 @@ func (s *Store) finishHeld(ctx context.Context, tx *sql.Tx, owner string, n *rec
 			return false, err
 		}
 		changed, err := res.RowsAffected()
+		if changed == 1 {
+			noteWrote(ctx)
+		}
 		return changed == 1, err
 	}
 	var changed int64
 	err = st.QueryRowContext(ctx, args...).Scan(&changed)
+	if changed == 1 {
+		noteWrote(ctx)
+	}
 	return changed == 1, err
 }
 

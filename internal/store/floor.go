@@ -22,7 +22,9 @@ func (s *Store) FloorExec(ctx context.Context, query string, args ...any) error 
 		if err != nil {
 			return err
 		}
-		_, err = st.ExecContext(ctx, args...)
+		if _, err = st.ExecContext(ctx, args...); err == nil {
+			noteWrote(ctx)
+		}
 		return err
 	}))
 }
@@ -40,7 +42,9 @@ func (s *Store) FloorExecLater(done func(error), query string, args ...any) {
 		if err != nil {
 			return err
 		}
-		_, err = st.ExecContext(ctx, args...)
+		if _, err = st.ExecContext(ctx, args...); err == nil {
+			noteWrote(ctx)
+		}
 		return err
 	}, done: func(err error) {
 		defer s.later.Done()

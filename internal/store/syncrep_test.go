@@ -362,6 +362,17 @@ func TestWriteHealthNeedsDurableWrites(t *testing.T) {
 		if err != nil || len(acquired)+len(gaveUp) != 0 {
 			t.Fatalf("SettleDue() = %d acquired, %d given up, %v; want nothing to do", len(acquired), len(gaveUp), err)
 		}
+		// A caller's retry of the held key: answered from the record,
+		// it writes nothing, and its batch is no evidence either (a
+		// batch of such claims kept a replica "healthy" through a
+		// failover in a chaos run, and it took a lease over while the
+		// holder's outcome waited).
+		ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+		b, err := s.Begin(ctx, claim("held", "body", "r/1"), nil)
+		cancel()
+		if err != nil || b.Verdict == record.Acquired {
+			t.Fatalf("Begin(held) by another process = %v, %v; want it answered from the record", b.Verdict, err)
+		}
 	}
 	if got := s.WriteHealthyFor(); got != 0 {
 		t.Errorf("WriteHealthyFor() = %v after 8s in which no write could commit, want 0", got)
