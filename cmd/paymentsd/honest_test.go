@@ -260,7 +260,16 @@ func TestStoreStoppedMidLoad(t *testing.T) {
 			downAt := a.String()
 			all, notSent := a.count(""), a.count("REQUEST_NOT_SENT")
 			// Once paymentsd sees the store down, it refuses calls with
-			// REQUEST_NOT_SENT; the callers carry on past that.
+			// REQUEST_NOT_SENT; the callers carry on past that. The callers
+			// above may all be retrying keys whose 2xx this process holds,
+			// unwritten (answered PAYMENT_IN_PROGRESS without the store), so
+			// a caller arrives now with a key of its own, whose claim must
+			// reach the store.
+			workers.Go(func() {
+				if !a.callUntilSettled(ctx, t, client, mode+"-arrived", func() time.Duration { return 300 * time.Millisecond }) {
+					unsettled.Add(1)
+				}
+			})
 			a.waitFor(t, "REQUEST_NOT_SENT", notSent+1, "with the store down")
 			a.waitFor(t, "", all+32, "with the store down")
 			db.Start()
