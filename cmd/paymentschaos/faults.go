@@ -349,16 +349,7 @@ func (in *injector) freezePostgres(ctx context.Context, f *fault, kills bool) er
 	sleepCtx(ctx, time.Until(f.Start.Add(d)))
 	thaw()
 	f.Undone = time.Now()
-	for _, k := range f.Kills {
-		for _, r := range in.replicas {
-			if r.name == k.Target {
-				if err := in.restart(ctx, r); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
+	return in.restartTerminated(ctx, f)
 }
 
 // freezeTerm freezes the run's PostgreSQL server for -freeze-min to
@@ -411,7 +402,7 @@ func (in *injector) terminateAll(ctx context.Context, f *fault, spread time.Dura
 	slices.SortFunc(f.Kills, func(a, b kill) int { return a.At.Compare(b.At) })
 }
 
-// restartTerminated starts again the replicas f stopped.
+// restartTerminated starts again the replicas f killed or stopped.
 func (in *injector) restartTerminated(ctx context.Context, f *fault) error {
 	for _, k := range f.Kills {
 		for _, r := range in.replicas {
