@@ -1,6 +1,9 @@
 package store
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // TombstoneGrace is how long a record outlives its tombstone.
 const TombstoneGrace = tombstoneGrace
@@ -26,3 +29,6 @@ func QueuedOps(s *Store) int {
 	defer s.batch.mu.Unlock()
 	return len(s.batch.queue)
 }
+
+// Beat commits one heartbeat, giving up after timeout.
+func Beat(s *Store, timeout time.Duration) error { return s.beat(timeout) }

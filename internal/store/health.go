@@ -162,10 +162,11 @@ func (s *Store) writesSettled() bool {
 }
 
 // heartbeat commits a write of no consequence whenever no other write has
-// committed for heartbeatEvery, until stop is closed: on PostgreSQL one
-// that a read-only standby refuses (txid_current assigns a transaction
-// ID), on SQLite a BEGIN IMMEDIATE and COMMIT, which fail while another
-// process holds the write lock.
+// committed for heartbeatEvery, until stop is closed: on PostgreSQL a row
+// written (one that a read-only standby refuses, and whose COMMIT waits
+// for a synchronous standby as any other write's does), on SQLite a BEGIN
+// IMMEDIATE and COMMIT, which fail while another process holds the write
+// lock.
 //
 // A heartbeat whose COMMIT waits (for a synchronous standby that is gone)
 // gives up after heartbeatTimeout, and the COMMIT is left to its answer
@@ -183,17 +184,29 @@ func (s *Store) heartbeat(stop <-chan struct{}) {
 		if s.health.idleFor(s.now()) < heartbeatEvery {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), heartbeatTimeout)
-		s.transact(ctx, func(tx *sql.Tx) error {
-			if s.d.name != "postgres" {
-				return nil
-			}
-			_, err := tx.ExecContext(ctx, heartbeatQuery)
-			return err
-		})
-		cancel()
+		s.beat(heartbeatTimeout)
 	}
 }
 
-// heartbeatQuery is PostgreSQL's heartbeat: it fails on a standby.
-const heartbeatQuery = `SELECT txid_current()`
+// beat commits one heartbeat, giving up after timeout.
+func (s *Store) beat(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return s.transact(ctx, func(tx *sql.Tx) error {
+		if s.d.name != "postgres" {
+			return nil
+		}
+		_, err := tx.ExecContext(ctx, heartbeatQuery, s.now().UTC().Format(time.RFC3339Nano))
+		return err
+	})
+}
+
+// heartbeatQuery is PostgreSQL's heartbeat. It writes a row: a standby
+// refuses it, and its COMMIT waits for a synchronous standby. (A
+// transaction that only takes a transaction ID, SELECT txid_current(),
+// writes no WAL before its commit record, and PostgreSQL commits it at
+// once with no standby to wait for: counted as health, such heartbeats
+// let a replica take over a lease while every write, the holder's outcome
+// among them, waited for the standby, checked on PostgreSQL 15.)
+const heartbeatQuery = `INSERT INTO meta (name, value) VALUES ('heartbeat', $1)
+	ON CONFLICT (name) DO UPDATE SET value = excluded.value`

@@ -377,4 +377,15 @@ func TestWriteHealthNeedsDurableWrites(t *testing.T) {
 	if got := s.WriteHealthyFor(); got != 0 {
 		t.Errorf("WriteHealthyFor() = %v after 8s in which no write could commit, want 0", got)
 	}
+	// Nor is the heartbeat, which commits when nothing else does: a
+	// heartbeat that only took a transaction ID committed at once with no
+	// standby, and a replica took a lease over in a chaos run while the
+	// holder's outcome waited.
+	for range 3 {
+		clk.Add(time.Second)
+		store.Beat(s, 200*time.Millisecond)
+	}
+	if got := s.WriteHealthyFor(); got != 0 {
+		t.Errorf("WriteHealthyFor() = %v after heartbeats while no write could commit, want 0", got)
+	}
 }
