@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -175,4 +176,71 @@ func (g *connGuard) track(next http.Handler) http.Handler {
 		}()
 		next.ServeHTTP(w, r)
 	})
+}
+
+// sidePort is one of the side ports (health, metrics, webhooks): its
+// listener and server, or nothing when its address is unset.
+type sidePort struct {
+	srv *http.Server
+	ln  net.Listener
+	tls bool // serves TLS with srv.TLSConfig
+}
+
+// listenGuarded binds addr (the value of the variable env) for srv, which
+// serves h behind a connGuard of max connections; evicted counts the
+// connections closed to make room for new ones. An empty addr is a port
+// that serves nothing.
+func listenGuarded(env, addr string, max int, evicted prometheus.Counter, h http.Handler, srv *http.Server) (*sidePort, error) {
+	if addr == "" {
+		return &sidePort{}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", env, err)
+	}
+	guard := newConnGuard(max, evicted)
+	srv.Handler, srv.ConnContext = guard.track(h), guard.connContext
+	return &sidePort{srv: srv, ln: guard.listener(ln)}, nil
+}
+
+// serve serves until shutdown; it returns at once without a listener.
+func (p *sidePort) serve(errc chan<- error) {
+	if p.srv == nil {
+		return
+	}
+	go func() {
+		if p.tls {
+			errc <- p.srv.ServeTLS(p.ln, "", "")
+			return
+		}
+		errc <- p.srv.Serve(p.ln)
+	}()
+}
+
+// addr is the bound address, or "" without a listener.
+func (p *sidePort) addr() string {
+	if p.ln == nil {
+		return ""
+	}
+	return p.ln.Addr().String()
+}
+
+// shutdown stops the listener and waits, until ctx ends, for the requests
+// in progress; past ctx it closes their connections.
+func (p *sidePort) shutdown(ctx context.Context) error {
+	if p.srv == nil {
+		return nil
+	}
+	err := p.srv.Shutdown(ctx)
+	if err != nil {
+		p.srv.Close()
+	}
+	return err
+}
+
+// close closes the listener of a port that never served.
+func (p *sidePort) close() {
+	if p.ln != nil {
+		p.ln.Close()
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,9 +20,7 @@ import (
 // webhooks is the webhook intake's own listener and server, or nothing when
 // PAYMENTS_WEBHOOK_ADDR is unset. It shares no mux with the internal API.
 type webhooks struct {
-	srv     *http.Server
-	ln      net.Listener
-	tls     bool
+	sidePort
 	handler *inbox.Handler
 }
 
@@ -59,27 +56,13 @@ func listenWebhooks(cfg *config.Config, st *store.Store, events *service.Events,
 	// ports, where a new connection takes the place of the oldest that
 	// has shown no token, and a cap per address.
 	srv := inbox.NewServer(h, inbox.ConnLimits{Max: cfg.MaxConnections, PerIP: cfg.WebhookMaxConnsPerIP}, logger)
-	w := &webhooks{srv: srv.HTTP, ln: srv.Listener(ln), handler: h}
+	w := &webhooks{sidePort: sidePort{srv: srv.HTTP, ln: srv.Listener(ln)}, handler: h}
 	if tlsConfig != nil {
 		tc := tlsConfig.Clone()
 		tc.ClientAuth, tc.ClientCAs = tls.NoClientCert, nil
 		w.srv.TLSConfig, w.tls = tc, true
 	}
 	return w, nil
-}
-
-// serve serves until shutdown; it returns at once without a listener.
-func (w *webhooks) serve(errc chan<- error) {
-	if w.srv == nil {
-		return
-	}
-	go func() {
-		if w.tls {
-			errc <- w.srv.ServeTLS(w.ln, "", "")
-			return
-		}
-		errc <- w.srv.Serve(w.ln)
-	}()
 }
 
 // usageInterval is how often the inbox's stored bytes are counted for
@@ -91,33 +74,5 @@ const usageInterval = 10 * time.Second
 func (w *webhooks) watchUsage(ctx context.Context) {
 	if w.handler != nil {
 		w.handler.WatchUsage(ctx, usageInterval)
-	}
-}
-
-// addr is the bound address, or "" without a listener.
-func (w *webhooks) addr() string {
-	if w.ln == nil {
-		return ""
-	}
-	return w.ln.Addr().String()
-}
-
-// shutdown stops accepting deliveries and waits, until ctx ends, for those
-// in flight to be committed and answered.
-func (w *webhooks) shutdown(ctx context.Context) error {
-	if w.srv == nil {
-		return nil
-	}
-	err := w.srv.Shutdown(ctx)
-	if err != nil {
-		w.srv.Close()
-	}
-	return err
-}
-
-// close closes the listener of an intake that never served.
-func (w *webhooks) close() {
-	if w.ln != nil {
-		w.ln.Close()
 	}
 }
