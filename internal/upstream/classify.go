@@ -52,7 +52,7 @@ func (c *Client) transportError(ctx context.Context, keys *keySet, err error, wr
 	return &causeError{sentinel: sentinel, cause: err}
 }
 
-// retryable reports whether another attempt may succeed where this failed,
+// retryable reports whether another request may succeed where this failed,
 // and may be made at once: the provider is certainly done with the failed
 // request (see mayStillBeWorkedOn). That leaves a request that never reached
 // the provider, a 2xx whose reply was cut off (the request again gets the
@@ -66,7 +66,7 @@ func retryable(err error) bool {
 	return errors.Is(err, ErrUnreachable) || errors.Is(err, ErrConnectionLost)
 }
 
-// maybeCreated reports whether a failed attempt may have created a payment.
+// maybeCreated reports whether a failed request may have created a payment.
 func maybeCreated(err error, sent bool) bool {
 	if !sent {
 		return false
@@ -117,7 +117,7 @@ func refusedUnprocessed(status int) bool {
 	return false
 }
 
-// breakerVerdict is what an attempt tells the circuit breaker: transport
+// breakerVerdict is what a request tells the circuit breaker: transport
 // failures and 5xx count against the provider; refusals and the caller's
 // own deadline do not.
 func breakerVerdict(err error) error {

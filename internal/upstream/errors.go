@@ -49,11 +49,11 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("provider answered %d %s", e.Status, http.StatusText(e.Status))
 }
 
-// Error is the failure of a call, after every attempt it made.
+// Error is the failure of a call, after every request it made.
 type Error struct {
-	// Attempts is how many requests were sent or tried, counting the first.
-	Attempts int
-	// MaybeCreated reports that some attempt may have created a payment: the
+	// Requests is how many requests were sent or tried, counting the first.
+	Requests int
+	// MaybeCreated reports that some request may have created a payment: the
 	// request was written and no definite refusal came back. A retry with
 	// the same idempotency key settles it.
 	MaybeCreated bool
@@ -66,19 +66,19 @@ type Error struct {
 	// come while the provider works on). Cutting off our side
 	// of a request does not stop the provider working on it, so nothing
 	// more may be sent with its key until the provider can be presumed
-	// done: the client makes no further attempt, and callers must wait a
-	// quiet period from LastAttemptStart before sending the key again.
+	// done: the client sends no further request, and callers must wait a
+	// quiet period from LastRequestStart before sending the key again.
 	AtProvider bool
-	// LastAttemptStart is when the last attempt began, on this process's
+	// LastRequestStart is when the last request began, on this process's
 	// monotonic clock.
-	LastAttemptStart time.Time
-	// Err is the last attempt's failure: a *StatusError, a sentinel of this
+	LastRequestStart time.Time
+	// Err is the last request's failure: a *StatusError, a sentinel of this
 	// package, or a context error.
 	Err error
 }
 
 func (e *Error) Error() string {
-	s := fmt.Sprintf("create multi-card payment: %d attempt(s): %v", e.Attempts, e.Err)
+	s := fmt.Sprintf("create multi-card payment: %d attempt(s): %v", e.Requests, e.Err)
 	if e.MaybeCreated {
 		s += " (a payment may have been created)"
 	}
@@ -87,7 +87,7 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
-// causeOf is the error beneath this package's sentinel, if the attempt
+// causeOf is the error beneath this package's sentinel, if the request
 // kept it, else err.
 func causeOf(err error) error {
 	var ce *causeError

@@ -20,8 +20,8 @@ type Reply struct {
 	// Body is the reply body exactly as received (key redacted): a JSON
 	// object that DecodeReply accepts. Payment decodes it.
 	Body []byte
-	// Attempts is how many requests were sent, counting the first.
-	Attempts int
+	// Requests is how many requests were sent, counting the first.
+	Requests int
 }
 
 // readReply turns a response into a Reply or an error, and always closes

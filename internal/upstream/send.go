@@ -16,7 +16,7 @@ import (
 )
 
 // CreateMultiCardPayment asks the provider to create a payment. Every
-// attempt carries p.IdempotencyKey and the same body. A request that never
+// request carries p.IdempotencyKey and the same body. A request that never
 // reached the provider (the connection could not be made), a 2xx whose
 // reply was cut off, and a 429 are retried, with backoff, while the next
 // wait fits in the context's deadline. A request that may still be at the
@@ -24,7 +24,7 @@ import (
 // followed by another: the two would be at the provider at once with one
 // key. A 401 or 403 with the API key in use is sent once more, at once,
 // with the other key if the client holds two (see Config.APIKeys); that
-// attempt counts like any other. On failure the error is an *Error.
+// request counts like any other. On failure the error is an *Error.
 func (c *Client) CreateMultiCardPayment(ctx context.Context, p Payment) (*Reply, error) {
 	body, err := EncodeRequest(p)
 	if err != nil {
@@ -59,7 +59,7 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		done, err := c.breaker.Allow()
 		if err != nil {
 			c.metrics.observe(outcomeCircuitOpen, 0)
-			if failure.Attempts == 0 {
+			if failure.Requests == 0 {
 				var left time.Duration
 				if until := c.openUntil.Load(); until != nil {
 					left = max(time.Until(*until), 0)
@@ -68,18 +68,18 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 			}
 			return nil, failure
 		}
-		failure.Attempts++
-		if failure.Attempts > 1 {
+		failure.Requests++
+		if failure.Requests > 1 {
 			c.metrics.retry()
 		}
-		failure.LastAttemptStart = time.Now()
-		reply, sent, answered, err := c.attempt(ctx, body, keys, key)
+		failure.LastRequestStart = time.Now()
+		reply, sent, answered, err := c.request(ctx, body, keys, key)
 		done(breakerVerdict(err))
 		if switched != "" && answered && !authRefusal(err) {
 			c.promote(switched, refused)
 		}
 		if err == nil {
-			reply.Attempts = failure.Attempts
+			reply.Requests = failure.Requests
 			return reply, nil
 		}
 		failure.Err = err
@@ -89,24 +89,24 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 			// A 401 or 403 is a refusal before any work: nothing was
 			// created and the provider is done with the request, so the
 			// other key may be tried at once, once.
-			c.logAttempt(ctx, keys, failure.Attempts, err, sent, "0s: with the other API key")
+			c.logRequest(ctx, keys, failure.Requests, err, sent, "0s: with the other API key")
 			switched, refused = other, key
 			continue
 		}
 		switch {
 		case failure.AtProvider:
-			c.logAttempt(ctx, keys, failure.Attempts, err, sent, "none: the request may still be at the provider")
+			c.logRequest(ctx, keys, failure.Requests, err, sent, "none: the request may still be at the provider")
 			return nil, failure
-		case !retryable(err) || failure.Attempts >= c.cfg.MaxAttempts:
-			c.logAttempt(ctx, keys, failure.Attempts, err, sent, "none")
+		case !retryable(err) || failure.Requests >= c.cfg.MaxAttempts:
+			c.logRequest(ctx, keys, failure.Requests, err, sent, "none")
 			return nil, failure
 		}
-		wait := c.backoff(failure.Attempts, err)
+		wait := c.backoff(failure.Requests, err)
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
-			c.logAttempt(ctx, keys, failure.Attempts, err, sent, "none: the deadline is too near")
+			c.logRequest(ctx, keys, failure.Requests, err, sent, "none: the deadline is too near")
 			return nil, failure
 		}
-		c.logAttempt(ctx, keys, failure.Attempts, err, sent, wait.String())
+		c.logRequest(ctx, keys, failure.Requests, err, sent, wait.String())
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -118,16 +118,16 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 	}
 }
 
-// logAttempt logs a failed attempt with its real cause: the provider's
+// logRequest logs a failed request with its real cause: the provider's
 // status, or the transport's own error text (which names a DNS failure, a
 // refused connection, a certificate problem or an invalid header value,
 // where the caller-facing error says only "unreachable").
-func (c *Client) logAttempt(ctx context.Context, keys *keySet, attempt int, err error, sent bool, retry string) {
+func (c *Client) logRequest(ctx context.Context, keys *keySet, n int, err error, sent bool, retry string) {
 	if c.logger == nil || !c.logger.Enabled(ctx, slog.LevelWarn) {
 		return
 	}
 	attrs := []slog.Attr{
-		slog.Int("attempt", attempt),
+		slog.Int("attempt", n),
 		slog.Bool("request_sent", sent),
 		slog.String("retry_in", retry),
 	}
@@ -141,10 +141,10 @@ func (c *Client) logAttempt(ctx context.Context, keys *keySet, attempt int, err 
 	c.logger.LogAttrs(ctx, slog.LevelWarn, "provider attempt failed", attrs...)
 }
 
-// attempt makes one request. sent reports that the whole request was
+// request makes one request. sent reports that the whole request was
 // written, so the provider may have acted on it; answered, that a status
 // came back, so the provider is done with it.
-func (c *Client) attempt(ctx context.Context, body []byte, keys *keySet, key string) (_ *Reply, sent, answered bool, _ error) {
+func (c *Client) request(ctx context.Context, body []byte, keys *keySet, key string) (_ *Reply, sent, answered bool, _ error) {
 	var wrote, connected atomic.Bool
 	trace := &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
@@ -173,7 +173,7 @@ func (c *Client) attempt(ctx context.Context, body []byte, keys *keySet, key str
 	}
 	// Without GetBody the transport can't re-send the request on its own
 	// (HTTP/2 does, after some stream errors and GOAWAYs): every request
-	// the provider may see is an attempt this client counts and judges.
+	// the provider may see is a request this client counts and judges.
 	req.GetBody = nil
 
 	start := time.Now()
@@ -194,7 +194,7 @@ func (c *Client) attempt(ctx context.Context, body []byte, keys *keySet, key str
 	return reply, true, true, err
 }
 
-// backoff returns how long to wait before the attempt after the n-th: the
+// backoff returns how long to wait before the request after the n-th: the
 // provider's Retry-After if it sent one, else exponential backoff with full
 // jitter.
 func (c *Client) backoff(n int, err error) time.Duration {

@@ -4,7 +4,7 @@
 //
 // The client retries what is safe to retry, always with the caller's
 // idempotency key and a byte-identical body, and never past the caller's
-// deadline. Every failure is an *Error that says how many attempts were
+// deadline. Every failure is an *Error that says how many requests were
 // made and whether a payment may exist.
 package upstream
 
@@ -60,7 +60,8 @@ type Config struct {
 	// HTTPClient makes the requests. Its transport's pool is what keeps
 	// connections to the provider open between calls.
 	HTTPClient *http.Client
-	// MaxAttempts counts the first try; 1 disables retries.
+	// MaxAttempts is how many requests a call may send, counting the
+	// first; 1 disables retries.
 	MaxAttempts int
 	// Timeout bounds a whole call, retries included, when the caller's
 	// context has no earlier deadline. Zero means no bound of its own.
@@ -68,21 +69,21 @@ type Config struct {
 	// MaxResponseBytes bounds how much of a reply is read.
 	MaxResponseBytes int64
 	// BackoffBase and BackoffMax shape the exponential backoff between
-	// attempts, with full jitter.
+	// requests, with full jitter.
 	BackoffBase, BackoffMax time.Duration
 	// MaxRetryAfter caps how long a provider's Retry-After is honoured.
 	MaxRetryAfter time.Duration
-	// BreakerFailures consecutive failed attempts (transport failures and
+	// BreakerFailures consecutive failed requests (transport failures and
 	// 5xx) open the circuit; it stays open for BreakerCooldown, then lets one
 	// probe through.
 	BreakerFailures int
 	BreakerCooldown time.Duration
-	// Metrics, if not nil, records every attempt.
+	// Metrics, if not nil, records every request.
 	Metrics *Metrics
 	// UserAgent, if set, is every request's User-Agent (paymentsd sends
 	// paymentsd/<version>); unset, Go's default.
 	UserAgent string
-	// Logger, if not nil, gets a warning for every failed attempt with its
+	// Logger, if not nil, gets a warning for every failed request with its
 	// real cause (DNS, refused connection, TLS, a key that is not a valid
 	// header value, the provider's status), which the caller-facing error
 	// leaves generic. The key is never logged.
