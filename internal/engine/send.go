@@ -87,18 +87,18 @@ func (e *Engine) nothingSent(claimed *record.Record, why Why) record.Outcome {
 func (e *Engine) outcome(claimed *record.Record, reply *upstream.Reply, err error) record.Outcome {
 	o := record.Outcome{Owner: claimed.LeaseOwner}
 	if err == nil {
-		o.Result, o.HTTPRequests, o.ProviderStatus, o.Reply = record.Paid, reply.Attempts, reply.Status, reply.Body
+		o.Result, o.HTTPRequests, o.ProviderStatus, o.Reply = record.Paid, reply.Requests, reply.Status, reply.Body
 		return o
 	}
 	o.Result = record.Refused
 	var uerr *upstream.Error
 	if errors.As(err, &uerr) {
-		o.HTTPRequests = uerr.Attempts
+		o.HTTPRequests = uerr.Requests
 		if uerr.MaybeCreated {
 			o.Result = record.Unknown
 		}
 		if uerr.AtProvider {
-			o.QuietFor = e.quiet - time.Since(uerr.LastAttemptStart)
+			o.QuietFor = e.quiet - time.Since(uerr.LastRequestStart)
 		}
 		var se *upstream.StatusError
 		if errors.As(uerr.Err, &se) {

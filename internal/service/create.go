@@ -74,7 +74,7 @@ func (s *Service) respond(ctx context.Context, key string, a engine.Answer) (*pa
 		if a.Err != nil {
 			noteFailure(ctx, a.Err)
 		} else {
-			noteProvider(ctx, a.Reply.Status, a.Reply.Attempts)
+			noteProvider(ctx, a.Reply.Status, a.Reply.Requests)
 		}
 	}
 	switch a.Told {

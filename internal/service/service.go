@@ -189,7 +189,7 @@ func noteFailure(ctx context.Context, err error) {
 	if errors.As(uerr.Err, &se) {
 		providerStatus = se.Status
 	}
-	noteProvider(ctx, providerStatus, uerr.Attempts)
+	noteProvider(ctx, providerStatus, uerr.Requests)
 }
 
 // failureStatus maps a failed provider call to a status whose message says
@@ -216,8 +216,8 @@ func (s *Service) failureStatus(err error, maybeBefore bool) *status.Status {
 
 	code, what := describe(uerr.Err, se)
 	msg := what
-	if uerr.Attempts > 1 {
-		msg += fmt.Sprintf(" (after %d attempts)", uerr.Attempts)
+	if uerr.Requests > 1 {
+		msg += fmt.Sprintf(" (after %d attempts)", uerr.Requests)
 	}
 	reason := ReasonNotCreated
 	retryable := code == codes.Unavailable || code == codes.ResourceExhausted || code == codes.DeadlineExceeded
@@ -239,7 +239,7 @@ func (s *Service) failureStatus(err error, maybeBefore bool) *status.Status {
 		Reason: reason,
 		Domain: ErrorDomain,
 		Metadata: map[string]string{
-			"attempts":    strconv.Itoa(uerr.Attempts),
+			"attempts":    strconv.Itoa(uerr.Requests),
 			"environment": envName(s.env),
 		},
 	}
@@ -259,7 +259,7 @@ func (s *Service) failureStatus(err error, maybeBefore bool) *status.Status {
 			delay = open.RetryAfter
 		}
 		if uerr.AtProvider {
-			delay = max(delay, s.quiet-time.Since(uerr.LastAttemptStart))
+			delay = max(delay, s.quiet-time.Since(uerr.LastRequestStart))
 		}
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
 	}
@@ -268,7 +268,7 @@ func (s *Service) failureStatus(err error, maybeBefore bool) *status.Status {
 			HttpStatus:  int32(se.Status),
 			Body:        strings.ToValidUTF8(string(se.Body), "\uFFFD"),
 			Environment: s.env,
-			Attempts:    int32(uerr.Attempts),
+			Attempts:    int32(uerr.Requests),
 		})
 	}
 	if withDetails, err := st.WithDetails(details...); err == nil {

@@ -43,7 +43,7 @@ func ExampleClient_CreateMultiCardPayment() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println(reply.Status, reply.Attempts, reply.Payment().GetFields()["simulated"].GetBoolValue())
+	fmt.Println(reply.Status, reply.Requests, reply.Payment().GetFields()["simulated"].GetBoolValue())
 	// Output: 200 1 true
 }
 
@@ -77,7 +77,7 @@ func ExampleError() {
 		// A 5xx may come after the payment was made, or while the
 		// provider still works on it: it is not retried at once, and a
 		// retry later with the same idempotency key finds out.
-		fmt.Println(failure.Attempts, failure.MaybeCreated, status.Status)
+		fmt.Println(failure.Requests, failure.MaybeCreated, status.Status)
 	}
 	// Output: 1 true 503
 }

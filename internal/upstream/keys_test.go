@@ -103,8 +103,8 @@ func TestKeyRotation(t *testing.T) {
 			if err != nil {
 				t.Fatalf("CreateMultiCardPayment with the old key %s: %v, want success with the new", revoked.name, err)
 			}
-			if r.Attempts != 2 {
-				t.Errorf("Reply.Attempts = %d, want 2 (the refused one and the one with the new key)", r.Attempts)
+			if r.Requests != 2 {
+				t.Errorf("Reply.Requests = %d, want 2 (the refused one and the one with the new key)", r.Requests)
 			}
 			if ks := srv.KeyStats("k-rot-1"); ks.Charges != 1 || ks.Requests != 2 {
 				t.Errorf("KeyStats = %+v, want 2 requests and 1 charge", ks)
@@ -121,7 +121,7 @@ func TestKeyRotation(t *testing.T) {
 			// The next call goes straight to the new key, and the breaker
 			// (open after one failure) was never opened by the refusal.
 			r, err = c.CreateMultiCardPayment(t.Context(), payment("k-rot-2"))
-			if err != nil || r.Attempts != 1 {
+			if err != nil || r.Requests != 1 {
 				t.Fatalf("second CreateMultiCardPayment = %v, %v, want success in 1 attempt", r, err)
 			}
 			if !bytes.Contains([]byte(logs.String()), []byte(`"api_key_in_use":"`+upstream.Fingerprint(newKey)+`"`)) {
@@ -148,8 +148,8 @@ func TestKeyRotationBothRefused(t *testing.T) {
 	for i := range 3 {
 		_, err := c.CreateMultiCardPayment(t.Context(), payment(fmt.Sprintf("k-both-%d", i)))
 		ue := callError(t, err)
-		if se := statusError(t, err); se.Status != http.StatusForbidden || ue.Attempts != 2 || ue.MaybeCreated || ue.AtProvider {
-			t.Fatalf("call %d: status %d, %d attempts, maybe created %v, at provider %v; want 403, 2, false, false", i, se.Status, ue.Attempts, ue.MaybeCreated, ue.AtProvider)
+		if se := statusError(t, err); se.Status != http.StatusForbidden || ue.Requests != 2 || ue.MaybeCreated || ue.AtProvider {
+			t.Fatalf("call %d: status %d, %d attempts, maybe created %v, at provider %v; want 403, 2, false, false", i, se.Status, ue.Requests, ue.MaybeCreated, ue.AtProvider)
 		}
 	}
 	if _, inUse := c.Keys(); inUse != upstream.Fingerprint(oldKey) {

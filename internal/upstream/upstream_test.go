@@ -229,8 +229,8 @@ func TestRequestShape(t *testing.T) {
 			if err != nil {
 				t.Fatalf("CreateMultiCardPayment(%+v): %v", p, err)
 			}
-			if r.Status != http.StatusOK || r.Attempts != 1 {
-				t.Errorf("reply status %d after %d attempts, want 200 after 1", r.Status, r.Attempts)
+			if r.Status != http.StatusOK || r.Requests != 1 {
+				t.Errorf("reply status %d after %d attempts, want 200 after 1", r.Status, r.Requests)
 			}
 
 			reqs := srv.Requests()
@@ -327,8 +327,8 @@ func TestSuccessPassThrough(t *testing.T) {
 			if err != nil {
 				t.Fatalf("CreateMultiCardPayment: %v", err)
 			}
-			if r.Status != status || r.Attempts != 1 {
-				t.Errorf("reply status %d after %d attempts, want %d after 1", r.Status, r.Attempts, status)
+			if r.Status != status || r.Requests != 1 {
+				t.Errorf("reply status %d after %d attempts, want %d after 1", r.Status, r.Requests, status)
 			}
 			if diff := cmp.Diff(want, r.Payment(), protocmp.Transform()); diff != "" {
 				t.Errorf("Payment mismatch (-want +got):\n%s", diff)
@@ -372,8 +372,8 @@ func TestRetriesRetryableStatus(t *testing.T) {
 			if err != nil {
 				t.Fatalf("CreateMultiCardPayment after one %d: %v", status, err)
 			}
-			if r.Attempts != 2 || r.Status != http.StatusOK {
-				t.Errorf("reply status %d after %d attempts, want 200 after 2", r.Status, r.Attempts)
+			if r.Requests != 2 || r.Status != http.StatusOK {
+				t.Errorf("reply status %d after %d attempts, want 200 after 2", r.Status, r.Requests)
 			}
 			reqs := srv.Requests()
 			if len(reqs) != 2 {
@@ -406,8 +406,8 @@ func TestNoRetryWhileMaybeAtProvider(t *testing.T) {
 			_, err := c.CreateMultiCardPayment(t.Context(), payment("idem-maybe"))
 			ue := callError(t, err)
 			se := statusError(t, err)
-			if se.Status != status || ue.Attempts != 1 || !ue.MaybeCreated || !ue.AtProvider {
-				t.Errorf("got %d after %d attempts, MaybeCreated %v, AtProvider %v; want %d after 1, true, true", se.Status, ue.Attempts, ue.MaybeCreated, ue.AtProvider, status)
+			if se.Status != status || ue.Requests != 1 || !ue.MaybeCreated || !ue.AtProvider {
+				t.Errorf("got %d after %d attempts, MaybeCreated %v, AtProvider %v; want %d after 1, true, true", se.Status, ue.Requests, ue.MaybeCreated, ue.AtProvider, status)
 			}
 			if n := len(srv.Requests()); n != 1 {
 				t.Errorf("provider got %d requests, want 1", n)
@@ -448,8 +448,8 @@ func TestNoRetryOnRefusal(t *testing.T) {
 			}
 			wantMaybe := status != http.StatusBadRequest && status != http.StatusUnauthorized &&
 				status != http.StatusForbidden && status != http.StatusNotFound
-			if ue.Attempts != 1 || ue.MaybeCreated != wantMaybe {
-				t.Errorf("Attempts, MaybeCreated = %d, %v; want 1, %v", ue.Attempts, ue.MaybeCreated, wantMaybe)
+			if ue.Requests != 1 || ue.MaybeCreated != wantMaybe {
+				t.Errorf("Requests, MaybeCreated = %d, %v; want 1, %v", ue.Requests, ue.MaybeCreated, wantMaybe)
 			}
 			if n := len(srv.Requests()); n != 1 {
 				t.Errorf("provider got %d requests, want 1", n)
@@ -480,8 +480,8 @@ func TestAuthenticationRefused(t *testing.T) {
 			c := newClient(t, cfg)
 			_, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
 			ue := callError(t, err)
-			if se := statusError(t, err); se.Status != tt.status || ue.Attempts != 1 || ue.MaybeCreated {
-				t.Errorf("got %d after %d attempts, MaybeCreated %v; want %d after 1, false", se.Status, ue.Attempts, ue.MaybeCreated, tt.status)
+			if se := statusError(t, err); se.Status != tt.status || ue.Requests != 1 || ue.MaybeCreated {
+				t.Errorf("got %d after %d attempts, MaybeCreated %v; want %d after 1, false", se.Status, ue.Requests, ue.MaybeCreated, tt.status)
 			}
 		})
 	}
@@ -493,7 +493,7 @@ func TestRetryLimits(t *testing.T) {
 		name         string
 		maxAttempts  int
 		script       simulator.Script
-		wantAttempts int
+		wantRequests int
 		wantStatus   int
 		wantMaybe    bool
 	}{
@@ -501,19 +501,19 @@ func TestRetryLimits(t *testing.T) {
 			name:         "MaxAttempts 1 disables retries",
 			maxAttempts:  1,
 			script:       simulator.Sequence(reply(503, "")),
-			wantAttempts: 1, wantStatus: 503, wantMaybe: true,
+			wantRequests: 1, wantStatus: 503, wantMaybe: true,
 		},
 		{
 			name:         "429 on every attempt, 4 allowed",
 			maxAttempts:  4,
 			script:       simulator.Always(reply(429, "")),
-			wantAttempts: 4, wantStatus: 429, wantMaybe: false,
+			wantRequests: 4, wantStatus: 429, wantMaybe: false,
 		},
 		{
 			name:         "zero MaxAttempts is the default",
 			maxAttempts:  0,
 			script:       simulator.Always(reply(429, "")),
-			wantAttempts: upstream.DefaultMaxAttempts, wantStatus: 429, wantMaybe: false,
+			wantRequests: upstream.DefaultMaxAttempts, wantStatus: 429, wantMaybe: false,
 		},
 		{
 			// A 2xx whose reply was lost may have created the payment; a
@@ -521,14 +521,14 @@ func TestRetryLimits(t *testing.T) {
 			name:         "refusal after a 2xx cut off",
 			maxAttempts:  3,
 			script:       simulator.Sequence(simulator.Reply{Status: 200, Body: []byte(`{"id":"p"}`), Fault: simulator.CutBody}, reply(400, "")),
-			wantAttempts: 2, wantStatus: 400, wantMaybe: true,
+			wantRequests: 2, wantStatus: 400, wantMaybe: true,
 		},
 		{
 			// 429 is a refusal before any work: retried, but no payment.
 			name:         "429 on every attempt",
 			maxAttempts:  2,
 			script:       simulator.Always(reply(429, "")),
-			wantAttempts: 2, wantStatus: 429, wantMaybe: false,
+			wantRequests: 2, wantStatus: 429, wantMaybe: false,
 		},
 	}
 	for _, tt := range tests {
@@ -541,12 +541,12 @@ func TestRetryLimits(t *testing.T) {
 			_, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
 			ue := callError(t, err)
 			se := statusError(t, err)
-			if ue.Attempts != tt.wantAttempts || se.Status != tt.wantStatus || ue.MaybeCreated != tt.wantMaybe {
+			if ue.Requests != tt.wantRequests || se.Status != tt.wantStatus || ue.MaybeCreated != tt.wantMaybe {
 				t.Errorf("got %d after %d attempts, MaybeCreated %v; want %d after %d, %v",
-					se.Status, ue.Attempts, ue.MaybeCreated, tt.wantStatus, tt.wantAttempts, tt.wantMaybe)
+					se.Status, ue.Requests, ue.MaybeCreated, tt.wantStatus, tt.wantRequests, tt.wantMaybe)
 			}
-			if n := len(srv.Requests()); n != tt.wantAttempts {
-				t.Errorf("provider got %d requests, want %d", n, tt.wantAttempts)
+			if n := len(srv.Requests()); n != tt.wantRequests {
+				t.Errorf("provider got %d requests, want %d", n, tt.wantRequests)
 			}
 		})
 	}
@@ -578,12 +578,12 @@ func TestTransportFaults(t *testing.T) {
 			r, err := c.CreateMultiCardPayment(t.Context(), p)
 			if f.atProvider {
 				ue := callError(t, err)
-				if !errors.Is(err, upstream.ErrConnectionLost) || ue.Attempts != 1 || !ue.MaybeCreated || !ue.AtProvider {
-					t.Errorf("after one %s: %v, Attempts %d, MaybeCreated %v, AtProvider %v; want ErrConnectionLost, 1, true, true",
-						f.name, err, ue.Attempts, ue.MaybeCreated, ue.AtProvider)
+				if !errors.Is(err, upstream.ErrConnectionLost) || ue.Requests != 1 || !ue.MaybeCreated || !ue.AtProvider {
+					t.Errorf("after one %s: %v, Requests %d, MaybeCreated %v, AtProvider %v; want ErrConnectionLost, 1, true, true",
+						f.name, err, ue.Requests, ue.MaybeCreated, ue.AtProvider)
 				}
-				if ue.LastAttemptStart.Before(before) || ue.LastAttemptStart.After(time.Now()) {
-					t.Errorf("LastAttemptStart = %v, want during the call", ue.LastAttemptStart)
+				if ue.LastRequestStart.Before(before) || ue.LastRequestStart.After(time.Now()) {
+					t.Errorf("LastRequestStart = %v, want during the call", ue.LastRequestStart)
 				}
 				if n := len(srv.Requests()); n != 1 {
 					t.Errorf("provider got %d requests, want 1: the first may still be at the provider", n)
@@ -593,8 +593,8 @@ func TestTransportFaults(t *testing.T) {
 			if err != nil {
 				t.Fatalf("CreateMultiCardPayment after one %s: %v", f.name, err)
 			}
-			if r.Attempts != 2 {
-				t.Errorf("Attempts = %d, want 2", r.Attempts)
+			if r.Requests != 2 {
+				t.Errorf("Requests = %d, want 2", r.Requests)
 			}
 			reqs := srv.Requests()
 			if len(reqs) != 2 {
@@ -619,8 +619,8 @@ func TestTransportFaults(t *testing.T) {
 			if f.atProvider {
 				want = 1
 			}
-			if ue.Attempts != want || !ue.MaybeCreated || ue.AtProvider != f.atProvider {
-				t.Errorf("Attempts, MaybeCreated, AtProvider = %d, %v, %v; want %d, true, %v", ue.Attempts, ue.MaybeCreated, ue.AtProvider, want, f.atProvider)
+			if ue.Requests != want || !ue.MaybeCreated || ue.AtProvider != f.atProvider {
+				t.Errorf("Requests, MaybeCreated, AtProvider = %d, %v, %v; want %d, true, %v", ue.Requests, ue.MaybeCreated, ue.AtProvider, want, f.atProvider)
 			}
 			if n := len(srv.Requests()); n != want {
 				t.Errorf("provider got %d requests, want %d", n, want)
@@ -638,8 +638,8 @@ func TestGatewayTimeoutIsNotRetried(t *testing.T) {
 	_, err := c.CreateMultiCardPayment(t.Context(), payment("idem-504"))
 	ue := callError(t, err)
 	se := statusError(t, err)
-	if se.Status != http.StatusGatewayTimeout || ue.Attempts != 1 || !ue.MaybeCreated || !ue.AtProvider {
-		t.Errorf("got %d after %d attempts, MaybeCreated %v, AtProvider %v; want 504 after 1, true, true", se.Status, ue.Attempts, ue.MaybeCreated, ue.AtProvider)
+	if se.Status != http.StatusGatewayTimeout || ue.Requests != 1 || !ue.MaybeCreated || !ue.AtProvider {
+		t.Errorf("got %d after %d attempts, MaybeCreated %v, AtProvider %v; want 504 after 1, true, true", se.Status, ue.Requests, ue.MaybeCreated, ue.AtProvider)
 	}
 	if n := len(srv.Requests()); n != 1 {
 		t.Errorf("provider got %d requests, want 1", n)
@@ -656,8 +656,8 @@ func TestDeadlineAfterWriteIsAtProvider(t *testing.T) {
 	defer cancel()
 	_, err := c.CreateMultiCardPayment(ctx, payment("idem-slow"))
 	ue := callError(t, err)
-	if !errors.Is(err, context.DeadlineExceeded) || ue.Attempts != 1 || !ue.MaybeCreated || !ue.AtProvider {
-		t.Errorf("got %v after %d attempts, MaybeCreated %v, AtProvider %v; want DeadlineExceeded after 1, true, true", err, ue.Attempts, ue.MaybeCreated, ue.AtProvider)
+	if !errors.Is(err, context.DeadlineExceeded) || ue.Requests != 1 || !ue.MaybeCreated || !ue.AtProvider {
+		t.Errorf("got %v after %d attempts, MaybeCreated %v, AtProvider %v; want DeadlineExceeded after 1, true, true", err, ue.Requests, ue.MaybeCreated, ue.AtProvider)
 	}
 }
 
@@ -669,8 +669,8 @@ func TestUnreachable(t *testing.T) {
 	if !errors.Is(err, upstream.ErrUnreachable) || errors.Is(err, upstream.ErrConnectionLost) {
 		t.Errorf("error %v, want ErrUnreachable only", err)
 	}
-	if ue.Attempts != 3 || ue.MaybeCreated {
-		t.Errorf("Attempts, MaybeCreated = %d, %v; want 3, false", ue.Attempts, ue.MaybeCreated)
+	if ue.Requests != 3 || ue.MaybeCreated {
+		t.Errorf("Requests, MaybeCreated = %d, %v; want 3, false", ue.Requests, ue.MaybeCreated)
 	}
 }
 
@@ -683,8 +683,8 @@ func TestCanceledBeforeCall(t *testing.T) {
 	cancel()
 	_, err := c.CreateMultiCardPayment(ctx, payment("k"))
 	ue := callError(t, err)
-	if !errors.Is(err, context.Canceled) || ue.MaybeCreated || ue.Attempts != 1 {
-		t.Errorf("got %v, Attempts %d, MaybeCreated %v; want context.Canceled, 1, false", err, ue.Attempts, ue.MaybeCreated)
+	if !errors.Is(err, context.Canceled) || ue.MaybeCreated || ue.Requests != 1 {
+		t.Errorf("got %v, Requests %d, MaybeCreated %v; want context.Canceled, 1, false", err, ue.Requests, ue.MaybeCreated)
 	}
 	if n := len(srv.Requests()); n != 0 {
 		t.Errorf("provider got %d requests, want 0", n)
@@ -723,8 +723,8 @@ func TestBadSuccessBody(t *testing.T) {
 			if !errors.Is(err, upstream.ErrMalformedReply) {
 				t.Errorf("error %v, want ErrMalformedReply", err)
 			}
-			if ue.Attempts != 1 || !ue.MaybeCreated {
-				t.Errorf("Attempts, MaybeCreated = %d, %v; want 1, true", ue.Attempts, ue.MaybeCreated)
+			if ue.Requests != 1 || !ue.MaybeCreated {
+				t.Errorf("Requests, MaybeCreated = %d, %v; want 1, true", ue.Requests, ue.MaybeCreated)
 			}
 			if n := len(srv.Requests()); n != 1 {
 				t.Errorf("provider got %d requests, want 1", n)
@@ -768,8 +768,8 @@ func TestReplySizeLimit(t *testing.T) {
 				return
 			}
 			ue := callError(t, err)
-			if !errors.Is(err, tt.wantErr) || ue.Attempts != 1 || !ue.MaybeCreated {
-				t.Errorf("got %v, Attempts %d, MaybeCreated %v; want %v, 1, true", err, ue.Attempts, ue.MaybeCreated, tt.wantErr)
+			if !errors.Is(err, tt.wantErr) || ue.Requests != 1 || !ue.MaybeCreated {
+				t.Errorf("got %v, Requests %d, MaybeCreated %v; want %v, 1, true", err, ue.Requests, ue.MaybeCreated, tt.wantErr)
 			}
 		})
 	}
@@ -855,8 +855,8 @@ func TestDeadline(t *testing.T) {
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("error %v, want context.DeadlineExceeded", err)
 			}
-			if ue.Attempts != 1 || !ue.MaybeCreated {
-				t.Errorf("Attempts, MaybeCreated = %d, %v; want 1, true", ue.Attempts, ue.MaybeCreated)
+			if ue.Requests != 1 || !ue.MaybeCreated {
+				t.Errorf("Requests, MaybeCreated = %d, %v; want 1, true", ue.Requests, ue.MaybeCreated)
 			}
 			waitCanceled(t, srv)
 		})
@@ -882,8 +882,8 @@ func TestBackoffPastDeadline(t *testing.T) {
 	if errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("error %v: the client waited for the deadline", err)
 	}
-	if ue.Attempts != 1 || !ue.MaybeCreated {
-		t.Errorf("Attempts, MaybeCreated = %d, %v; want 1, true", ue.Attempts, ue.MaybeCreated)
+	if ue.Requests != 1 || !ue.MaybeCreated {
+		t.Errorf("Requests, MaybeCreated = %d, %v; want 1, true", ue.Requests, ue.MaybeCreated)
 	}
 }
 
@@ -924,8 +924,8 @@ func TestCanceledDuringBackoff(t *testing.T) {
 	}()
 	_, err := createReturns(t, ctx, c, payment("k"))
 	ue := callError(t, err)
-	if !errors.Is(err, context.Canceled) || ue.Attempts != 1 || ue.MaybeCreated {
-		t.Errorf("got %v, Attempts %d, MaybeCreated %v; want context.Canceled, 1, false", err, ue.Attempts, ue.MaybeCreated)
+	if !errors.Is(err, context.Canceled) || ue.Requests != 1 || ue.MaybeCreated {
+		t.Errorf("got %v, Requests %d, MaybeCreated %v; want context.Canceled, 1, false", err, ue.Requests, ue.MaybeCreated)
 	}
 	if n := len(srv.Requests()); n != 1 {
 		t.Errorf("provider got %d requests, want 1", n)
@@ -966,8 +966,8 @@ func TestRetryAfterHonoured(t *testing.T) {
 			if err != nil {
 				t.Fatalf("CreateMultiCardPayment: %v", err)
 			}
-			if r.Attempts != 2 {
-				t.Errorf("Attempts = %d, want 2", r.Attempts)
+			if r.Requests != 2 {
+				t.Errorf("Requests = %d, want 2", r.Requests)
 			}
 			if elapsed < tt.min {
 				t.Errorf("call took %v, want at least the Retry-After wait, %v", elapsed, tt.min)
@@ -1026,8 +1026,8 @@ func TestRetryAfterCapped(t *testing.T) {
 		if err != nil {
 			t.Fatalf("CreateMultiCardPayment: %v", err)
 		}
-		if r.Attempts != 2 || elapsed < 50*time.Millisecond {
-			t.Errorf("success after %d attempts in %v, want 2 attempts after at least 50ms", r.Attempts, elapsed)
+		if r.Requests != 2 || elapsed < 50*time.Millisecond {
+			t.Errorf("success after %d attempts in %v, want 2 attempts after at least 50ms", r.Requests, elapsed)
 		}
 	})
 }
@@ -1097,8 +1097,8 @@ func TestCircuitBreaker(t *testing.T) {
 		if !errors.Is(err, upstream.ErrCircuitOpen) {
 			t.Errorf("call 4: %v, want ErrCircuitOpen", err)
 		}
-		if ue.Attempts != 0 || ue.MaybeCreated {
-			t.Errorf("call 4: Attempts, MaybeCreated = %d, %v; want 0, false", ue.Attempts, ue.MaybeCreated)
+		if ue.Requests != 0 || ue.MaybeCreated {
+			t.Errorf("call 4: Requests, MaybeCreated = %d, %v; want 0, false", ue.Requests, ue.MaybeCreated)
 		}
 		if n := len(srv.Requests()); n != 3 {
 			t.Errorf("provider got %d requests, want 3: none once the circuit is open", n)
@@ -1128,8 +1128,8 @@ func TestCircuitBreaker(t *testing.T) {
 		ue := callError(t, err)
 		// The caller learns what went wrong, not that the client stopped
 		// asking.
-		if !errors.Is(err, upstream.ErrUnreachable) || ue.Attempts != 2 || ue.MaybeCreated {
-			t.Errorf("got %v after %d attempts, MaybeCreated %v; want ErrUnreachable after 2, false", err, ue.Attempts, ue.MaybeCreated)
+		if !errors.Is(err, upstream.ErrUnreachable) || ue.Requests != 2 || ue.MaybeCreated {
+			t.Errorf("got %v after %d attempts, MaybeCreated %v; want ErrUnreachable after 2, false", err, ue.Requests, ue.MaybeCreated)
 		}
 	})
 
@@ -1646,7 +1646,7 @@ func TestTLS(t *testing.T) {
 		trust        bool
 		script       simulator.Script
 		wantErr      error
-		wantAttempts int
+		wantTried    int
 		wantMaybe    bool
 		wantRequests int
 	}{
@@ -1670,14 +1670,14 @@ func TestTLS(t *testing.T) {
 				if err != nil {
 					t.Fatalf("CreateMultiCardPayment: %v", err)
 				}
-				if r.Attempts != tt.wantAttempts {
-					t.Errorf("Attempts = %d, want %d", r.Attempts, tt.wantAttempts)
+				if r.Requests != tt.wantTried {
+					t.Errorf("Requests = %d, want %d", r.Requests, tt.wantTried)
 				}
 			} else {
 				ue := callError(t, err)
-				if !errors.Is(err, tt.wantErr) || ue.Attempts != tt.wantAttempts || ue.MaybeCreated != tt.wantMaybe {
-					t.Errorf("got %v, Attempts %d, MaybeCreated %v; want %v, %d, %v",
-						err, ue.Attempts, ue.MaybeCreated, tt.wantErr, tt.wantAttempts, tt.wantMaybe)
+				if !errors.Is(err, tt.wantErr) || ue.Requests != tt.wantTried || ue.MaybeCreated != tt.wantMaybe {
+					t.Errorf("got %v, Requests %d, MaybeCreated %v; want %v, %d, %v",
+						err, ue.Requests, ue.MaybeCreated, tt.wantErr, tt.wantTried, tt.wantMaybe)
 				}
 			}
 			if n := len(srv.Requests()); n != tt.wantRequests {
@@ -1762,8 +1762,8 @@ func TestOutcomeUnknownSticks(t *testing.T) {
 	cfg.MaxAttempts = 2
 	c := newClient(t, cfg)
 	_, err := c.CreateMultiCardPayment(t.Context(), payment("k-sticky"))
-	if ue := callError(t, err); !ue.MaybeCreated || ue.Attempts != 2 {
-		t.Errorf("2xx cut off then 429: MaybeCreated, Attempts = %v, %d; want true, 2", ue.MaybeCreated, ue.Attempts)
+	if ue := callError(t, err); !ue.MaybeCreated || ue.Requests != 2 {
+		t.Errorf("2xx cut off then 429: MaybeCreated, Requests = %v, %d; want true, 2", ue.MaybeCreated, ue.Requests)
 	}
 }
 

@@ -1,0 +1,87 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// transact runs fn in a transaction on the writer, committing if fn returns
+// nil and rolling back otherwise (as in pkgsite's database.Transact). In
+// SQLite the transaction starts with BEGIN IMMEDIATE, taking the write lock
+// at once.
+//
+// fn's statements run with ctx, and stop when it ends; the COMMIT, once
+// sent, is never cancelled (commit.go): a caller whose ctx ends while it
+// waits is told ErrCommitUnknown, and the store waits on for the answer.
+// A caller whose ctx can end first waits for the answers of the COMMITs
+// other callers left.
+//
+// Every outcome but a caller's giving up and the store's own refusals
+// goes into the store's write health (see writeHealth); but fn returns
+// errNoWrite when it wrote nothing, and then the transaction is rolled
+// back, transact returns nil, and only on SQLite (whose transaction took
+// the write lock) does it count as a commit.
+func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error) {
+	if err := s.unanswered.wait(ctx); err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	tc := newTransactionContext(ctx)
+	tctx := tc.ctx
+	var watch *commitWatch
+	if s.d.name == "postgres" {
+		watch = new(commitWatch)
+		tctx = context.WithValue(tctx, commitWatchKey{}, watch)
+	}
+	tx, err := s.w.BeginTx(tctx, nil)
+	if err != nil {
+		tc.end()
+		s.noteWrite(err)
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	if s.d.name == "postgres" {
+		if _, err := tx.ExecContext(ctx, setStatementTimeout); err != nil {
+			tx.Rollback()
+			tc.end()
+			return fmt.Errorf("begin transaction: set statement_timeout: %w", err)
+		}
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			tx.Rollback()
+			tc.end()
+			s.health.failed()
+			panic(p)
+		}
+		if errors.Is(err, errNoWrite) {
+			tx.Rollback()
+			tc.end()
+			err = nil
+			if s.d.name == "sqlite" {
+				s.noteWrite(nil)
+			}
+			return
+		}
+		if err == nil {
+			err = s.commit(ctx, tx, tc, watch)
+		} else {
+			tx.Rollback()
+			tc.end()
+		}
+		s.noteWrite(err)
+	}()
+	return fn(tx)
+}
+
+// errNoWrite is what a transaction's fn returns when it wrote nothing (a
+// settlement pass with nothing to claim or give up, a retention step with
+// nothing to delete, a batch none of whose operations wrote a row:
+// noteWrote). On
+// PostgreSQL such a transaction commits at once, without waiting for a
+// synchronous standby: its commit is no evidence that a write can land,
+// and counted in the write health it would let a replica take a lease
+// over while every write (the holder's outcome among them) waits for the
+// standby. It is rolled back, and counts only on SQLite, where taking the
+// write lock is what a write needs.
+var errNoWrite = errors.New("the transaction wrote nothing")
