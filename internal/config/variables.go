@@ -124,7 +124,7 @@ func variables() []variable {
 		{"PAYMENTS_UPSTREAM_TIMEOUT", "15s",
 			"Bounds each payment's provider calls, retries included (a caller's deadline bounds only its own wait); at most PAYMENTS_SHUTDOWN_TIMEOUT and PAYMENTS_PROVIDER_QUIET_PERIOD.",
 			durationSetting(func(c *Config) *time.Duration { return &c.UpstreamTimeout })},
-		{"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", strconv.Itoa(upstream.DefaultMaxAttempts),
+		{"PAYMENTS_UPSTREAM_MAX_ATTEMPTS", strconv.Itoa(upstream.DefaultMaxRequests),
 			"Attempts per provider call, the first included, for failures that may be retried.",
 			intSetting(1, 10, func(c *Config) *int { return &c.UpstreamMaxAttempts })},
 		{"PAYMENTS_UPSTREAM_MAX_RESPONSE_BYTES", strconv.Itoa(upstream.DefaultMaxResponseBytes),

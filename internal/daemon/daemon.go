@@ -103,7 +103,7 @@ func Serve(ctx context.Context, cfg *config.Config, logw io.Writer, tracerProvid
 		BaseURL:          cfg.BaseURL,
 		APIKeys:          config.Plain(cfg.APIKeys),
 		HTTPClient:       httpClient,
-		MaxAttempts:      cfg.UpstreamMaxAttempts,
+		MaxRequests:      cfg.UpstreamMaxAttempts,
 		Timeout:          cfg.UpstreamTimeout,
 		MaxResponseBytes: cfg.UpstreamMaxResponseBytes,
 		BreakerFailures:  cfg.BreakerFailures,

@@ -135,7 +135,7 @@ func (e *Engine) gaveUp(ctx context.Context, recs []record.Record) {
 		e.metrics.gaveUp.Inc()
 		e.logger.Error("settlement window closed with the payment's outcome unknown; check the provider's dashboard",
 			keyAttrs(rec.Key,
-				slog.Int("attempts", rec.Attempts),
+				slog.Int("attempts", rec.Requests),
 				slog.String("request_id", rec.RequestID),
 				slog.Time("created", rec.CreatedAt),
 				slog.String("last_error", rec.LastError),

@@ -109,9 +109,9 @@ type Record struct {
 	Amount     int64
 
 	State State
-	// Attempts counts the HTTP requests sent to the provider for the key,
+	// Requests counts the HTTP requests sent to the provider for the key,
 	// by every attempt.
-	Attempts int
+	Requests int
 	// ProviderStatus (0: none), Reply, LastError and Code are the
 	// provider's last word: the status and body of the last answer the
 	// provider gave (the payment when Succeeded), why the last attempt that

@@ -428,7 +428,7 @@ func outcome(r *Record, o Outcome, now time.Time) (Record, Effect) {
 		// keeps the provider's last word.
 		n.State = NotCreated
 		n.AttemptSeq--
-		if r.Attempts == 0 {
+		if r.Requests == 0 {
 			n.LastError, n.Code = o.Error, o.Code
 		}
 		if !r.Fresh() {
@@ -444,7 +444,7 @@ func outcome(r *Record, o Outcome, now time.Time) (Record, Effect) {
 	if n.State == OutcomeUnknown {
 		n.NextSettleAt = Stored(now.Add(o.SettleAfter))
 	}
-	n.Attempts += o.HTTPRequests
+	n.Requests += o.HTTPRequests
 	n.ProviderStatus, n.Reply, n.LastError, n.Code = o.ProviderStatus, o.Reply, o.Error, o.Code
 	if r.AttemptKind == BySettlement {
 		n.SettleAttempts++
@@ -478,7 +478,7 @@ func late(r *Record, o Outcome, now time.Time) (Record, Effect) {
 	row.State, row.Code, row.Error, row.Abandoned = Succeeded, o.Code, o.Error, false
 	eff := Effect{Verdict: Late, Write: WriteLate, Rewritten: &row}
 	n := *r
-	n.Attempts += o.HTTPRequests
+	n.Requests += o.HTTPRequests
 	n.UpdatedAt, n.ReadAt = now, now
 	if r.State == InProgress {
 		_, eff.Ended = abandon(r, now)

@@ -265,8 +265,8 @@ func TestStepOutcome(t *testing.T) {
 		{name: "no record", rec: nil, ev: out("a/1", Paid, nil), now: now, verdict: LeaseLost, write: WriteNone},
 		{name: "paid", rec: held("a/1", 0), ev: out("a/1", Paid, nil), now: now, verdict: Written, write: WriteFinish, state: Succeeded,
 			check: func(t *testing.T, n Record, eff Effect) {
-				if n.LeaseOwner != "" || !bytes.Equal(n.Reply, []byte(`{"id":"pay_1"}`)) || n.Attempts != 1 || eff.Ended == nil || eff.Ended.State != Succeeded {
-					t.Errorf("Step(Outcome) paid: owner %q, reply %s, attempts %d, ended %+v", n.LeaseOwner, n.Reply, n.Attempts, eff.Ended)
+				if n.LeaseOwner != "" || !bytes.Equal(n.Reply, []byte(`{"id":"pay_1"}`)) || n.Requests != 1 || eff.Ended == nil || eff.Ended.State != Succeeded {
+					t.Errorf("Step(Outcome) paid: owner %q, reply %s, attempts %d, ended %+v", n.LeaseOwner, n.Reply, n.Requests, eff.Ended)
 				}
 			}},
 		{name: "refused, fresh", rec: held("a/1", 0), ev: out("a/1", Refused, nil), now: now, verdict: Written, write: WriteFinish, state: NotCreated},

@@ -191,7 +191,7 @@ func (s *Service) summary(rec record.Record, withReply bool) *paymentsv1.MultiCa
 		CreateTime:         timestamppb.New(rec.CreatedAt),
 		UpdateTime:         timestamppb.New(rec.UpdatedAt),
 		ProviderHttpStatus: int32(rec.ProviderStatus),
-		Attempts:           int32(rec.Attempts),
+		Attempts:           int32(rec.Requests),
 		SettlementGaveUp:   rec.GaveUp,
 		LastError:          rec.LastError,
 		Resolved:           rec.Resolved(),

@@ -206,8 +206,8 @@ func TestSuccessWhoseCommitIsLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.State != record.Succeeded || string(r.Reply) != string(resp.GetPaymentJson()) || r.Attempts != 1 || len(as) != 1 {
-		t.Errorf("record = %v %s, %d attempts, %d attempt rows; want Succeeded with the reply the caller was told, once", r.State, r.Reply, r.Attempts, len(as))
+	if r.State != record.Succeeded || string(r.Reply) != string(resp.GetPaymentJson()) || r.Requests != 1 || len(as) != 1 {
+		t.Errorf("record = %v %s, %d attempts, %d attempt rows; want Succeeded with the reply the caller was told, once", r.State, r.Reply, r.Requests, len(as))
 	}
 }
 
@@ -380,7 +380,7 @@ func TestClaimCommittedDespiteError(t *testing.T) {
 func (f fixture) send(t *testing.T, body []byte) {
 	t.Helper()
 	client, err := upstream.New(upstream.Config{BaseURL: f.p.URL, APIKey: internalKey, HTTPClient: &http.Client{},
-		MaxAttempts: 1, Timeout: 5 * time.Second, Metrics: upstream.NewMetrics(prometheus.NewRegistry())})
+		MaxRequests: 1, Timeout: 5 * time.Second, Metrics: upstream.NewMetrics(prometheus.NewRegistry())})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -170,7 +170,7 @@ func (s *Service) recordedError(rec record.Record) error {
 	if msg == "" {
 		msg = "the payment with this idempotency key failed"
 	}
-	meta := map[string]string{"attempts": strconv.Itoa(rec.Attempts), "recorded": "true"}
+	meta := map[string]string{"attempts": strconv.Itoa(rec.Requests), "recorded": "true"}
 	if rec.ProviderStatus != 0 {
 		meta["provider_http_status"] = strconv.Itoa(rec.ProviderStatus)
 	}
@@ -183,7 +183,7 @@ func (s *Service) recordedError(rec record.Record) error {
 			HttpStatus:  int32(rec.ProviderStatus),
 			Body:        strings.ToValidUTF8(string(rec.Reply), "\uFFFD"),
 			Environment: s.env,
-			Attempts:    int32(rec.Attempts),
+			Attempts:    int32(rec.Requests),
 		})
 	}
 	return withDetails(status.New(code, msg), details...)

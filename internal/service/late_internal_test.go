@@ -23,7 +23,7 @@ func replicaOf(t *testing.T, f fixture, lease time.Duration, now func() time.Tim
 	t.Helper()
 	client, err := upstream.New(upstream.Config{
 		BaseURL: f.p.URL, APIKey: internalKey, HTTPClient: &http.Client{},
-		MaxAttempts: 1, Timeout: 5 * time.Second,
+		MaxRequests: 1, Timeout: 5 * time.Second,
 		Metrics: upstream.NewMetrics(prometheus.NewRegistry()),
 	})
 	if err != nil {

@@ -111,7 +111,7 @@ func (s *Service) record(rec record.Record) *paymentsv1.GetMultiCardPaymentRespo
 		},
 		PaymentJson:        rec.Reply,
 		ProviderHttpStatus: int32(rec.ProviderStatus),
-		Attempts:           int32(rec.Attempts),
+		Attempts:           int32(rec.Requests),
 		CreateTime:         timestamppb.New(rec.CreatedAt),
 		UpdateTime:         timestamppb.New(rec.UpdatedAt),
 		LastError:          rec.LastError,

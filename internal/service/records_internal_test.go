@@ -82,7 +82,7 @@ func newFixtureWith(t *testing.T, lease time.Duration, now func() time.Time, max
 	p.Idempotent(true)
 	client, err := upstream.New(upstream.Config{
 		BaseURL: p.URL, APIKey: internalKey, HTTPClient: &http.Client{},
-		MaxAttempts: 1, Timeout: 5 * time.Second,
+		MaxRequests: 1, Timeout: 5 * time.Second,
 		Metrics: upstream.NewMetrics(prometheus.NewRegistry()),
 	})
 	if err != nil {

@@ -120,8 +120,8 @@ func TestCommitFaults(t *testing.T) {
 					// The outbox's retry: it lands once, whichever it was.
 					finishAs(t, s, claimed, o, record.Written)
 					r := get(t, s, "k")
-					if r.State != record.Succeeded || string(r.Reply) != `{"id":"p1"}` || r.Attempts != 1 {
-						t.Errorf("record after the retry = %v %s, %d attempts; want Succeeded with the reply, 1 attempt", r.State, r.Reply, r.Attempts)
+					if r.State != record.Succeeded || string(r.Reply) != `{"id":"p1"}` || r.Requests != 1 {
+						t.Errorf("record after the retry = %v %s, %d attempts; want Succeeded with the reply, 1 attempt", r.State, r.Reply, r.Requests)
 					}
 					want := []record.Attempt{{Number: 1, Kind: record.ByCall, Owner: "p/1", RequestID: "req-p/1",
 						ProviderStatus: 201, HTTPRequests: 1, Reply: []byte(`{"id":"p1"}`), State: record.Succeeded}}
@@ -505,8 +505,8 @@ func TestLateSuccessIsNeverLost(t *testing.T) {
 			// writes nothing more.
 			finishAs(t, s, first, late, record.Written)
 			r = get(t, s, "k")
-			if r.State != record.Succeeded || string(r.Reply) != `{"id":"first"}` || r.Attempts != 2 {
-				t.Errorf("record at the end = %v %s, %d attempts; want Succeeded with the first reply, 2 attempts", r.State, r.Reply, r.Attempts)
+			if r.State != record.Succeeded || string(r.Reply) != `{"id":"first"}` || r.Requests != 2 {
+				t.Errorf("record at the end = %v %s, %d attempts; want Succeeded with the first reply, 2 attempts", r.State, r.Reply, r.Requests)
 			}
 			want := []record.Attempt{
 				{Number: 1, Kind: record.ByCall, Owner: "p/1", RequestID: "req-p/1", ProviderStatus: 201, HTTPRequests: 1,

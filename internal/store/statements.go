@@ -33,7 +33,7 @@ var recordCols = []column{
 	{"currency", func(_ dialect, r *record.Record) any { return r.Currency }, func(r *record.Record) any { return &r.Currency }},
 	{"amount", func(_ dialect, r *record.Record) any { return r.Amount }, func(r *record.Record) any { return &r.Amount }},
 	{"state", func(_ dialect, r *record.Record) any { return int(r.State) }, func(r *record.Record) any { return byteCol[record.State]{&r.State} }},
-	{"attempts", func(_ dialect, r *record.Record) any { return r.Attempts }, func(r *record.Record) any { return &r.Attempts }},
+	{"attempts", func(_ dialect, r *record.Record) any { return r.Requests }, func(r *record.Record) any { return &r.Requests }},
 	{"provider_status", func(_ dialect, r *record.Record) any { return r.ProviderStatus }, func(r *record.Record) any { return &r.ProviderStatus }},
 	{"reply", func(_ dialect, r *record.Record) any { return r.Reply }, func(r *record.Record) any { return &r.Reply }},
 	{"last_error", func(_ dialect, r *record.Record) any { return r.LastError }, func(r *record.Record) any { return &r.LastError }},

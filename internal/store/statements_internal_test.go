@@ -19,7 +19,7 @@ func TestWritesCoverStep(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	body := []byte(`{}`)
 	sum := sha256.Sum256(body)
-	base := record.Record{Key: "k", Body: body, BodySHA256: sum, Currency: "EUR", Amount: 1, Attempts: 2,
+	base := record.Record{Key: "k", Body: body, BodySHA256: sum, Currency: "EUR", Amount: 1, Requests: 2,
 		ProviderStatus: 503, Reply: []byte(`{"e":1}`), LastError: "503", Code: 14, RequestID: "r", Caller: "c",
 		CreatedAt: now.Add(-time.Hour), UpdatedAt: now.Add(-time.Minute), SettleBy: now.Add(time.Hour),
 		AttemptSeq: 2, AttemptKind: record.ByCall, AttemptRequestID: "r", AttemptStartedAt: now.Add(-time.Hour)}

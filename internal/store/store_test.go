@@ -365,7 +365,7 @@ func testStore(t *testing.T, b backend) {
 		r := get(t, s, "k")
 		want := record.Record{
 			Key: "k", Body: c.Body, BodySHA256: c.BodySHA256, Currency: "EUR", Amount: 1234,
-			State: record.Succeeded, Attempts: 2, ProviderStatus: 201, Reply: []byte(`{"id":"p1"}`),
+			State: record.Succeeded, Requests: 2, ProviderStatus: 201, Reply: []byte(`{"id":"p1"}`),
 			RequestID: "req-a", TraceID: "trace-a", Caller: "caller-a",
 			CreatedAt: us(t0), UpdatedAt: us(now), SettleBy: us(t0.Add(window)),
 			AttemptStartedAt: us(t0), ReadAt: us(now),
@@ -440,8 +440,8 @@ func testStore(t *testing.T, b backend) {
 		if !got.Record.SettleBy.Equal(us(later.Add(window))) || got.Record.State != record.InProgress || got.Record.LeaseOwner != "b" {
 			t.Errorf("record = state %v owner %q SettleBy %v, want InProgress b %v", got.Record.State, got.Record.LeaseOwner, got.Record.SettleBy, us(later.Add(window)))
 		}
-		if got.Record.Attempts != 1 {
-			t.Errorf("Attempts = %d, want 1 kept", got.Record.Attempts)
+		if got.Record.Requests != 1 {
+			t.Errorf("Attempts = %d, want 1 kept", got.Record.Requests)
 		}
 		// Its refusal proves nothing of the attempt before it, which
 		// started the key afresh too: it is NotCreated again.
@@ -554,8 +554,8 @@ func testStore(t *testing.T, b backend) {
 		o := unknown(time.Minute)
 		o.HTTPRequests = 1
 		r := finish(t, s, "due", o)
-		if r.SettleAttempts != 1 || r.Attempts != 2 || !r.NextSettleAt.Equal(us(now.Add(time.Minute))) {
-			t.Errorf("after settlement: SettleAttempts %d Attempts %d NextSettleAt %v, want 1, 2, %v", r.SettleAttempts, r.Attempts, r.NextSettleAt, us(now.Add(time.Minute)))
+		if r.SettleAttempts != 1 || r.Requests != 2 || !r.NextSettleAt.Equal(us(now.Add(time.Minute))) {
+			t.Errorf("after settlement: SettleAttempts %d Attempts %d NextSettleAt %v, want 1, 2, %v", r.SettleAttempts, r.Requests, r.NextSettleAt, us(now.Add(time.Minute)))
 		}
 		// acquire is honoured.
 		clk.Set(t0)
@@ -1823,8 +1823,8 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 		}
 		// The key is forgotten: it starts afresh, with any body.
 		got := begin(t, s, claim("k", "another body", "b"), record.Acquired)
-		if got.Record.PriorState != 0 || !got.Record.CreatedAt.Equal(us(now)) || got.Record.Attempts != 0 {
-			t.Errorf("Begin after the tombstone expired: PriorState %v CreatedAt %v Attempts %d, want a new record", got.Record.PriorState, got.Record.CreatedAt, got.Record.Attempts)
+		if got.Record.PriorState != 0 || !got.Record.CreatedAt.Equal(us(now)) || got.Record.Requests != 0 {
+			t.Errorf("Begin after the tombstone expired: PriorState %v CreatedAt %v Attempts %d, want a new record", got.Record.PriorState, got.Record.CreatedAt, got.Record.Requests)
 		}
 	})
 

@@ -58,7 +58,7 @@ func ExampleError() {
 		BaseURL:     provider.URL,
 		APIKey:      "sk_sandbox_example",
 		HTTPClient:  &http.Client{Transport: transport},
-		MaxAttempts: 2,
+		MaxRequests: 2,
 		BackoffBase: time.Millisecond,
 	})
 	if err != nil {

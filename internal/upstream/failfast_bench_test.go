@@ -57,7 +57,7 @@ func benchClient(b *testing.B, baseURL string, attempts int) *upstream.Client {
 		BaseURL:         baseURL,
 		APIKey:          testKey,
 		HTTPClient:      &http.Client{Transport: transport},
-		MaxAttempts:     attempts,
+		MaxRequests:     attempts,
 		MaxRetryAfter:   10 * time.Second,
 		BreakerFailures: 1 << 30,
 		BreakerCooldown: time.Hour,

@@ -90,7 +90,7 @@ func TestKeyRotation(t *testing.T) {
 			var logs syncBuffer
 			cfg := testConfig(t, srv.URL)
 			cfg.APIKey, cfg.APIKeys = "", []string{oldKey, newKey}
-			cfg.MaxAttempts = 1 // the switch is not a retry of a failure that may pass
+			cfg.MaxRequests = 1 // the switch is not a retry of a failure that may pass
 			cfg.BreakerFailures = 1
 			cfg.Metrics = upstream.NewMetrics(reg)
 			cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))

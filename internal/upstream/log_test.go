@@ -120,7 +120,7 @@ func TestAttemptLogsCause(t *testing.T) {
 			var logs syncBuffer
 			cfg := testConfig(t, "")
 			cfg.APIKey = key
-			cfg.MaxAttempts = 2
+			cfg.MaxRequests = 2
 			cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 			tt.setup(t, &cfg)
 			c := newClient(t, cfg)

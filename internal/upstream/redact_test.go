@@ -431,7 +431,7 @@ func TestKeyRedactedInReplies(t *testing.T) {
 				srv.AllowKey(redactKey)
 				cfg := testConfig(t, srv.URL)
 				cfg.APIKey = redactKey
-				cfg.MaxAttempts = 1
+				cfg.MaxRequests = 1
 				c := newClient(t, cfg)
 				r, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
 				if status < 300 {

@@ -97,7 +97,7 @@ func (c *Client) Send(ctx context.Context, body []byte) (*Reply, error) {
 		case failure.AtProvider:
 			c.logRequest(ctx, keys, failure.Requests, err, sent, "none: the request may still be at the provider")
 			return nil, failure
-		case !retryable(err) || failure.Requests >= c.cfg.MaxAttempts:
+		case !retryable(err) || failure.Requests >= c.cfg.MaxRequests:
 			c.logRequest(ctx, keys, failure.Requests, err, sent, "none")
 			return nil, failure
 		}

@@ -30,7 +30,7 @@ const Path = "/multi-card-payments"
 
 // Defaults for the zero values of Config.
 const (
-	DefaultMaxAttempts      = 3
+	DefaultMaxRequests      = 3
 	DefaultMaxResponseBytes = 1 << 20
 	DefaultBackoffBase      = 100 * time.Millisecond
 	DefaultBackoffMax       = 2 * time.Second
@@ -60,9 +60,9 @@ type Config struct {
 	// HTTPClient makes the requests. Its transport's pool is what keeps
 	// connections to the provider open between calls.
 	HTTPClient *http.Client
-	// MaxAttempts is how many requests a call may send, counting the
+	// MaxRequests is how many requests a call may send, counting the
 	// first; 1 disables retries.
-	MaxAttempts int
+	MaxRequests int
 	// Timeout bounds a whole call, retries included, when the caller's
 	// context has no earlier deadline. Zero means no bound of its own.
 	Timeout time.Duration
@@ -183,8 +183,8 @@ func CheckBaseURL(raw string) error {
 }
 
 func setDefaults(cfg *Config) {
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = DefaultMaxAttempts
+	if cfg.MaxRequests <= 0 {
+		cfg.MaxRequests = DefaultMaxRequests
 	}
 	if cfg.MaxResponseBytes <= 0 {
 		cfg.MaxResponseBytes = DefaultMaxResponseBytes

@@ -70,7 +70,7 @@ func testConfig(t *testing.T, baseURL string) upstream.Config {
 		BaseURL:         baseURL,
 		APIKey:          testKey,
 		HTTPClient:      newHTTPClient(t),
-		MaxAttempts:     3,
+		MaxRequests:     3,
 		BackoffBase:     time.Millisecond,
 		BackoffMax:      5 * time.Millisecond,
 		MaxRetryAfter:   10 * time.Second,
@@ -513,7 +513,7 @@ func TestRetryLimits(t *testing.T) {
 			name:         "zero MaxAttempts is the default",
 			maxAttempts:  0,
 			script:       simulator.Always(reply(429, "")),
-			wantRequests: upstream.DefaultMaxAttempts, wantStatus: 429, wantMaybe: false,
+			wantRequests: upstream.DefaultMaxRequests, wantStatus: 429, wantMaybe: false,
 		},
 		{
 			// A 2xx whose reply was lost may have created the payment; a
@@ -536,7 +536,7 @@ func TestRetryLimits(t *testing.T) {
 			t.Parallel()
 			srv := newServer(t, tt.script)
 			cfg := testConfig(t, srv.URL)
-			cfg.MaxAttempts = tt.maxAttempts
+			cfg.MaxRequests = tt.maxAttempts
 			c := newClient(t, cfg)
 			_, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
 			ue := callError(t, err)
@@ -1000,7 +1000,7 @@ func TestRetryAfterCapped(t *testing.T) {
 			}))
 			cfg := testConfig(t, srv.URL)
 			cfg.MaxRetryAfter = tt.maxWait
-			cfg.MaxAttempts = 1
+			cfg.MaxRequests = 1
 			c := newClient(t, cfg)
 			_, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
 			if se := statusError(t, err); se.RetryAfter != tt.want {
@@ -1076,7 +1076,7 @@ func TestCircuitBreaker(t *testing.T) {
 	// breakerConfig opens the circuit after three failed attempts.
 	breakerConfig := func(t *testing.T, url string, cooldown time.Duration) upstream.Config {
 		cfg := testConfig(t, url)
-		cfg.MaxAttempts = 1
+		cfg.MaxRequests = 1
 		cfg.BreakerFailures = 3
 		cfg.BreakerCooldown = cooldown
 		return cfg
@@ -1121,7 +1121,7 @@ func TestCircuitBreaker(t *testing.T) {
 	t.Run("opens during retries", func(t *testing.T) {
 		t.Parallel()
 		cfg := breakerConfig(t, closedURL(t), time.Hour)
-		cfg.MaxAttempts = 5
+		cfg.MaxRequests = 5
 		cfg.BreakerFailures = 2
 		c := newClient(t, cfg)
 		_, err := c.CreateMultiCardPayment(t.Context(), payment("k"))
@@ -1509,7 +1509,7 @@ func TestMetrics(t *testing.T) {
 	// metrics.
 	cfg = testConfig(t, closedURL(t))
 	cfg.Metrics = m
-	cfg.MaxAttempts = 2
+	cfg.MaxRequests = 2
 	cfg.BreakerFailures = 2
 	unreachable := newClient(t, cfg)
 	for range 2 {
@@ -1729,7 +1729,7 @@ func TestOutcomeByStatus(t *testing.T) {
 		return simulator.Reply{Status: status, Body: []byte(`{"error":"scripted"}`)}
 	})
 	cfg := testConfig(t, srv.URL)
-	cfg.MaxAttempts = 1
+	cfg.MaxRequests = 1
 	c := newClient(t, cfg)
 	check := func(status int, wantMaybe bool) {
 		t.Run(strconv.Itoa(status), func(t *testing.T) {
@@ -1759,7 +1759,7 @@ func TestOutcomeUnknownSticks(t *testing.T) {
 	cut := simulator.Reply{Status: http.StatusOK, Body: []byte(`{"id":"p"}`), Fault: simulator.CutBody}
 	srv := newServer(t, simulator.Sequence(cut, reply(http.StatusTooManyRequests, "")))
 	cfg := testConfig(t, srv.URL)
-	cfg.MaxAttempts = 2
+	cfg.MaxRequests = 2
 	c := newClient(t, cfg)
 	_, err := c.CreateMultiCardPayment(t.Context(), payment("k-sticky"))
 	if ue := callError(t, err); !ue.MaybeCreated || ue.Requests != 2 {
