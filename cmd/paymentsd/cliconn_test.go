@@ -4,6 +4,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"example.com/paymentsd/internal/cli"
 )
 
 // TestCLIConnectionErrors: a CLI that can't reach paymentsd says what is
@@ -28,17 +30,17 @@ func TestCLIConnectionErrors(t *testing.T) {
 		// the flag to change.
 		says []string
 	}{
-		{"TLS to a plaintext paymentsd", []string{"--addr", in.grpcAddr}, exitFailure, []string{in.grpcAddr, "--insecure"}},
-		{"a URL", []string{"--addr", "http://" + in.grpcAddr, "--insecure"}, exitUsage, []string{"http://" + in.grpcAddr, "host:port"}},
-		{"an unknown host", []string{"--addr", "paymentsd.invalid:9090", "--insecure"}, exitFailure, []string{"paymentsd.invalid", "--addr"}},
-		{"no port", []string{"--addr", "localhost", "--insecure"}, exitUsage, []string{"localhost", "host:port"}},
-		{"the REST port", []string{"--addr", in.httpAddr, "--insecure"}, exitFailure, []string{in.httpAddr, "gRPC port"}},
-		{"nothing listening", []string{"--addr", nothing, "--insecure"}, exitFailure, []string{nothing, "--addr"}},
+		{"TLS to a plaintext paymentsd", []string{"--addr", in.grpcAddr}, cli.ExitFailure, []string{in.grpcAddr, "--insecure"}},
+		{"a URL", []string{"--addr", "http://" + in.grpcAddr, "--insecure"}, cli.ExitUsage, []string{"http://" + in.grpcAddr, "host:port"}},
+		{"an unknown host", []string{"--addr", "paymentsd.invalid:9090", "--insecure"}, cli.ExitFailure, []string{"paymentsd.invalid", "--addr"}},
+		{"no port", []string{"--addr", "localhost", "--insecure"}, cli.ExitUsage, []string{"localhost", "host:port"}},
+		{"the REST port", []string{"--addr", in.httpAddr, "--insecure"}, cli.ExitFailure, []string{in.httpAddr, "gRPC port"}},
+		{"nothing listening", []string{"--addr", nothing, "--insecure"}, cli.ExitFailure, []string{nothing, "--addr"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			r := cli(t, "", "list", append(tt.conn, "--timeout", "20s"))
+			r := runCLI(t, "", "list", append(tt.conn, "--timeout", "20s"))
 			if r.code != tt.code {
 				t.Errorf("list %q: exit %d, want %d\n%v", tt.conn, r.code, tt.code, r)
 			}

@@ -42,7 +42,7 @@ func TestPaymentsCLIJSONIsREST(t *testing.T) {
 	}
 	cliJSON := func(command string, args ...string) []map[string]any {
 		t.Helper()
-		r := cli(t, "", command, conn, append(args, "-o", "json")...)
+		r := runCLI(t, "", command, conn, append(args, "-o", "json")...)
 		if r.code != 0 {
 			t.Fatalf("%s %q -o json:\n%v", command, args, r)
 		}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/cli"
 )
 
 // BenchmarkExport measures 'paymentsd payments export': the CLI's export
@@ -27,8 +28,8 @@ func BenchmarkExport(b *testing.B) {
 	from := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
 	seedSQLiteBulk(b, dbPath, n, from)
 
-	conn := connFlags{addr: in.grpcAddr, caFile: d.caFile, certFile: d.adminCert, keyFile: d.adminKey, timeout: time.Minute}
-	client, closeConn, err := conn.dial()
+	conn := cli.ConnFlags{Addr: in.grpcAddr, CAFile: d.caFile, CertFile: d.adminCert, KeyFile: d.adminKey, Timeout: time.Minute}
+	client, closeConn, err := conn.Dial()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func BenchmarkExport(b *testing.B) {
 				}
 				req := &paymentsv1.ListMultiCardPaymentsRequest{}
 				req.CreatedAfter, req.CreatedBefore = timestamppb.New(from), timestamppb.New(from.Add(24*time.Hour))
-				got, err = exportPayments(b.Context(), client, req, format, f, exportOptions{timeout: time.Minute})
+				got, err = cli.ExportPayments(b.Context(), client, req, format, f, cli.ExportOptions{Timeout: time.Minute})
 				f.Close()
 				if err != nil {
 					b.Fatal(err)

@@ -14,10 +14,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/cli"
 )
 
 // TestExportPartialFiles: an export to --output that is cut off (here
@@ -36,7 +34,7 @@ func TestExportPartialFiles(t *testing.T) {
 
 	cut, cancel := context.WithCancel(t.Context())
 	cancel()
-	if err := runPayments(cut, args, nil, strings.NewReader(""), &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
+	if err := cli.Run(cut, args, nil, strings.NewReader(""), &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 		t.Fatal("export with its context ended = nil, want an error")
 	}
 	if names := dirNames(t, dir); len(names) != 0 {
@@ -51,7 +49,7 @@ func TestExportPartialFiles(t *testing.T) {
 		}
 	}
 	var stderr bytes.Buffer
-	if err := runPayments(t.Context(), args, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr); err != nil {
+	if err := cli.Run(t.Context(), args, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr); err != nil {
 		t.Fatalf("export = %v\n%s", err, stderr.String())
 	}
 	if got, want := dirNames(t, dir), []string{".other.csv.partial-123456", "payments[1].csv"}; !slices.Equal(got, want) {
@@ -81,10 +79,10 @@ func TestExportNeutralisesText(t *testing.T) {
 	}
 	req := func() *paymentsv1.ListMultiCardPaymentsRequest { return &paymentsv1.ListMultiCardPaymentsRequest{} }
 	var csvOut, jsonOut bytes.Buffer
-	if _, err := exportPayments(t.Context(), in.client, req(), "csv", &csvOut, exportOptions{timeout: 30 * time.Second}); err != nil {
+	if _, err := cli.ExportPayments(t.Context(), in.client, req(), "csv", &csvOut, cli.ExportOptions{Timeout: 30 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := exportPayments(t.Context(), in.client, req(), "jsonl", &jsonOut, exportOptions{timeout: 30 * time.Second}); err != nil {
+	if _, err := cli.ExportPayments(t.Context(), in.client, req(), "jsonl", &jsonOut, cli.ExportOptions{Timeout: 30 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := csv.NewReader(&csvOut).ReadAll()
@@ -123,7 +121,7 @@ func TestExportNeutralisesText(t *testing.T) {
 				t.Errorf("JSON line %q holds %U unescaped", line, r)
 			}
 		}
-		var rec exportRecord
+		var rec cli.ExportRecord
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			t.Fatal(err)
 		}
@@ -156,19 +154,4 @@ func dirNames(t *testing.T, dir string) []string {
 		names = append(names, e.Name())
 	}
 	return names
-}
-
-// TestExportTimeAsTheAPIWritesIt: an export writes an instant as a lookup
-// does (protojson), trailing zeros of its fraction included.
-func TestExportTimeAsTheAPIWritesIt(t *testing.T) {
-	for _, nanos := range []int{0, 100_000_000, 804_090_000, 804_090_001, 1_000, 999_999_999} {
-		ts := timestamppb.New(time.Date(2026, 11, 26, 7, 0, 0, nanos, time.UTC))
-		b, err := protojson.Marshal(ts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got, want := exportTime(ts), strings.Trim(string(b), `"`); got != want {
-			t.Errorf("exportTime(%d ns) = %q, want %q as the API writes it", nanos, got, want)
-		}
-	}
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/cli"
 	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store/storetest"
 )
@@ -42,7 +43,7 @@ func TestGiveUpKeepsTheProvidersLastWord(t *testing.T) {
 	checkReason(t, status.Convert(err), "PAYMENT_OUTCOME_UNKNOWN")
 	waitGaveUp(t, in, 1)
 
-	r := cli(t, "", "get", d.admin(in), key, "-o", "json")
+	r := runCLI(t, "", "get", d.admin(in), key, "-o", "json")
 	got := jsonLines[paymentsv1.GetMultiCardPaymentResponse](t, r.stdout)
 	if r.code != 0 || len(got) != 1 {
 		t.Fatalf("get %s -o json:\n%v", key, r)
@@ -71,7 +72,7 @@ func TestGiveUpKeepsTheProvidersLastWord(t *testing.T) {
 	}
 
 	out := filepath.Join(t.TempDir(), "today.csv")
-	if r := cli(t, "", "export", d.admin(in), "--from", "today", "--to", "today", "--format", "csv", "--output", out); r.code != 0 {
+	if r := runCLI(t, "", "export", d.admin(in), "--from", "today", "--to", "today", "--format", "csv", "--output", out); r.code != 0 {
 		t.Fatalf("export:\n%v", r)
 	}
 	f, err := os.Open(out)
@@ -83,7 +84,7 @@ func TestGiveUpKeepsTheProvidersLastWord(t *testing.T) {
 	if err != nil || len(rows) != 2 {
 		t.Fatalf("export = %q, %v; want the header and the one payment", rows, err)
 	}
-	col := func(name string) string { return rows[1][slices.Index(exportColumns, name)] }
+	col := func(name string) string { return rows[1][slices.Index(cli.ExportColumns, name)] }
 	if col("provider_http_status") != "409" || col("last_error") != rec.GetLastError() || col("attempts") != strconv.Itoa(requests) {
 		t.Errorf("export: provider_http_status %q, last_error %q, attempts %q; want 409, %q, %d", col("provider_http_status"), col("last_error"), col("attempts"), rec.GetLastError(), requests)
 	}

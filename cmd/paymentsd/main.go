@@ -16,6 +16,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
+	"example.com/paymentsd/internal/cli"
 	"example.com/paymentsd/internal/config"
 	"example.com/paymentsd/internal/daemon"
 )
@@ -34,7 +35,7 @@ func main() {
 	}
 	if err := run(context.Background(), os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "paymentsd: %v\n", err)
-		os.Exit(exitCode(err))
+		os.Exit(cli.ExitCode(err))
 	}
 }
 
@@ -51,7 +52,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	// questions (resolve's evidence and confirmation) are read from the
 	// terminal.
 	if len(args) > 1 && args[1] == "payments" {
-		return runPayments(ctx, args[2:], environ, os.Stdin, stdout, stderr)
+		return cli.Run(ctx, args[2:], environ, os.Stdin, stdout, stderr)
 	}
 
 	cfg, err := loadConfig(args, environ)

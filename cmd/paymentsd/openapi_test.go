@@ -12,6 +12,7 @@ import (
 	"time"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/cli"
 )
 
 // TestRESTAnswersAsDocumented: the REST API's answers are what the
@@ -43,7 +44,7 @@ func TestRESTAnswersAsDocumented(t *testing.T) {
 		t.Fatalf("list: %d payments, want 2", len(list.Payments))
 	}
 	var export bytes.Buffer
-	if _, err := exportPayments(t.Context(), in.client, &paymentsv1.ListMultiCardPaymentsRequest{}, "csv", &export, exportOptions{timeout: 30 * time.Second}); err != nil {
+	if _, err := cli.ExportPayments(t.Context(), in.client, &paymentsv1.ListMultiCardPaymentsRequest{}, "csv", &export, cli.ExportOptions{Timeout: 30 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := csv.NewReader(&export).ReadAll()

@@ -29,6 +29,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/cli"
 	"example.com/paymentsd/internal/simulator"
 	"example.com/paymentsd/internal/store/storetest"
 )
@@ -95,15 +96,15 @@ type cliResult struct {
 	code           int
 }
 
-// cli runs 'paymentsd payments <command> <conn> <args>' with stdin.
-func cli(t *testing.T, stdin string, command string, conn []string, args ...string) cliResult {
+// runCLI runs 'paymentsd payments <command> <conn> <args>' with stdin.
+func runCLI(t *testing.T, stdin string, command string, conn []string, args ...string) cliResult {
 	t.Helper()
 	var out, errb bytes.Buffer
 	argv := append(append([]string{command}, conn...), args...)
-	err := runPayments(t.Context(), argv, nil, strings.NewReader(stdin), &out, &errb)
+	err := cli.Run(t.Context(), argv, nil, strings.NewReader(stdin), &out, &errb)
 	r := cliResult{stdout: out.String(), stderr: errb.String()}
 	if err != nil {
-		r.code = exitCode(err)
+		r.code = cli.ExitCode(err)
 		r.stderr += "paymentsd: " + err.Error() + "\n"
 	}
 	return r
@@ -234,11 +235,11 @@ func testPaymentsCLIOnCall(t *testing.T, db string) {
 	admin, notAdmin := d.admin(in), d.notAdmin(in)
 
 	// Find every payment in doubt.
-	r := cli(t, "", "list", admin, "--in-doubt")
+	r := runCLI(t, "", "list", admin, "--in-doubt")
 	if r.code != 0 || !strings.Contains(r.stdout, "k-doubt-1") || !strings.Contains(r.stdout, "k-doubt-2") || strings.Contains(r.stdout, "k-ok") {
 		t.Fatalf("list --in-doubt:\n%v\nwant a table of k-doubt-1 and k-doubt-2 only", r)
 	}
-	r = cli(t, "", "list", admin, "--gave-up", "-o", "json")
+	r = runCLI(t, "", "list", admin, "--gave-up", "-o", "json")
 	listed := jsonLines[paymentsv1.MultiCardPaymentSummary](t, r.stdout)
 	var keys []string
 	for _, s := range listed {
@@ -252,33 +253,33 @@ func testPaymentsCLIOnCall(t *testing.T, db string) {
 	}
 
 	// Nothing changes without evidence, or without a yes.
-	if r := cli(t, "\n", "resolve", admin, "k-doubt-2", "--outcome", "not-created"); r.code != exitUsage {
-		t.Errorf("resolve with blank evidence:\n%v\nwant exit %d", r, exitUsage)
+	if r := runCLI(t, "\n", "resolve", admin, "k-doubt-2", "--outcome", "not-created"); r.code != cli.ExitUsage {
+		t.Errorf("resolve with blank evidence:\n%v\nwant exit %d", r, cli.ExitUsage)
 	}
-	if r := cli(t, "saw nothing\n\nn\n", "resolve", admin, "k-doubt-2", "--outcome", "not-created"); r.code != exitDeclined {
-		t.Errorf("resolve answered no:\n%v\nwant exit %d", r, exitDeclined)
+	if r := runCLI(t, "saw nothing\n\nn\n", "resolve", admin, "k-doubt-2", "--outcome", "not-created"); r.code != cli.ExitDeclined {
+		t.Errorf("resolve answered no:\n%v\nwant exit %d", r, cli.ExitDeclined)
 	}
-	if r := cli(t, "", "resolve", admin, "k-doubt-2", "--outcome", "not-created", "--evidence", "seen"); r.code != exitDeclined {
-		t.Errorf("resolve with no answer to the question:\n%v\nwant exit %d", r, exitDeclined)
+	if r := runCLI(t, "", "resolve", admin, "k-doubt-2", "--outcome", "not-created", "--evidence", "seen"); r.code != cli.ExitDeclined {
+		t.Errorf("resolve with no answer to the question:\n%v\nwant exit %d", r, cli.ExitDeclined)
 	}
 	// A caller that is not an admin sees only its own payments, and is
 	// refused anything else.
-	if r := cli(t, "", "list", notAdmin, "--in-doubt"); r.code != 0 || !strings.Contains(r.stdout, "k-doubt-1") {
+	if r := runCLI(t, "", "list", notAdmin, "--in-doubt"); r.code != 0 || !strings.Contains(r.stdout, "k-doubt-1") {
 		t.Errorf("list of its own payments as a non-admin:\n%v\nwant exit 0 and its payments", r)
 	}
-	if r := cli(t, "", "list", notAdmin, "--in-doubt", "--caller", oncall); r.code != exitDenied || !strings.Contains(r.stderr, "CALLER_NOT_ADMIN") {
-		t.Errorf("list of another caller's payments as a non-admin:\n%v\nwant exit %d, CALLER_NOT_ADMIN", r, exitDenied)
+	if r := runCLI(t, "", "list", notAdmin, "--in-doubt", "--caller", oncall); r.code != cli.ExitDenied || !strings.Contains(r.stderr, "CALLER_NOT_ADMIN") {
+		t.Errorf("list of another caller's payments as a non-admin:\n%v\nwant exit %d, CALLER_NOT_ADMIN", r, cli.ExitDenied)
 	}
-	if r := cli(t, "", "resolve", notAdmin, "k-doubt-2", "--outcome", "not-created", "--evidence", "x", "--yes"); r.code != exitDenied || !strings.Contains(r.stderr, "CALLER_NOT_ADMIN") {
-		t.Errorf("resolve as a non-admin:\n%v\nwant exit %d, CALLER_NOT_ADMIN", r, exitDenied)
+	if r := runCLI(t, "", "resolve", notAdmin, "k-doubt-2", "--outcome", "not-created", "--evidence", "x", "--yes"); r.code != cli.ExitDenied || !strings.Contains(r.stderr, "CALLER_NOT_ADMIN") {
+		t.Errorf("resolve as a non-admin:\n%v\nwant exit %d, CALLER_NOT_ADMIN", r, cli.ExitDenied)
 	}
 	// No client certificate at all: no identity, so not allowed (3), not
 	// unreachable (1).
 	noCert := []string{"--addr", in.grpcAddr, "--tls-ca", d.caFile}
-	if r := cli(t, "", "list", noCert, "--in-doubt"); r.code != exitDenied {
-		t.Errorf("list without a client certificate:\n%v\nwant exit %d", r, exitDenied)
+	if r := runCLI(t, "", "list", noCert, "--in-doubt"); r.code != cli.ExitDenied {
+		t.Errorf("list without a client certificate:\n%v\nwant exit %d", r, cli.ExitDenied)
 	}
-	r = cli(t, "", "get", admin, "k-doubt-2", "-o", "json")
+	r = runCLI(t, "", "get", admin, "k-doubt-2", "-o", "json")
 	if got := jsonLines[paymentsv1.GetMultiCardPaymentResponse](t, r.stdout); r.code != 0 || len(got) != 1 ||
 		got[0].GetState() != paymentsv1.PaymentState_PAYMENT_STATE_OUTCOME_UNKNOWN || len(got[0].GetAuditEntries()) != 0 {
 		t.Fatalf("get k-doubt-2 after the refusals:\n%v\nwant OUTCOME_UNKNOWN, no audit entries", r)
@@ -286,11 +287,11 @@ func testPaymentsCLIOnCall(t *testing.T, db string) {
 
 	// Resolve one, typing the evidence when asked.
 	const evidence = "provider dashboard: pay_7Hq2 captured 2026-11-24 02:58 UTC\nchecked by the on-call"
-	r = cli(t, evidence+"\n\ny\n", "resolve", admin, "k-doubt-1", "--outcome", "succeeded")
+	r = runCLI(t, evidence+"\n\ny\n", "resolve", admin, "k-doubt-1", "--outcome", "succeeded")
 	if r.code != 0 || !strings.Contains(r.stdout, "Audit trail") {
 		t.Fatalf("resolve k-doubt-1:\n%v\nwant exit 0 and the payment with its audit trail", r)
 	}
-	r = cli(t, "", "get", admin, "k-doubt-1", "-o", "json")
+	r = runCLI(t, "", "get", admin, "k-doubt-1", "-o", "json")
 	got := jsonLines[paymentsv1.GetMultiCardPaymentResponse](t, r.stdout)
 	if r.code != 0 || len(got) != 1 || got[0].GetState() != paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED || len(got[0].GetAuditEntries()) != 1 {
 		t.Fatalf("get k-doubt-1:\n%v\nwant SUCCEEDED with one audit entry", r)
@@ -301,7 +302,7 @@ func testPaymentsCLIOnCall(t *testing.T, db string) {
 		!e.GetSettlementGaveUp() || e.GetRequestId() == "" || e.GetCreateTime() == nil {
 		t.Errorf("audit entry = %v, want by %s, OUTCOME_UNKNOWN (gave up) -> SUCCEEDED, the evidence exactly, a request ID and a time", e, oncall)
 	}
-	if r := cli(t, "", "get", admin, "k-doubt-1"); r.code != 0 || !strings.Contains(r.stdout, oncall) || !strings.Contains(r.stdout, "pay_7Hq2") ||
+	if r := runCLI(t, "", "get", admin, "k-doubt-1"); r.code != 0 || !strings.Contains(r.stdout, oncall) || !strings.Contains(r.stdout, "pay_7Hq2") ||
 		!strings.Contains(r.stdout, "\nAttempts:\n") || !strings.Contains(r.stdout, "  1  call  ") {
 		t.Errorf("get k-doubt-1 (table):\n%v\nwant the attempts, and the audit trail with the actor and the evidence", r)
 	}
@@ -309,17 +310,17 @@ func testPaymentsCLIOnCall(t *testing.T, db string) {
 
 	// A resolved payment is not resolved again; the calling service now
 	// gets the replay.
-	if r := cli(t, "", "resolve", admin, "k-doubt-1", "--outcome", "not-created", "--evidence", "x", "--yes"); r.code != exitRefused {
-		t.Errorf("resolve k-doubt-1 again:\n%v\nwant exit %d", r, exitRefused)
+	if r := runCLI(t, "", "resolve", admin, "k-doubt-1", "--outcome", "not-created", "--evidence", "x", "--yes"); r.code != cli.ExitRefused {
+		t.Errorf("resolve k-doubt-1 again:\n%v\nwant exit %d", r, cli.ExitRefused)
 	}
 	if resp, err := shop.CreateMultiCardPayment(t.Context(), validRequest("k-doubt-1")); err != nil || !resp.GetReplayed() || !resp.GetResolved() {
 		t.Errorf("CreateMultiCardPayment(k-doubt-1) after resolving = %v, %v; want a resolved replay", resp, err)
 	}
-	if r := cli(t, "", "get", admin, "k-nothing"); r.code != exitNotFound {
-		t.Errorf("get k-nothing:\n%v\nwant exit %d", r, exitNotFound)
+	if r := runCLI(t, "", "get", admin, "k-nothing"); r.code != cli.ExitNotFound {
+		t.Errorf("get k-nothing:\n%v\nwant exit %d", r, cli.ExitNotFound)
 	}
-	if r := cli(t, "", "list", admin, "--state", "bogus"); r.code != exitUsage {
-		t.Errorf("list --state bogus:\n%v\nwant exit %d", r, exitUsage)
+	if r := runCLI(t, "", "list", admin, "--state", "bogus"); r.code != cli.ExitUsage {
+		t.Errorf("list --state bogus:\n%v\nwant exit %d", r, cli.ExitUsage)
 	}
 }
 
@@ -434,7 +435,7 @@ func testPaymentsExportYesterdayCSV(t *testing.T, db string) {
 	}
 
 	out := filepath.Join(t.TempDir(), "yesterday.csv")
-	r := cli(t, "", "export", d.admin(in), "--from", "yesterday", "--to", "yesterday", "--format", "csv", "--output", out)
+	r := runCLI(t, "", "export", d.admin(in), "--from", "yesterday", "--to", "yesterday", "--format", "csv", "--output", out)
 	if !time.Now().UTC().Truncate(24 * time.Hour).Equal(today) {
 		t.Skip("the day changed (UTC) while the test ran")
 	}
@@ -456,13 +457,13 @@ func testPaymentsExportYesterdayCSV(t *testing.T, db string) {
 	if err != nil {
 		t.Fatalf("export is not CSV: %v", err)
 	}
-	if len(rows) == 0 || !slices.Equal(rows[0], exportColumns) {
-		t.Fatalf("CSV header = %q, want %q", rows[0], exportColumns)
+	if len(rows) == 0 || !slices.Equal(rows[0], cli.ExportColumns) {
+		t.Fatalf("CSV header = %q, want %q", rows[0], cli.ExportColumns)
 	}
 	if len(rows)-1 != len(want) {
 		t.Fatalf("CSV has %d payments, want %d (yesterday's): %q", len(rows)-1, len(want), rows[1:])
 	}
-	col := func(row []string, name string) string { return row[slices.Index(exportColumns, name)] }
+	col := func(row []string, name string) string { return row[slices.Index(cli.ExportColumns, name)] }
 	for i, w := range want {
 		row := rows[i+1]
 		if col(row, "idempotency_key") != w.key || col(row, "amount") != fmt.Sprint(w.amount) || col(row, "currency") != "EUR" ||
@@ -475,11 +476,11 @@ func testPaymentsExportYesterdayCSV(t *testing.T, db string) {
 
 	// The same as dates, and as JSON lines on stdout.
 	day := yesterday.Format(time.DateOnly)
-	r = cli(t, "", "export", d.admin(in), "--from", day, "--to", day, "--format", "jsonl")
-	var lines []exportRecord
+	r = runCLI(t, "", "export", d.admin(in), "--from", day, "--to", day, "--format", "jsonl")
+	var lines []cli.ExportRecord
 	dec := json.NewDecoder(strings.NewReader(r.stdout))
 	for {
-		var rec exportRecord
+		var rec cli.ExportRecord
 		if err := dec.Decode(&rec); err == io.EOF {
 			break
 		} else if err != nil {
@@ -492,11 +493,11 @@ func testPaymentsExportYesterdayCSV(t *testing.T, db string) {
 	}
 
 	// Today's: the payment made through the API comes with its attempt.
-	r = cli(t, "", "export", d.admin(in), "--from", "today", "--to", "today", "--format", "jsonl")
-	var now *exportRecord
+	r = runCLI(t, "", "export", d.admin(in), "--from", "today", "--to", "today", "--format", "jsonl")
+	var now *cli.ExportRecord
 	dec = json.NewDecoder(strings.NewReader(r.stdout))
 	for {
-		var rec exportRecord
+		var rec cli.ExportRecord
 		if err := dec.Decode(&rec); err != nil {
 			break
 		}
@@ -510,11 +511,11 @@ func testPaymentsExportYesterdayCSV(t *testing.T, db string) {
 	}
 
 	// Only admins export other callers' payments.
-	if r := cli(t, "", "export", d.notAdmin(in), "--from", day, "--to", day, "--caller", oncall); r.code != exitDenied {
-		t.Errorf("export of another caller's payments by a non-admin:\n%v\nwant exit %d", r, exitDenied)
+	if r := runCLI(t, "", "export", d.notAdmin(in), "--from", day, "--to", day, "--caller", oncall); r.code != cli.ExitDenied {
+		t.Errorf("export of another caller's payments by a non-admin:\n%v\nwant exit %d", r, cli.ExitDenied)
 	}
-	if r := cli(t, "", "export", d.admin(in), "--from", day); r.code != exitUsage {
-		t.Errorf("export without --to:\n%v\nwant exit %d", r, exitUsage)
+	if r := runCLI(t, "", "export", d.admin(in), "--from", day); r.code != cli.ExitUsage {
+		t.Errorf("export without --to:\n%v\nwant exit %d", r, cli.ExitUsage)
 	}
 }
 
@@ -528,10 +529,10 @@ func TestPaymentsExportProgress(t *testing.T) {
 	}
 	progress := &syncBuffer{written: make(chan struct{})}
 	var out bytes.Buffer
-	n, err := exportPayments(t.Context(), slowList{in.client, progress.written}, &paymentsv1.ListMultiCardPaymentsRequest{}, "csv", &out,
-		exportOptions{timeout: time.Minute, progress: progress, progressAfter: 0})
+	n, err := cli.ExportPayments(t.Context(), slowList{in.client, progress.written}, &paymentsv1.ListMultiCardPaymentsRequest{}, "csv", &out,
+		cli.ExportOptions{Timeout: time.Minute, Progress: progress, ProgressAfter: 0})
 	if err != nil || n != 1 {
-		t.Fatalf("exportPayments() = %d, %v; want 1 payment", n, err)
+		t.Fatalf("cli.ExportPayments() = %d, %v; want 1 payment", n, err)
 	}
 	if !strings.HasPrefix(progress.String(), "export: 0 payments so far") || strings.Contains(out.String(), "export: ") {
 		t.Errorf("progress = %q, stdout = %q; want progress on its writer only", progress.String(), out.String())
@@ -610,44 +611,14 @@ func TestPaymentsCLIThroughRun(t *testing.T) {
 		out.Reset()
 		errb.Reset()
 		err := run(context.Background(), []string{"paymentsd", "payments", sub, "--no-such-flag"}, nil, &out, &errb)
-		if exitCode(err) != exitUsage || strings.Count(errb.String(), "Usage: paymentsd payments "+sub) != 1 || out.Len() != 0 {
-			t.Errorf("payments %s --no-such-flag = %v, stdout %q, stderr %q; want exit %d and the usage once, on stderr", sub, err, out.String(), errb.String(), exitUsage)
+		if cli.ExitCode(err) != cli.ExitUsage || strings.Count(errb.String(), "Usage: paymentsd payments "+sub) != 1 || out.Len() != 0 {
+			t.Errorf("payments %s --no-such-flag = %v, stdout %q, stderr %q; want exit %d and the usage once, on stderr", sub, err, out.String(), errb.String(), cli.ExitUsage)
 		}
 	}
 	// Plaintext only by name.
 	err := run(context.Background(), []string{"paymentsd", "payments", "list", "--insecure", "--tls-ca", "x.pem"}, nil, &out, &errb)
-	if exitCode(err) != exitUsage {
-		t.Errorf("payments list --insecure --tls-ca = %v, want exit %d", err, exitUsage)
-	}
-}
-
-// TestParseTime: the days a person types are UTC days, and a day as the
-// end of a range includes it.
-func TestParseTime(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2026, 11, 24, 2, 58, 0, 0, time.UTC)
-	tests := []struct {
-		in   string
-		end  bool
-		want time.Time
-	}{
-		{"yesterday", false, time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)},
-		{"yesterday", true, time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)},
-		{"today", false, time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)},
-		{"2026-02-28", true, time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)},
-		{"2026-11-23", false, time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)},
-		{"2026-11-23T09:30:00+01:00", true, time.Date(2026, 11, 23, 8, 30, 0, 0, time.UTC)},
-	}
-	for _, tt := range tests {
-		got, err := parseTime("--from", tt.in, now, tt.end)
-		if err != nil || !got.Equal(tt.want) {
-			t.Errorf("parseTime(%q, end %v) = %v, %v; want %v", tt.in, tt.end, got, err, tt.want)
-		}
-	}
-	for _, bad := range []string{"", "23/11/2026", "2026-11-23 09:00", "tomorrow"} {
-		if _, err := parseTime("--from", bad, now, false); exitCode(err) != exitUsage {
-			t.Errorf("parseTime(%q) = %v, want a usage error", bad, err)
-		}
+	if cli.ExitCode(err) != cli.ExitUsage {
+		t.Errorf("payments list --insecure --tls-ca = %v, want exit %d", err, cli.ExitUsage)
 	}
 }
 
@@ -665,11 +636,11 @@ func TestPaymentsCLIShowsInvisibleCharacters(t *testing.T) {
 		}
 	}
 	conn := []string{"--addr", sim.grpcAddr, "--insecure"}
-	r := cli(t, "", "list", conn)
+	r := runCLI(t, "", "list", conn)
 	if r.code != 0 {
 		t.Fatalf("list: %v", r)
 	}
-	g := cli(t, "", "get", conn, keys[0])
+	g := runCLI(t, "", "get", conn, keys[0])
 	if g.code != 0 {
 		t.Fatalf("get: %v", g)
 	}

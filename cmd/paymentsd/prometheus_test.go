@@ -138,7 +138,7 @@ func TestAlertsOnARealPrometheus(t *testing.T) {
 
 	// The on-call resolves it with the CLI, as the runbook says, and the
 	// alert clears.
-	if r := cli(t, "", "resolve", d.admin(in), "k-doubt", "--outcome", "not-created", "--evidence", "not on the provider's dashboard", "--yes"); r.code != 0 {
+	if r := runCLI(t, "", "resolve", d.admin(in), "k-doubt", "--outcome", "not-created", "--evidence", "not on the provider's dashboard", "--yes"); r.code != 0 {
 		t.Fatalf("resolve k-doubt:\n%v\nwant exit 0", r)
 	}
 	prom.waitAlert(t, "PaymentsdRecordsUnsettled", "sandbox", false)

@@ -35,6 +35,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/cli"
 	"example.com/paymentsd/internal/store/storetest"
 )
 
@@ -650,13 +651,13 @@ func testShippedDeployment(t *testing.T, env string) {
 		}
 		cliEnv = append(cliEnv, k+"="+v)
 	}
-	cli := func(stdin string, args ...string) cliResult {
+	runCLI := func(stdin string, args ...string) cliResult {
 		t.Helper()
 		var out, errb bytes.Buffer
-		err := runPayments(t.Context(), args, cliEnv, strings.NewReader(stdin), &out, &errb)
+		err := cli.Run(t.Context(), args, cliEnv, strings.NewReader(stdin), &out, &errb)
 		res := cliResult{stdout: out.String(), stderr: errb.String()}
 		if err != nil {
-			res.code = exitCode(err)
+			res.code = cli.ExitCode(err)
 			res.stderr += "paymentsd: " + err.Error() + "\n"
 		}
 		return res
@@ -674,7 +675,7 @@ func testShippedDeployment(t *testing.T, env string) {
 			}
 			args[i] = strings.ReplaceAll(args[i], "yesterday.csv", filepath.Join(work, "yesterday.csv"))
 		}
-		res := cli("y\n", args...)
+		res := runCLI("y\n", args...)
 		if res.code != 0 {
 			t.Fatalf("runbook: paymentsd payments %s:\n%v", strings.Join(cmd, " "), res)
 		}
@@ -695,7 +696,7 @@ func testShippedDeployment(t *testing.T, env string) {
 	}
 
 	// The audit names the person.
-	res := cli("", "get", key, "-o", "json")
+	res := runCLI("", "get", key, "-o", "json")
 	got := jsonLines[paymentsv1.GetMultiCardPaymentResponse](t, res.stdout)
 	if res.code != 0 || len(got) != 1 || got[0].GetState() != paymentsv1.PaymentState_PAYMENT_STATE_SUCCEEDED ||
 		len(got[0].GetAuditEntries()) != 1 || got[0].GetAuditEntries()[0].GetActor() != person {
@@ -710,7 +711,7 @@ func testShippedDeployment(t *testing.T, env string) {
 		if !time.Now().UTC().Truncate(24 * time.Hour).Equal(today) {
 			t.Skip("the day changed (UTC) while the test ran")
 		}
-		key := slices.Index(exportColumns, "idempotency_key")
+		key := slices.Index(cli.ExportColumns, "idempotency_key")
 		if err != nil || len(rows) != 3 || rows[1][key] != "k-yesterday" || rows[2][key] != "k-yesterday-other" {
 			t.Errorf("yesterday.csv = %q, %v; want the header, k-yesterday and k-yesterday-other: every caller's", rows, err)
 		}
@@ -747,22 +748,22 @@ func testShippedDeployment(t *testing.T, env string) {
 		args []string
 		want int
 	}{
-		{"no certificate", []string{"list", "--in-doubt", "--tls-cert", "", "--tls-key", ""}, exitDenied},
-		{"a service's SVID, resolving", append([]string{"resolve", "k-doubt-2", "--outcome", "not-created", "--evidence", "x", "--yes"}, as("svc.crt", "svc.key")...), exitDenied},
-		{"a service's SVID, listing another's", append([]string{"list", "--in-doubt", "--caller", reader}, as("svc.crt", "svc.key")...), exitDenied},
-		{"a person not on call", append([]string{"list", "--in-doubt"}, as("stranger.crt", "stranger.key")...), exitDenied},
-		{"the person, with the other environment's certificate", append([]string{"list", "--in-doubt"}, as("elsewhere.crt", "elsewhere.key")...), exitDenied},
+		{"no certificate", []string{"list", "--in-doubt", "--tls-cert", "", "--tls-key", ""}, cli.ExitDenied},
+		{"a service's SVID, resolving", append([]string{"resolve", "k-doubt-2", "--outcome", "not-created", "--evidence", "x", "--yes"}, as("svc.crt", "svc.key")...), cli.ExitDenied},
+		{"a service's SVID, listing another's", append([]string{"list", "--in-doubt", "--caller", reader}, as("svc.crt", "svc.key")...), cli.ExitDenied},
+		{"a person not on call", append([]string{"list", "--in-doubt"}, as("stranger.crt", "stranger.key")...), cli.ExitDenied},
+		{"the person, with the other environment's certificate", append([]string{"list", "--in-doubt"}, as("elsewhere.crt", "elsewhere.key")...), cli.ExitDenied},
 	} {
-		if res := cli("", tt.args...); res.code != tt.want || strings.Contains(res.stdout, "k-doubt") {
+		if res := runCLI("", tt.args...); res.code != tt.want || strings.Contains(res.stdout, "k-doubt") {
 			t.Errorf("%s: paymentsd payments %s:\n%v\nwant exit %d and no payment shown", tt.who, strings.Join(tt.args, " "), res, tt.want)
 		}
 	}
 	// A service exports its own payments, and nobody else's.
-	if res := cli("", append([]string{"export", "--from", "yesterday", "--to", "yesterday", "--format", "jsonl"}, as("svc.crt", "svc.key")...)...); res.code != 0 ||
+	if res := runCLI("", append([]string{"export", "--from", "yesterday", "--to", "yesterday", "--format", "jsonl"}, as("svc.crt", "svc.key")...)...); res.code != 0 ||
 		!strings.Contains(res.stdout, `"k-yesterday"`) || strings.Contains(res.stdout, "k-yesterday-other") {
 		t.Errorf("a service's SVID exporting yesterday:\n%v\nwant exit 0, its own k-yesterday, and not another caller's", res)
 	}
-	if res := cli("", "get", "k-doubt-2", "-o", "json"); !strings.Contains(res.stdout, "OUTCOME_UNKNOWN") {
+	if res := runCLI("", "get", "k-doubt-2", "-o", "json"); !strings.Contains(res.stdout, "OUTCOME_UNKNOWN") {
 		t.Errorf("k-doubt-2 after the refusals:\n%v\nwant it still in doubt", res)
 	}
 

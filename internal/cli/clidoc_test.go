@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -60,9 +60,9 @@ func TestCLIFlagsDocumented(t *testing.T) {
 		}
 	}
 
-	// What connFlags registers, with the variable its usage names.
+	// What ConnFlags registers, with the variable its usage names.
 	fs := flag.NewFlagSet("connection", flag.ContinueOnError)
-	var c connFlags
+	var c ConnFlags
 	c.register(fs, func(string) string { return "" })
 	variable := regexp.MustCompile(`\(\$(PAYMENTS_CLI_[A-Z_]+)\)`)
 	registered := map[string]string{}
@@ -81,7 +81,7 @@ func TestCLIFlagsDocumented(t *testing.T) {
 	listed := regexp.MustCompile(`(?m)^  -(\S+)`)
 	for _, command := range []string{"list", "get", "resolve", "export"} {
 		var stdout, stderr bytes.Buffer
-		if err := runPayments(t.Context(), []string{command, "--help"}, nil, strings.NewReader(""), &stdout, &stderr); err != nil {
+		if err := Run(t.Context(), []string{command, "--help"}, nil, strings.NewReader(""), &stdout, &stderr); err != nil {
 			t.Fatalf("paymentsd payments %s --help: %v\n%s", command, err, stderr.String())
 		}
 		flags := listed.FindAllStringSubmatch(stdout.String(), -1)
