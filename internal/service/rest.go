@@ -1,7 +1,6 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -62,10 +61,6 @@ func (d strictDecoder) Decode(v any) error {
 		return errTrailingData
 	}
 	return nil
-}
-
-func (m restMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
-	return strictDecoder{runtime.DecoderWrapper{Decoder: json.NewDecoder(r), UnmarshalOptions: m.UnmarshalOptions}}
 }
 
 // requireJSON refuses, with 415, a request body that is not declared as
@@ -234,7 +229,7 @@ func limitBody(max int64, readTimeout time.Duration, env paymentsv1.Environment,
 			return
 		}
 		_ = rc.SetReadDeadline(time.Time{})
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.Body = &restBody{b: body}
 		next.ServeHTTP(w, r)
 	})
 }
