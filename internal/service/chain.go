@@ -74,7 +74,10 @@ func (c *unaryChain) call(ctx context.Context, req any, info *grpc.UnaryServerIn
 	}
 	start := time.Now()
 	resp, err := c.admitted(ctx, req, info, handler)
-	_ = grpc.SetHeader(ctx, metadata.MD{RequestIDHeader: {cmp.Or(ci.callerRequestID, ci.requestID)}})
+	if !ci.rest {
+		// A REST answer's X-Request-Id is withRequestID's.
+		_ = grpc.SetHeader(ctx, metadata.MD{RequestIDHeader: {cmp.Or(ci.callerRequestID, ci.requestID)}})
+	}
 	c.log(ctx, req, info, ci, start, err)
 	return resp, err
 }

@@ -37,6 +37,8 @@ type callInfo struct {
 	providerStatus  int
 	attempts        int
 	replayed        bool
+	// rest: the call came through the REST gateway.
+	rest bool
 }
 
 type callInfoKey struct{}
@@ -57,16 +59,22 @@ func noteReplayed(ctx context.Context) {
 	}
 }
 
-// newCallInfo is a call's callInfo, with its request IDs. It reads the
-// one key (metadata.ValueFromIncomingContext) rather than copying all the
-// metadata (FromIncomingContext) for every call.
+// newCallInfo is a call's callInfo, with its request IDs: a REST call's
+// from its gatewayCall (withRequestID's), a gRPC call's from the one
+// metadata key (metadata.ValueFromIncomingContext) rather than a copy of
+// all the metadata (FromIncomingContext).
 func newCallInfo(ctx context.Context) *callInfo {
 	id, ok := ctx.Value(ownRequestIDKey{}).(string)
 	if !ok {
 		id = newRequestID()
 	}
 	ci := &callInfo{requestID: id}
-	if v := metadata.ValueFromIncomingContext(ctx, RequestIDHeader); len(v) > 0 && validRequestID(v[0]) {
+	if c, ok := ctx.Value(gatewayCallKey{}).(*gatewayCall); ok {
+		ci.rest = true
+		if validRequestID(c.callerRequestID) {
+			ci.callerRequestID = c.callerRequestID
+		}
+	} else if v := metadata.ValueFromIncomingContext(ctx, RequestIDHeader); len(v) > 0 && validRequestID(v[0]) {
 		ci.callerRequestID = v[0]
 	}
 	return ci

@@ -335,6 +335,9 @@ type ownRequestIDKey struct{}
 // (its body could not be decoded), made before anything was sent.
 type gatewayCall struct {
 	reachedService bool
+	// callerRequestID is the caller's X-Request-Id, which withRequestID
+	// kept (a valid one), or "".
+	callerRequestID string
 	// idempotencyKeys are a CreateMultiCardPayment call's Idempotency-Key
 	// header values (applyHeaderKey).
 	idempotencyKeys []string
@@ -347,7 +350,7 @@ type gatewayCallKey struct{}
 
 func trackGatewayCall(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c := &gatewayCall{}
+		c := &gatewayCall{callerRequestID: r.Header.Get("X-Request-Id")}
 		if createsPayment(r) {
 			c.idempotencyKeys = r.Header.Values(IdempotencyKeyHeader)
 		}
