@@ -62,15 +62,12 @@ func (c *unaryChain) call(ctx context.Context, req any, info *grpc.UnaryServerIn
 	// the handler has returned, which is still before either is written:
 	// grpc-go keeps a header set earlier in a map of its own for the
 	// whole call (about 440 bytes for each call in flight).
+	// The caller's identity, in the same value, for the access log,
+	// CallerFromContext and the server span.
 	ci := newCallInfo(ctx)
 	ctx = context.WithValue(ctx, callInfoKey{}, ci)
-	// The caller's identity, for the access log, CallerFromContext and
-	// the server span.
-	if id := identityOf(ctx); id != nil {
-		if !id.id.IsZero() {
-			trace.SpanFromContext(ctx).SetAttributes(attribute.String(CallerAttribute, id.id.String()))
-		}
-		ctx = context.WithValue(ctx, identityKey{}, id)
+	if id := ci.caller; id != nil && !id.id.IsZero() {
+		trace.SpanFromContext(ctx).SetAttributes(attribute.String(CallerAttribute, id.id.String()))
 	}
 	start := time.Now()
 	resp, err := c.admitted(ctx, req, info, handler)
