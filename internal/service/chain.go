@@ -52,6 +52,18 @@ func (c *unaryChain) intercept(ctx context.Context, req any, info *grpc.UnarySer
 	})
 }
 
+// bind is the chain around handler, the method info names, as one
+// handler: what intercept does for each call, with its closure made once.
+// The REST gateway calls each method so.
+func (c *unaryChain) bind(info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) grpc.UnaryHandler {
+	inner := func(ctx context.Context, req any) (any, error) {
+		return c.call(ctx, req, info, handler)
+	}
+	return func(ctx context.Context, req any) (any, error) {
+		return c.metrics(ctx, req, info, inner)
+	}
+}
+
 // call is the chain inside metrics.
 func (c *unaryChain) call(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	// paymentsd's own request ID, with the caller's valid x-request-id
