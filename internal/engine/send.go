@@ -175,7 +175,7 @@ func (e *Engine) told(ctx context.Context, t record.Told, a *attempt) Answer {
 		rec, err := e.store.Get(ctx, a.claimed.Key)
 		e.metrics.StoreOp(OpGet, start, err)
 		if err == nil && rec.State == record.Succeeded {
-			return Answer{From: record.Late, Record: rec}
+			return Answer{From: record.Late, Record: &rec}
 		}
 		t = record.TellUnknown
 	}
