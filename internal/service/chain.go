@@ -73,8 +73,8 @@ func (c *unaryChain) call(ctx context.Context, req any, info *grpc.UnaryServerIn
 	// set it (no transport stream) must not fail the call. It is set once
 	// the handler has returned, which is still before either is written:
 	// grpc-go keeps a header set earlier in a map of its own for the
-	// whole call (about 440 bytes for each call in flight).
-	// The caller's identity, in the same value, for the access log,
+	// whole call (about 440 bytes for each call in flight). The call's
+	// info also holds the caller's identity, for the access log,
 	// CallerFromContext and the server span.
 	ci := newCallInfo(ctx)
 	ctx = context.WithValue(ctx, callInfoKey{}, ci)
