@@ -63,16 +63,26 @@ func (c *chained) serveCreate(mux *runtime.ServeMux) runtime.HandlerFunc {
 		} else {
 			resp, err = c.CreateMultiCardPayment(ctx, req)
 		}
-		// The call's server metadata, empty: the gateway's writers of an
-		// answer and of an error read it (with TE: trailers, an answer
-		// is chunked).
-		ctx = runtime.NewServerMetadataContext(ctx, runtime.ServerMetadata{})
+		// The call's server metadata, empty, as the generated handler
+		// gives it: the gateway's error handler reads it (and logs its
+		// absence), and its writer of an answer chunks one to a request
+		// with TE: trailers only when there is some; without TE: trailers
+		// an empty one changes nothing, and is left out.
+		if err != nil || acceptsTrailers(r) {
+			ctx = runtime.NewServerMetadataContext(ctx, runtime.ServerMetadata{})
+		}
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outbound, w, r, err)
 			return
 		}
 		runtime.ForwardResponseMessage(ctx, mux, outbound, w, r, resp, mux.GetForwardResponseOptions()...)
 	}
+}
+
+// acceptsTrailers reports whether r accepts trailers, as the gateway
+// reads its TE header.
+func acceptsTrailers(r *http.Request) bool {
+	return strings.Contains(strings.ToLower(r.Header.Get("TE")), "trailers")
 }
 
 // restIncomingHeader is the gateway's incoming header matcher
