@@ -36,10 +36,12 @@ type Answer struct {
 	// Replay, Reused, NotOwned, Expired, Quiet, PastWindow; or Busy: the
 	// call waited for another claim of the key, which ended as Record says;
 	// or Late: the call's 2xx landed after its claim had lost the record,
-	// which is Succeeded as Record says.
+	// which is Succeeded as Record says. Record is set with From, and
+	// Tombstone with Expired; both are pointers so that an Answer is small
+	// (it is on the stack of the goroutines that wait for one).
 	From      record.Verdict
-	Record    record.Record
-	Tombstone store.Tombstone
+	Record    *record.Record
+	Tombstone *store.Tombstone
 	// Reply is the provider's 2xx, with TellPaid, or with TellUnknown when
 	// it is not yet committed.
 	Reply *upstream.Reply
@@ -86,12 +88,27 @@ const notCreatedWait = 5 * time.Second
 // only once the 2xx is committed, and NOT_CREATED only once that is; at
 // its deadline it hears that the request is at the provider, or that the
 // outcome is unknown (record.Tell).
+//
+// The caller's goroutine waits in answer, for as long as the provider
+// takes: the claim's large values (the claim, the store's answer) are in
+// claim's frame, which has returned by then, so that the goroutine's stack
+// while it waits is small (BenchmarkInFlight).
 func (e *Engine) Create(ctx context.Context, p Payment) Answer {
 	ctx, cancel := answerBy(ctx)
 	defer cancel()
+	a, answered := e.claim(ctx, p)
+	if a == nil {
+		return answered
+	}
+	return e.answer(ctx, a)
+}
+
+// claim claims p's key, and starts the attempt that acquired it; or
+// returns what the call learnt without one (a nil attempt).
+func (e *Engine) claim(ctx context.Context, p Payment) (*attempt, Answer) {
 	body, err := upstream.EncodeRequest(upstream.Payment{Currency: p.Currency, Amount: p.Amount, IdempotencyKey: p.Key})
 	if err != nil {
-		return Answer{Told: record.TellNotSent, Err: fmt.Errorf("%w: %w", ErrEncode, err)}
+		return nil, Answer{Told: record.TellNotSent, Err: fmt.Errorf("%w: %w", ErrEncode, err)}
 	}
 	c := record.Claim{
 		Request: record.Request{Key: p.Key, Body: body, BodySHA256: sha256.Sum256(body), Currency: p.Currency,
@@ -104,7 +121,7 @@ func (e *Engine) Create(ctx context.Context, p Payment) Answer {
 		// that the claim sees it (record.Claim.Pending covers one that
 		// comes between).
 		if !e.Await(ctx, p.Key) {
-			return Answer{Told: record.TellInProgress}
+			return nil, Answer{Told: record.TellInProgress}
 		}
 		c.Owner = e.owner()
 		c.Pending = e.outbox.pendingFor(p.Key) != nil
@@ -114,27 +131,23 @@ func (e *Engine) Create(ctx context.Context, p Payment) Answer {
 		began, err := e.store.Begin(ctx, c, e.afterCaller(c.Key, c.Owner))
 		e.metrics.StoreOp(OpBegin, claimedAt, err)
 		if err != nil {
-			return e.claimFailed(ctx, c, err)
+			return nil, e.claimFailed(ctx, c.Key, c.Owner, err)
 		}
 		switch began.Verdict {
 		case record.Acquired:
-			return e.answer(ctx, e.start(ctx, &began.Record, claimedAt))
+			return e.start(ctx, &began.Record, claimedAt), Answer{}
 		case record.Busy:
-			rec, ok := e.await(ctx, c.Key, began.Record)
-			if !ok {
-				return Answer{Told: record.TellInProgress}
+			if a, again := e.busy(ctx, c.Key, &began.Record); !again {
+				return nil, a
 			}
-			if record.TellFrom(&rec) == record.Wait {
-				// Its holder's lease expired, or a person resolved it
-				// NOT_CREATED (which lets a new attempt start, and is
-				// never told): claim again.
-				continue
-			}
-			return Answer{From: record.Busy, Record: rec}
+			// Its holder's lease expired, or a person resolved it
+			// NOT_CREATED (which lets a new attempt start, and is never
+			// told): claim again.
+			continue
 		case record.Left:
 			// The claim ran only once its caller's deadline had come, and
 			// wrote nothing.
-			return Answer{Told: record.TellNotSent, Err: ctx.Err()}
+			return nil, Answer{Told: record.TellNotSent, Err: ctx.Err()}
 		case record.Replay:
 			e.metrics.replays.Inc()
 		case record.Reused:
@@ -144,15 +157,33 @@ func (e *Engine) Create(ctx context.Context, p Payment) Answer {
 		case record.Expired:
 			e.metrics.expired.Inc()
 		}
-		return Answer{From: began.Verdict, Record: began.Record, Tombstone: began.Tombstone}
+		return nil, Answer{From: began.Verdict, Record: &began.Record, Tombstone: &began.Tombstone}
 	}
 }
 
-// claimFailed is the answer of a call whose claim failed, or whose commit
-// it could not wait for. Nothing was sent by it, whatever the store did:
-// a claim this call can no longer follow is released by its continuation
-// (afterCaller) if it committed.
-func (e *Engine) claimFailed(ctx context.Context, c record.Claim, err error) Answer {
+// busy waits for held, the record of key another claim holds, to
+// change, and returns what the call is told then; or reports that the call
+// may claim the key again. It is a function of its own, so that
+// claim's frame (on the stack of every call, and as deep) has no room for
+// the records it waits with.
+//
+//go:noinline
+func (e *Engine) busy(ctx context.Context, key string, held *record.Record) (a Answer, again bool) {
+	rec, ok := e.await(ctx, key, *held)
+	switch {
+	case !ok:
+		return Answer{Told: record.TellInProgress}, false
+	case record.TellFrom(&rec) == record.Wait:
+		return Answer{}, true
+	}
+	return Answer{From: record.Busy, Record: &rec}, false
+}
+
+// claimFailed is the answer of a call whose claim of key, as owner,
+// failed, or whose commit it could not wait for. Nothing was sent by it,
+// whatever the store did: a claim this call can no longer follow is
+// released by its continuation (afterCaller) if it committed.
+func (e *Engine) claimFailed(ctx context.Context, key, owner string, err error) Answer {
 	if errors.Is(err, store.ErrKeyNotStorable) {
 		return Answer{Told: record.TellNotCreated, Err: err}
 	}
@@ -167,7 +198,7 @@ func (e *Engine) claimFailed(ctx context.Context, c record.Claim, err error) Ans
 	if errors.Is(err, store.ErrCommitUnknown) {
 		// The claim may hold the record: release it.
 		call.Claim = record.ClaimUnknown
-		e.outbox.release(c.Key, c.Owner)
+		e.outbox.release(key, owner)
 	}
 	if ctx.Err() == nil {
 		e.logger.ErrorContext(ctx, "record store failed", slog.String("error", err.Error()))

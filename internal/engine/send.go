@@ -39,23 +39,21 @@ func (e *Engine) start(ctx context.Context, claimed *record.Record, claimedAt ti
 		e.sendNothing(a, TooBusy)
 		return a
 	}
-	detached, cut := context.WithCancel(context.WithoutCancel(ctx))
-	stopOnCutOff := context.AfterFunc(e.cutOff, cut)
-	sendCtx, cancel, ok := e.withinLease(detached, e.sendBy(claimedAt, claimed))
+	left, ok := e.leaseLeft(e.sendBy(claimedAt, claimed))
 	if !ok {
-		cancel()
-		stopOnCutOff()
-		cut()
 		e.sends.release()
 		e.sendNothing(a, TooLate)
 		return a
 	}
+	// One context for the request: detached from the caller, bounded by
+	// the lease, and cut off at paymentsd's drain deadline.
+	sendCtx, cut := context.WithTimeout(context.WithoutCancel(ctx), left)
+	stopOnCutOff := context.AfterFunc(e.cutOff, cut)
 	a.cut = cut
 	e.sending.Add(1)
 	go func() {
 		defer e.sending.Done()
 		a.reply, a.err = e.client.Send(sendCtx, claimed.Body)
-		cancel()
 		stopOnCutOff()
 		cut()
 		e.sends.release()
@@ -177,7 +175,7 @@ func (e *Engine) told(ctx context.Context, t record.Told, a *attempt) Answer {
 		rec, err := e.store.Get(ctx, a.claimed.Key)
 		e.metrics.StoreOp(OpGet, start, err)
 		if err == nil && rec.State == record.Succeeded {
-			return Answer{From: record.Late, Record: rec}
+			return Answer{From: record.Late, Record: &rec}
 		}
 		t = record.TellUnknown
 	}
@@ -201,15 +199,12 @@ func (e *Engine) sendBy(claimedAt time.Time, rec *record.Record) time.Time {
 	return by
 }
 
-// withinLease bounds a send by the lease on its record: the request must
-// be over, one way or the other, a margin before the lease expires and
-// another call or replica may take the record over. It reports false when
-// too little of the lease is left to send at all.
-func (e *Engine) withinLease(ctx context.Context, by time.Time) (context.Context, context.CancelFunc, bool) {
+// leaseLeft is how long a send may take that must end by by, a margin
+// before the lease on its record expires and another call or replica may
+// take the record over: the request must be over, one way or the other,
+// by then. It reports false when too little of the lease is left to send
+// at all.
+func (e *Engine) leaseLeft(by time.Time) (time.Duration, bool) {
 	left := time.Until(by) - e.margin()
-	if left <= e.margin() {
-		return ctx, func() {}, false
-	}
-	ctx, cancel := context.WithTimeout(ctx, left)
-	return ctx, cancel, true
+	return left, left > e.margin()
 }

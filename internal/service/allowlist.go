@@ -41,8 +41,6 @@ type caller struct {
 	chains [][]*x509.Certificate
 }
 
-type identityKey struct{}
-
 func callerFromTLS(state *tls.ConnectionState) *caller {
 	id, err := certIdentity(state.PeerCertificates[0])
 	return &caller{id: id, problem: err, chains: state.VerifiedChains}
@@ -61,23 +59,28 @@ func CallerFromContext(ctx context.Context) string {
 }
 
 // identifyHTTP puts the REST caller's certificate identity in the request's
-// context: the gateway calls the service in-process with that context, so
-// the interceptors see it as they see a gRPC peer's.
+// httpCall (it must run inside withRequestID): the gateway calls the
+// service in-process with the request's context, so the interceptors see
+// it as they see a gRPC peer's.
 func identifyHTTP(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			r = r.WithContext(context.WithValue(r.Context(), identityKey{}, callerFromTLS(r.TLS)))
+		if c := httpCallOf(r.Context()); c != nil && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			c.caller = callerFromTLS(r.TLS)
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// identityOf returns what is known of the caller: set by identifyHTTP for
-// REST and by identify for unary gRPC calls, or read from the gRPC peer's
+// identityOf returns what is known of the caller: the call's, once the
+// unary chain or streamRequestID has read it (callInfo); a request's on
+// the HTTP port, set by identifyHTTP; or read from the gRPC peer's
 // verified certificate; nil without a certificate.
 func identityOf(ctx context.Context) *caller {
-	if c, ok := ctx.Value(identityKey{}).(*caller); ok {
-		return c
+	if ci, ok := ctx.Value(callInfoKey{}).(*callInfo); ok {
+		return ci.caller
+	}
+	if c := httpCallOf(ctx); c != nil {
+		return c.caller
 	}
 	p, ok := peer.FromContext(ctx)
 	if !ok {

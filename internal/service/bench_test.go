@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/prometheus/client_golang/prometheus"
@@ -59,11 +61,16 @@ var benchStores = []struct{ name, url string }{
 // newBenchService opens the store at url, or a SQLite file in a temporary
 // directory if url is empty.
 func newBenchService(b testing.TB, url string) *Service {
+	return newBenchServiceWith(b, url, replyTransport{})
+}
+
+// newBenchServiceWith is newBenchService with the provider's transport.
+func newBenchServiceWith(b testing.TB, url string, provider http.RoundTripper) *Service {
 	b.Helper()
 	client, err := upstream.New(upstream.Config{
 		BaseURL:    "http://provider.invalid/v1",
 		APIKey:     "sk_bench",
-		HTTPClient: &http.Client{Transport: replyTransport{}},
+		HTTPClient: &http.Client{Transport: provider},
 		Metrics:    upstream.NewMetrics(prometheus.NewRegistry()),
 	})
 	if err != nil {
@@ -193,6 +200,115 @@ func BenchmarkGRPC(b *testing.B) {
 					b.Fatalf("CreateMultiCardPayment(%q): %v", key, err)
 				}
 			}
+		})
+	}
+}
+
+// holdingTransport answers as replyTransport does, once release is
+// closed; held counts the requests it holds.
+type holdingTransport struct {
+	held    atomic.Int64
+	release chan struct{}
+}
+
+func (t *holdingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.held.Add(1)
+	defer t.held.Add(-1)
+	select {
+	case <-t.release:
+	case <-req.Context().Done():
+		return nil, req.Context().Err()
+	}
+	return replyTransport{}.RoundTrip(req)
+}
+
+// BenchmarkInFlight is what a create holds while the provider has its
+// request: inFlight calls at once, each on a goroutine of its own (as
+// grpc-go runs a stream's handler, and net/http a request's), against a
+// provider that holds every request until all are in. It reports the
+// goroutines and the goroutine stacks held per call (stack-B/call) once
+// they are all waiting, and again after three collections, which halve a
+// stack less than a quarter used (stack-after-gc-B/call); and the heap
+// they hold then (heap-B/call). The handler's goroutine here lacks the
+// transport's own frames (grpc-go's stream, net/http's connection); the
+// provider's transport is a fake's, without net/http's frames. So the
+// figures are paymentsd's own part, to compare changes by, not a
+// process's whole: paymentsbench's peak-RSS phase measures that.
+//
+//	go test -run '^$' -bench InFlight -benchtime 1x ./internal/service/
+func BenchmarkInFlight(b *testing.B) {
+	const inFlight = 500
+	for _, path := range []string{"grpc", "rest"} {
+		b.Run(path, func(b *testing.B) {
+			provider := &holdingTransport{}
+			registry := prometheus.NewRegistry()
+			svc := newBenchServiceWith(b, "sqlite::memory:", provider)
+			srv, err := NewServer(svc, Options{
+				Logger:          slog.New(slog.NewJSONHandler(io.Discard, nil)),
+				Registerer:      registry,
+				Gatherer:        registry,
+				MaxRequestBytes: 64 << 10,
+				MaxInFlight:     2 * inFlight,
+			})
+			if err != nil {
+				b.Fatalf("NewServer: %v", err)
+			}
+			b.Cleanup(srv.GRPC.Stop)
+			call := func(key string) error {
+				if path == "rest" {
+					return restCreate(srv.HTTP, key)
+				}
+				g := newGRPCCaller(b, svc, srv)
+				g.deadline = time.Minute
+				_, err := g.create(key)
+				return err
+			}
+			// Warm up, with the provider answering at once.
+			provider.release = make(chan struct{})
+			close(provider.release)
+			for i := range 50 {
+				if err := call(fmt.Sprintf("warm-%s-%d", path, i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var stack, stackGC, heap, goroutines float64
+			for b.Loop() {
+				provider.release = make(chan struct{})
+				var ms goruntime.MemStats
+				goruntime.GC()
+				goruntime.ReadMemStats(&ms)
+				stack0, heap0, g0 := ms.StackInuse, ms.HeapAlloc, goruntime.NumGoroutine()
+				errs := make(chan error, inFlight)
+				for range inFlight {
+					key := fmt.Sprintf("inflight-%s-%d", path, benchKeys.Add(1))
+					go func() { errs <- call(key) }()
+				}
+				for provider.held.Load() < inFlight {
+					time.Sleep(10 * time.Millisecond)
+				}
+				// Every handler on to its wait for the answer.
+				time.Sleep(200 * time.Millisecond)
+				goruntime.ReadMemStats(&ms)
+				stack += float64(ms.StackInuse-stack0) / inFlight
+				goroutines += float64(goruntime.NumGoroutine()-g0) / inFlight
+				for range 3 {
+					goruntime.GC()
+				}
+				goruntime.ReadMemStats(&ms)
+				stackGC += float64(ms.StackInuse-stack0) / inFlight
+				heap += (float64(ms.HeapAlloc) - float64(heap0)) / inFlight
+				close(provider.release)
+				for range inFlight {
+					if err := <-errs; err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			n := float64(b.N)
+			b.ReportMetric(goroutines/n, "goroutines/call")
+			b.ReportMetric(stack/n, "stack-B/call")
+			b.ReportMetric(stackGC/n, "stack-after-gc-B/call")
+			b.ReportMetric(heap/n, "heap-B/call")
 		})
 	}
 }

@@ -47,7 +47,7 @@ func (s *Service) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 func (s *Service) respond(ctx context.Context, key string, a engine.Answer) (*paymentsv1.CreateMultiCardPaymentResponse, error) {
 	switch a.From {
 	case record.Replay, record.Late:
-		return s.replay(ctx, a.Record)
+		return s.replay(ctx, *a.Record)
 	case record.Reused:
 		return nil, s.reusedError(key)
 	case record.NotOwned:
@@ -58,17 +58,17 @@ func (s *Service) respond(ctx context.Context, key string, a engine.Answer) (*pa
 			// be another caller's, so nothing of it is told.
 			return nil, s.expiredUntoldError(key)
 		}
-		return nil, s.expiredError(codes.FailedPrecondition, key, a.Tombstone)
+		return nil, s.expiredError(codes.FailedPrecondition, key, *a.Tombstone)
 	case record.Quiet:
-		return nil, s.quietError(a.Record)
+		return nil, s.quietError(*a.Record)
 	case record.PastWindow:
-		return nil, s.recordedError(a.Record)
+		return nil, s.recordedError(*a.Record)
 	case record.Busy:
 		// The call waited for another claim of the key, which ended so.
 		if a.Record.State == record.Succeeded {
-			return s.replay(ctx, a.Record)
+			return s.replay(ctx, *a.Record)
 		}
-		return nil, s.recordedError(a.Record)
+		return nil, s.recordedError(*a.Record)
 	}
 	if a.Sent && a.Told != record.TellInProgress {
 		if a.Err != nil {

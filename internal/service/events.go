@@ -352,9 +352,9 @@ func utf8Text(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
 // afterWrite arranges for release to run once a REST call's answer is
 // written, and reports whether ctx is one; a gRPC call's isn't.
 func afterWrite(ctx context.Context, release func()) bool {
-	c, ok := ctx.Value(gatewayCallKey{}).(*gatewayCall)
-	if ok {
+	c := restCallOf(ctx)
+	if c != nil {
 		c.afterWrite = append(c.afterWrite, release)
 	}
-	return ok
+	return c != nil
 }

@@ -93,8 +93,8 @@ func unquoteSFString(s string) (string, error) {
 // places), as is a header that can't hold a key. req is the gateway's own
 // copy of the body.
 func applyHeaderKey(ctx context.Context, env paymentsv1.Environment, req *paymentsv1.CreateMultiCardPaymentRequest) error {
-	c, ok := ctx.Value(gatewayCallKey{}).(*gatewayCall)
-	if !ok {
+	c := restCallOf(ctx)
+	if c == nil {
 		return nil
 	}
 	key, present, err := headerKey(c.idempotencyKeys)

@@ -37,6 +37,11 @@ type callInfo struct {
 	providerStatus  int
 	attempts        int
 	replayed        bool
+	// rest: the call came through the REST gateway.
+	rest bool
+	// caller is what the connection says of who is calling: nil without
+	// a client certificate.
+	caller *caller
 }
 
 type callInfoKey struct{}
@@ -57,17 +62,28 @@ func noteReplayed(ctx context.Context) {
 	}
 }
 
-// newCallInfo is a call's callInfo, with its request IDs. It reads the
-// one key (metadata.ValueFromIncomingContext) rather than copying all the
-// metadata (FromIncomingContext) for every call.
+// newCallInfo is a call's callInfo, with its request IDs and its caller:
+// a REST call's from its httpCall (withRequestID's and identifyHTTP's), a
+// gRPC call's from the one metadata key (metadata.ValueFromIncomingContext)
+// rather than a copy of all the metadata (FromIncomingContext), and from
+// its peer.
 func newCallInfo(ctx context.Context) *callInfo {
-	id, ok := ctx.Value(ownRequestIDKey{}).(string)
-	if !ok {
-		id = newRequestID()
+	ci := &callInfo{}
+	if c := restCallOf(ctx); c != nil {
+		ci.rest = true
+		ci.requestID = c.ownRequestID
+		if validRequestID(c.callerRequestID) {
+			ci.callerRequestID = c.callerRequestID
+		}
+		ci.caller = c.caller
+	} else {
+		if v := metadata.ValueFromIncomingContext(ctx, RequestIDHeader); len(v) > 0 && validRequestID(v[0]) {
+			ci.callerRequestID = v[0]
+		}
+		ci.caller = identityOf(ctx)
 	}
-	ci := &callInfo{requestID: id}
-	if v := metadata.ValueFromIncomingContext(ctx, RequestIDHeader); len(v) > 0 && validRequestID(v[0]) {
-		ci.callerRequestID = v[0]
+	if ci.requestID == "" {
+		ci.requestID = newRequestID()
 	}
 	return ci
 }

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -64,10 +63,6 @@ func (d strictDecoder) Decode(v any) error {
 	return nil
 }
 
-func (m restMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
-	return strictDecoder{runtime.DecoderWrapper{Decoder: json.NewDecoder(r), UnmarshalOptions: m.UnmarshalOptions}}
-}
-
 // requireJSON refuses, with 415, a request body that is not declared as
 // JSON. It runs inside the gateway, after routing, so a wrong method still
 // gets 405 and an unknown path 404.
@@ -86,6 +81,9 @@ func requireJSON(env paymentsv1.Environment) runtime.Middleware {
 // isJSON reports whether a Content-Type is application/json, in any case,
 // with no parameter but an optional UTF-8 charset.
 func isJSON(contentType string) bool {
+	if contentType == "application/json" {
+		return true
+	}
 	mt, params, err := mime.ParseMediaType(contentType)
 	if err != nil || mt != "application/json" {
 		return false
@@ -202,9 +200,11 @@ func closeAfter(w http.ResponseWriter, r *http.Request) {
 }
 
 // limitBody reads the REST body up front, refusing one over max bytes with
-// 413 and one that takes longer than readTimeout (from the request's start)
-// with 408, before it reaches the gateway. The deadline is lifted once the
-// body is in, so a long call is not cut off by it.
+// 413 and one that takes longer than readTimeout (readDeadline's, from
+// when the request's header was in) with 408, before it reaches the
+// gateway. The deadline is lifted once the body is in, so a long call is
+// not cut off by it. (http.Server.ReadTimeout would not do instead: once
+// it passes, the server cancels the request's context, even mid-payment.)
 func limitBody(max int64, readTimeout time.Duration, env paymentsv1.Environment, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > max {
@@ -213,11 +213,6 @@ func limitBody(max int64, readTimeout time.Duration, env paymentsv1.Environment,
 			refuse(w, r, env, http.StatusRequestEntityTooLarge, codes.InvalidArgument, fmt.Sprintf("request body is over the limit of %d bytes", max), 0)
 			return
 		}
-		rc := http.NewResponseController(w)
-		// Not every ResponseWriter supports deadlines (httptest's doesn't).
-		// http.Server.ReadTimeout would not do instead: once it passes, the
-		// server cancels the request's context, even mid-payment.
-		_ = rc.SetReadDeadline(time.Now().Add(readTimeout))
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
 		if err != nil {
 			var tooLarge *http.MaxBytesError
@@ -233,8 +228,12 @@ func limitBody(max int64, readTimeout time.Duration, env paymentsv1.Environment,
 			}
 			return
 		}
-		_ = rc.SetReadDeadline(time.Time{})
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		if r.ContentLength != 0 {
+			// Not every ResponseWriter supports deadlines (httptest's
+			// doesn't).
+			_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+		}
+		r.Body = &restBody{b: body}
 		next.ServeHTTP(w, r)
 	})
 }
@@ -310,35 +309,46 @@ func setRetryAfter(w http.ResponseWriter, st *status.Status) {
 
 // withRequestID gives every answer on the HTTP port an X-Request-Id: the
 // caller's, if it is a valid request ID, or else paymentsd's own, made
-// here. paymentsd's own goes on in the request's context, so that the
-// gateway's call is logged and recorded under the same ID (as its
-// request_id, never as the caller's); a caller's goes on in the header, and
-// the call keeps it beside its own (caller_request_id), as over gRPC.
-// Answers written before the gateway (a body too large, a key header and
-// body that differ, too many calls in progress, no such route) carry it
-// too.
+// here. Either goes in the request's httpCall, which it puts in the
+// request's context: paymentsd's own so that the gateway's call is logged
+// and recorded under the same ID (as its request_id, never as the
+// caller's); a caller's so that the call keeps it beside its own
+// (caller_request_id), as over gRPC. Answers written before the gateway
+// (a body too large, a key header and body that differ, too many calls in
+// progress, no such route) carry it too.
 func withRequestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := &httpCall{}
 		id := r.Header.Get("X-Request-Id")
 		if len(r.Header.Values("X-Request-Id")) != 1 || !validRequestID(id) {
 			id = newRequestID()
 			r.Header.Del("X-Request-Id")
-			r = r.WithContext(context.WithValue(r.Context(), ownRequestIDKey{}, id))
+			c.ownRequestID = id
+		} else {
+			c.callerRequestID = id
 		}
 		w.Header().Set("X-Request-Id", id)
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), httpCallKey{}, c)))
 	})
 }
 
-// ownRequestIDKey holds the request ID withRequestID made for a REST call
-// that came without one of its own.
-type ownRequestIDKey struct{}
-
-// gatewayCall is put in a REST request's context before the gateway reads
-// it; callChain marks it when the gateway hands the call to the service.
-// An error from before that is the gateway's own refusal of the request
-// (its body could not be decoded), made before anything was sent.
-type gatewayCall struct {
+// httpCall is what paymentsd knows of a request on the HTTP port, in its
+// context from withRequestID on: one value for all of it, rather than a
+// context (and a copy of the request) for each. For a REST call
+// (trackGatewayCall sets gateway), callChain marks it when the gateway
+// hands the call to the service: an error from before that is the
+// gateway's own refusal of the request (its body could not be decoded),
+// made before anything was sent.
+type httpCall struct {
+	// ownRequestID is the request ID withRequestID made for a request
+	// that came without a valid one of its own; callerRequestID, the
+	// caller's valid X-Request-Id. One of them is set.
+	ownRequestID, callerRequestID string
+	// caller is what the request's client certificate says of its caller
+	// (identifyHTTP); nil without one.
+	caller *caller
+	// gateway: the request went to the REST gateway.
+	gateway        bool
 	reachedService bool
 	// idempotencyKeys are a CreateMultiCardPayment call's Idempotency-Key
 	// header values (applyHeaderKey).
@@ -348,11 +358,34 @@ type gatewayCall struct {
 	afterWrite []func()
 }
 
-type gatewayCallKey struct{}
+type httpCallKey struct{}
 
+// httpCallOf is the httpCall of the request whose context ctx is, or nil.
+func httpCallOf(ctx context.Context) *httpCall {
+	c, _ := ctx.Value(httpCallKey{}).(*httpCall)
+	return c
+}
+
+// restCallOf is the httpCall of the REST call whose context ctx is, or nil.
+func restCallOf(ctx context.Context) *httpCall {
+	if c := httpCallOf(ctx); c != nil && c.gateway {
+		return c
+	}
+	return nil
+}
+
+// trackGatewayCall marks a request as a REST call, and runs what the
+// service holds for its answer (afterWrite) once the answer is written.
+// It must run inside withRequestID.
 func trackGatewayCall(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c := &gatewayCall{}
+		c := httpCallOf(r.Context())
+		if c == nil {
+			// Not under withRequestID: a value of its own.
+			c = &httpCall{}
+			r = r.WithContext(context.WithValue(r.Context(), httpCallKey{}, c))
+		}
+		c.gateway = true
 		if createsPayment(r) {
 			c.idempotencyKeys = r.Header.Values(IdempotencyKeyHeader)
 		}
@@ -370,7 +403,7 @@ func trackGatewayCall(next http.Handler) http.Handler {
 				f()
 			}
 		}()
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), gatewayCallKey{}, c)))
+		next.ServeHTTP(w, r)
 	})
 }
 
@@ -381,7 +414,7 @@ const listEventsPath = "/v1/provider-events"
 // markReachedService notes, for restError, that the gateway handed the call
 // in ctx to the service.
 func markReachedService(ctx context.Context) {
-	if c, ok := ctx.Value(gatewayCallKey{}).(*gatewayCall); ok {
+	if c := restCallOf(ctx); c != nil {
 		c.reachedService = true
 	}
 }
@@ -390,15 +423,14 @@ func markReachedService(ctx context.Context) {
 // from payment_json alone (restMarshaler), so the handler need not build
 // the payment's Struct.
 func overREST(ctx context.Context) bool {
-	_, ok := ctx.Value(gatewayCallKey{}).(*gatewayCall)
-	return ok
+	return restCallOf(ctx) != nil
 }
 
 // gatewayRefusal reports whether err is the gateway's own refusal of r,
 // made before the service saw the call.
 func gatewayRefusal(r *http.Request) bool {
-	c, ok := r.Context().Value(gatewayCallKey{}).(*gatewayCall)
-	return ok && !c.reachedService
+	c := restCallOf(r.Context())
+	return c != nil && !c.reachedService
 }
 
 // openAPIWithVersion is the OpenAPI document with info.version set to

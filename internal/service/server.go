@@ -112,6 +112,10 @@ type Options struct {
 	// the client CAs that StillTrusted goes by change: open streams are
 	// checked again then.
 	TrustChanged func() <-chan struct{}
+
+	// generatedCreate leaves a REST create to the generated gateway
+	// handler rather than serveCreate: for the test that compares them.
+	generatedCreate bool
 }
 
 // Server is the gRPC server and the HTTP handler (REST gateway, health,
@@ -200,7 +204,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	// before the handler, so an invalid request never reaches the provider.
 	// The in-flight cap is not here: it admits gRPC streams as their
 	// headers arrive (InTapHandle) and REST requests before their bodies.
-	chain := (&unaryChain{
+	unary := &unaryChain{
 		metrics:   metrics.UnaryServerInterceptor(),
 		logger:    opts.Logger,
 		gate:      allowed,
@@ -208,7 +212,8 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		recovered: recoverPanic(opts.Logger, env),
 		stop:      s.stopCtx,
 		env:       env,
-	}).intercept
+	}
+	chain := unary.intercept
 
 	// The same, for streams (WatchProviderEvents, health Watch,
 	// reflection).
@@ -267,12 +272,7 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 		// change the method.
 		runtime.WithDisablePathLengthFallback(),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, restJSON),
-		runtime.WithIncomingHeaderMatcher(func(h string) (string, bool) {
-			if http.CanonicalHeaderKey(h) == "X-Request-Id" {
-				return RequestIDHeader, true
-			}
-			return runtime.DefaultHeaderMatcher(h)
-		}),
+		runtime.WithIncomingHeaderMatcher(restIncomingHeader),
 		runtime.WithErrorHandler(restError(env)),
 		runtime.WithForwardResponseOption(markReplayed),
 		// X-Request-Id is set on every answer by withRequestID, with the
@@ -281,11 +281,19 @@ func NewServer(svc paymentsv1.PaymentsServiceServer, opts Options) (*Server, err
 	)
 	// The gateway calls the service in-process, through the same chain as
 	// gRPC calls, rather than over a loopback connection.
-	if err := paymentsgw.RegisterPaymentsServiceHandlerServer(context.Background(), gateway, &chained{svc: svc, chain: chain, env: env}); err != nil {
+	payments := newChained(svc, unary, env)
+	if err := paymentsgw.RegisterPaymentsServiceHandlerServer(context.Background(), gateway, payments); err != nil {
 		return nil, fmt.Errorf("register gateway: %w", err)
 	}
+	// After the generated handlers: the mux routes a create to the last
+	// handler registered for its route.
+	if !opts.generatedCreate {
+		if err := gateway.HandlePath(http.MethodPost, createPath, payments.serveCreate(gateway)); err != nil {
+			return nil, fmt.Errorf("register gateway: %w", err)
+		}
+	}
 	if opts.Events != nil {
-		if err := paymentsgw.RegisterProviderEventsServiceHandlerServer(context.Background(), gateway, &chainedEvents{svc: opts.Events, chain: chain}); err != nil {
+		if err := paymentsgw.RegisterProviderEventsServiceHandlerServer(context.Background(), gateway, &chainedEvents{list: unary.bind(listEventsInfo, unaryHandler(opts.Events.ListProviderEvents))}); err != nil {
 			return nil, fmt.Errorf("register events gateway: %w", err)
 		}
 	}
@@ -444,12 +452,22 @@ func (s *Server) WatchStore(ctx context.Context, ping func(context.Context) erro
 }
 
 // chained is the service as the REST gateway sees it: every call goes
-// through the interceptor chain, as a gRPC call would.
+// through the interceptor chain, as a gRPC call would. Each method's chain
+// is bound once (unaryChain.bind), not for each call.
 type chained struct {
 	paymentsv1.UnimplementedPaymentsServiceServer
-	svc   paymentsv1.PaymentsServiceServer
-	chain grpc.UnaryServerInterceptor
-	env   paymentsv1.Environment
+	env                        paymentsv1.Environment
+	create, get, list, resolve grpc.UnaryHandler
+}
+
+func newChained(svc paymentsv1.PaymentsServiceServer, chain *unaryChain, env paymentsv1.Environment) *chained {
+	return &chained{
+		env:     env,
+		create:  chain.bind(createInfo, unaryHandler(svc.CreateMultiCardPayment)),
+		get:     chain.bind(getInfo, unaryHandler(svc.GetMultiCardPayment)),
+		list:    chain.bind(listInfo, unaryHandler(svc.ListMultiCardPayments)),
+		resolve: chain.bind(resolveInfo, unaryHandler(svc.ResolveMultiCardPayment)),
+	}
 }
 
 var (
@@ -466,7 +484,7 @@ func (c *chained) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 		markReachedService(ctx)
 		return nil, err
 	}
-	resp, err := callChain(ctx, c.chain, createInfo, req, c.svc.CreateMultiCardPayment)
+	resp, err := callChain[*paymentsv1.CreateMultiCardPaymentResponse](ctx, c.create, req)
 	if err != nil && req.GetIdempotencyKey() == "" {
 		// No key in the body or a header; refused by validation, which
 		// counts and logs it as any refusal.
@@ -476,23 +494,30 @@ func (c *chained) CreateMultiCardPayment(ctx context.Context, req *paymentsv1.Cr
 }
 
 func (c *chained) GetMultiCardPayment(ctx context.Context, req *paymentsv1.GetMultiCardPaymentRequest) (*paymentsv1.GetMultiCardPaymentResponse, error) {
-	return callChain(ctx, c.chain, getInfo, req, c.svc.GetMultiCardPayment)
+	return callChain[*paymentsv1.GetMultiCardPaymentResponse](ctx, c.get, req)
 }
 
 func (c *chained) ListMultiCardPayments(ctx context.Context, req *paymentsv1.ListMultiCardPaymentsRequest) (*paymentsv1.ListMultiCardPaymentsResponse, error) {
-	return callChain(ctx, c.chain, listInfo, req, c.svc.ListMultiCardPayments)
+	return callChain[*paymentsv1.ListMultiCardPaymentsResponse](ctx, c.list, req)
 }
 
 func (c *chained) ResolveMultiCardPayment(ctx context.Context, req *paymentsv1.ResolveMultiCardPaymentRequest) (*paymentsv1.ResolveMultiCardPaymentResponse, error) {
-	return callChain(ctx, c.chain, resolveInfo, req, c.svc.ResolveMultiCardPayment)
+	return callChain[*paymentsv1.ResolveMultiCardPaymentResponse](ctx, c.resolve, req)
 }
 
-// callChain calls method through chain, as the gRPC server would.
-func callChain[Req, Resp any](ctx context.Context, chain grpc.UnaryServerInterceptor, info *grpc.UnaryServerInfo, req Req, method func(context.Context, Req) (Resp, error)) (Resp, error) {
-	markReachedService(ctx)
-	resp, err := chain(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+// unaryHandler is method as a grpc.UnaryHandler, as grpc-go's generated
+// code makes one for each call.
+func unaryHandler[Req, Resp any](method func(context.Context, Req) (Resp, error)) grpc.UnaryHandler {
+	return func(ctx context.Context, req any) (any, error) {
 		return method(ctx, req.(Req))
-	})
+	}
+}
+
+// callChain calls bound, a method's chain (unaryChain.bind), as the gRPC
+// server would.
+func callChain[Resp any](ctx context.Context, bound grpc.UnaryHandler, req any) (Resp, error) {
+	markReachedService(ctx)
+	resp, err := bound(ctx, req)
 	if err != nil {
 		var zero Resp
 		return zero, err
@@ -504,14 +529,13 @@ func callChain[Req, Resp any](ctx context.Context, chain grpc.UnaryServerInterce
 // chained.
 type chainedEvents struct {
 	paymentsv1.UnimplementedProviderEventsServiceServer
-	svc   paymentsv1.ProviderEventsServiceServer
-	chain grpc.UnaryServerInterceptor
+	list grpc.UnaryHandler
 }
 
 var listEventsInfo = &grpc.UnaryServerInfo{FullMethod: paymentsv1.ProviderEventsService_ListProviderEvents_FullMethodName}
 
 func (c *chainedEvents) ListProviderEvents(ctx context.Context, req *paymentsv1.ListProviderEventsRequest) (*paymentsv1.ListProviderEventsResponse, error) {
-	return callChain(ctx, c.chain, listEventsInfo, req, c.svc.ListProviderEvents)
+	return callChain[*paymentsv1.ListProviderEventsResponse](ctx, c.list, req)
 }
 
 // restError is the gateway's error handler with two changes: a reused or

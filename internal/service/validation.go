@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	paymentsv1 "example.com/paymentsd/gen/payments/v1"
 )
 
 // validationError is nil if req keeps its protovalidate rules, and
@@ -52,6 +54,37 @@ func validationError(ctx context.Context, validator protovalidate.Validator, req
 	}
 	st := status.New(codes.InvalidArgument, "the request is invalid: "+strings.Join(problems, "; "))
 	return withDetails(st, br)
+}
+
+// keepsCreateRules reports whether r keeps CreateMultiCardPaymentRequest's
+// protovalidate rules (payments.proto): an amount_money, whose currency is
+// one or more of A-Z, and an idempotency_key that is not empty and holds
+// no ASCII control character (U+0000 to U+001F, U+007F). It answers as
+// protovalidate would (FuzzKeepsCreateRules), without its interpreter and
+// regular expressions, whose frames were the deepest a payment's handler
+// goroutine went, and so set the size of its stack for as long as the
+// provider takes; for a request that does not keep them, the chain asks
+// protovalidate, which words the refusal. TestCreateRulesAreKnown fails if
+// the proto's rules change.
+func keepsCreateRules(r *paymentsv1.CreateMultiCardPaymentRequest) bool {
+	money := r.GetAmountMoney()
+	currency, key := money.GetCurrency(), r.GetIdempotencyKey()
+	if money == nil || currency == "" || key == "" {
+		return false
+	}
+	for i := 0; i < len(currency); i++ {
+		if c := currency[i]; c < 'A' || c > 'Z' {
+			return false
+		}
+	}
+	// Byte by byte: no byte of a multi-byte UTF-8 sequence, nor of invalid
+	// UTF-8 (which the pattern reads as U+FFFD), is under 0x80.
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // describeViolation says what is wrong with field fd, for a person: what

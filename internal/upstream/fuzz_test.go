@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -129,6 +130,53 @@ func FuzzCheckReply(f *testing.F) {
 		checkErr := upstream.CheckReply(b)
 		if (decodeErr == nil) != (checkErr == nil) || (decodeErr != nil && decodeErr.Error() != checkErr.Error()) {
 			t.Fatalf("CheckReply(%q) = %v, DecodeReply's error = %v", b, checkErr, decodeErr)
+		}
+	})
+}
+
+// wireRequest is the provider's documented request body, as
+// encoding/json's Marshal wrote it before EncodeRequest was written by
+// hand.
+type wireRequest struct {
+	AmountMoney struct {
+		Currency string `json:"currency"`
+		Amount   int64  `json:"amount"`
+	} `json:"amountMoney"`
+	IdempotencyKey string `json:"idempotencyKey"`
+}
+
+// FuzzEncodeRequest: EncodeRequest writes exactly what encoding/json's
+// Marshal writes of the same request, whatever its strings hold.
+func FuzzEncodeRequest(f *testing.F) {
+	for _, s := range []struct {
+		currency, key string
+		amount        int64
+	}{
+		{"USD", "order-1234", 1250},
+		{"EUR", "", -5},
+		{"", "k", math.MaxInt64},
+		{"usd", "k", math.MinInt64},
+		{"U\"S\\D", "<a href='x'>&amp;</a>", 0},
+		{"\x00\x01\x1f\x7f\b\f\n\r\t", "\u2028\u2029\u2027\u202a", 1},
+		{"\xff\xfe", "a\xc3", 2},
+		{"Grüße", "支払い 😀", 3},
+		{"\xed\xa0\x80", "\xf4\x90\x80\x80", 4},
+	} {
+		f.Add(s.currency, s.key, s.amount)
+	}
+	f.Fuzz(func(t *testing.T, currency, key string, amount int64) {
+		got, err := upstream.EncodeRequest(upstream.Payment{Currency: currency, Amount: amount, IdempotencyKey: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var w wireRequest
+		w.AmountMoney.Currency, w.AmountMoney.Amount, w.IdempotencyKey = currency, amount, key
+		want, err := json.Marshal(&w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("EncodeRequest(%q, %d, %q) = %s, encoding/json %s", currency, amount, key, got, want)
 		}
 	})
 }

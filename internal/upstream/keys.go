@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 )
 
@@ -23,18 +24,44 @@ type keySet struct {
 	keys  []string
 	inUse int
 	reds  []redactor
+	// headers are the requests' headers, one for each key: requests only
+	// read them (an http.RoundTripper must not change its request), so
+	// every request with a key shares its header.
+	headers []http.Header
 	// longest is the length of the longest key, which bounds how far past
 	// a cut an encoded key can reach.
 	longest int
 }
 
-func newKeySet(keys []string, inUse int) *keySet {
+func newKeySet(keys []string, inUse int, userAgent string) *keySet {
 	s := &keySet{keys: keys, inUse: inUse}
 	for _, k := range keys {
 		s.reds = append(s.reds, newRedactor(k))
+		s.headers = append(s.headers, requestHeader(k, userAgent))
 		s.longest = max(s.longest, len(k))
 	}
 	return s
+}
+
+// requestHeader is the header of a request with key.
+func requestHeader(key, userAgent string) http.Header {
+	h := http.Header{
+		"X-Api-Key":    {key},
+		"Content-Type": {"application/json"},
+		"Accept":       {"application/json"},
+	}
+	if userAgent != "" {
+		h["User-Agent"] = []string{userAgent}
+	}
+	return h
+}
+
+// header is the header of a request with key, one of the set's.
+func (s *keySet) header(key, userAgent string) http.Header {
+	if i := slices.Index(s.keys, key); i >= 0 {
+		return s.headers[i]
+	}
+	return requestHeader(key, userAgent)
 }
 
 // checkKeys reports what is wrong with a set of keys, never quoting them.
@@ -106,7 +133,7 @@ func (c *Client) SetKeys(keys []string) error {
 	for {
 		old := c.keys.Load()
 		inUse := max(0, slices.Index(keys, old.current()))
-		if c.keys.CompareAndSwap(old, newKeySet(keys, inUse)) {
+		if c.keys.CompareAndSwap(old, newKeySet(keys, inUse, c.cfg.UserAgent)) {
 			c.keysChanged()
 			return nil
 		}
@@ -132,7 +159,7 @@ func (c *Client) promote(key string, refused string) {
 		if i < 0 || i == old.inUse {
 			return // reloaded without it, or another call promoted it
 		}
-		if c.keys.CompareAndSwap(old, newKeySet(old.keys, i)) {
+		if c.keys.CompareAndSwap(old, newKeySet(old.keys, i, c.cfg.UserAgent)) {
 			if c.logger != nil {
 				c.logger.Warn("provider API key switched: the provider refused the key in use (401 or 403) and accepted the other",
 					slog.String("api_key_in_use", Fingerprint(key)),

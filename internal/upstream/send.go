@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -145,36 +145,39 @@ func (c *Client) logRequest(ctx context.Context, keys *keySet, n int, err error,
 // written, so the provider may have acted on it; answered, that a status
 // came back, so the provider is done with it.
 func (c *Client) request(ctx context.Context, body []byte, keys *keySet, key string) (_ *Reply, sent, answered bool, _ error) {
-	var wrote, connected atomic.Bool
-	trace := &httptrace.ClientTrace{
+	st := &requestState{}
+	st.body.Reset(body)
+	st.trace = httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
-			connected.Store(true)
+			st.connected.Store(true)
 			if !info.Reused {
 				c.metrics.connOpened()
 			}
 		},
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
 			if info.Err == nil {
-				wrote.Store(true)
+				st.wrote.Store(true)
 			}
 		},
 	}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, c.url, bytes.NewReader(body))
-	if err != nil {
-		return nil, false, false, fmt.Errorf("build request: %w", err)
-	}
-	req.Header = http.Header{
-		"X-Api-Key":    {key},
-		"Content-Type": {"application/json"},
-		"Accept":       {"application/json"},
-	}
-	if c.cfg.UserAgent != "" {
-		req.Header["User-Agent"] = []string{c.cfg.UserAgent}
-	}
-	// Without GetBody the transport can't re-send the request on its own
-	// (HTTP/2 does, after some stream errors and GOAWAYs): every request
-	// the provider may see is a request this client counts and judges.
-	req.GetBody = nil
+	// As http.NewRequestWithContext makes it, from the URL parsed once and
+	// the key's header. Without GetBody the transport can't re-send the
+	// request on its own (HTTP/2 does, after some stream errors and
+	// GOAWAYs): every request the provider may see is a request this
+	// client counts and judges.
+	req := (&http.Request{
+		Method:     http.MethodPost,
+		URL:        c.target,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     keys.header(key, c.cfg.UserAgent),
+		// A body net/http knows is in memory: it writes the header and
+		// the body together.
+		Body:          io.NopCloser(&st.body),
+		ContentLength: int64(len(body)),
+		Host:          c.target.Host,
+	}).WithContext(httptrace.WithClientTrace(ctx, &st.trace))
 
 	start := time.Now()
 	c.metrics.start()
@@ -184,7 +187,7 @@ func (c *Client) request(ctx context.Context, body []byte, keys *keySet, key str
 		// A request cut off by the context once it had a connection may
 		// have been written whole just as the context ended, before the
 		// transport reported it: it may be at the provider.
-		sent := wrote.Load() || (ctx.Err() != nil && connected.Load())
+		sent := st.wrote.Load() || (ctx.Err() != nil && st.connected.Load())
 		err = c.transportError(ctx, keys, err, sent)
 		c.metrics.observe(transportLabel(err), time.Since(start))
 		return nil, sent, false, err
@@ -192,6 +195,13 @@ func (c *Client) request(ctx context.Context, body []byte, keys *keySet, key str
 	reply, err := c.readReply(ctx, keys, resp)
 	c.metrics.observe(strconv.Itoa(resp.StatusCode), time.Since(start))
 	return reply, true, true, err
+}
+
+// requestState is one request's: its body, and what its trace learns.
+type requestState struct {
+	wrote, connected atomic.Bool
+	trace            httptrace.ClientTrace
+	body             bytes.Reader
 }
 
 // backoff returns how long to wait before the request after the n-th: the

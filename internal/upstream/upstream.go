@@ -92,7 +92,8 @@ type Config struct {
 
 // Client calls the payment provider. It is safe for concurrent use.
 type Client struct {
-	url     string
+	// target is the endpoint's URL, parsed once; requests only read it.
+	target  *url.URL
 	keys    atomic.Pointer[keySet]
 	keyMu   sync.Mutex // orders updates of the key metric
 	http    *http.Client
@@ -127,14 +128,18 @@ func New(cfg Config) (*Client, error) {
 	// would resend x-api-key to wherever the redirect points.
 	hc := *cfg.HTTPClient
 	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	target, err := url.Parse(strings.TrimSuffix(cfg.BaseURL, "/") + Path)
+	if err != nil {
+		return nil, errors.New("upstream: base URL is not an http or https URL")
+	}
 	c := &Client{
-		url:     strings.TrimSuffix(cfg.BaseURL, "/") + Path,
+		target:  target,
 		http:    &hc,
 		cfg:     cfg,
 		metrics: cfg.Metrics,
 		logger:  cfg.Logger,
 	}
-	c.keys.Store(newKeySet(slices.Clone(keys), 0))
+	c.keys.Store(newKeySet(slices.Clone(keys), 0, cfg.UserAgent))
 	c.keysChanged()
 	c.breaker = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:    "provider",
