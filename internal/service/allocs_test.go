@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	paymentsv1 "example.com/paymentsd/gen/payments/v1"
+	"example.com/paymentsd/internal/store/storetest"
 	"example.com/paymentsd/internal/testenv"
 )
 
@@ -76,8 +77,34 @@ func TestAllocationBudgets(t *testing.T) {
 	if testenv.RaceEnabled {
 		t.Skip("the race detector's instrumentation allocates, so counts under -race are not paymentsd's; CI runs this test without -race (go test -run Alloc)")
 	}
+	checkHotPaths(t, newBenchService(t, "sqlite::memory:"), hotPathBudgets{
+		createGRPC: budgetCreateGRPC, createGRPCDeadline: budgetCreateGRPCDeadline, createREST: budgetCreateREST,
+		replay: budgetReplay, get: budgetGet,
+	}, allocsPerCall)
+}
+
+// hotPathBudgets are a budget for each hot path, in what a count counts.
+type hotPathBudgets struct {
+	createGRPC, createGRPCDeadline, createREST, replay, get float64
+}
+
+// allocsPerCall counts f's allocations per call: the least of three
+// counts over allocRuns calls, as allocations only add up and the least is
+// the one least disturbed by anything else the process did.
+func allocsPerCall(f func()) float64 {
+	got := testing.AllocsPerRun(allocRuns, f)
+	for range 2 {
+		got = min(got, testing.AllocsPerRun(allocRuns, f))
+	}
+	return got
+}
+
+// checkHotPaths runs each hot path through svc, as grpc-go's server and
+// the REST gateway call it, measures it with count (per call), and fails
+// the test when one is over its budget.
+func checkHotPaths(t *testing.T, svc *Service, budgets hotPathBudgets, count func(f func()) float64) {
+	t.Helper()
 	registry := prometheus.NewRegistry()
-	svc := newBenchService(t, "sqlite::memory:")
 	srv, err := NewServer(svc, Options{
 		Logger:          slog.New(slog.NewJSONHandler(io.Discard, nil)),
 		Registerer:      registry,
@@ -102,30 +129,30 @@ func TestAllocationBudgets(t *testing.T) {
 		budget float64
 		call   func() error
 	}{
-		{"grpc create", budgetCreateGRPC, func() error {
+		{"grpc create", budgets.createGRPC, func() error {
 			n++
 			_, err := g.create("alloc-grpc-" + strconv.Itoa(n))
 			return err
 		}},
-		{"grpc create with a deadline", budgetCreateGRPCDeadline, func() error {
+		{"grpc create with a deadline", budgets.createGRPCDeadline, func() error {
 			n++
 			g.deadline = time.Minute
 			defer func() { g.deadline = 0 }()
 			_, err := g.create("alloc-deadline-" + strconv.Itoa(n))
 			return err
 		}},
-		{"rest create", budgetCreateREST, func() error {
+		{"rest create", budgets.createREST, func() error {
 			n++
 			return restCreate(srv.HTTP, "alloc-rest-"+strconv.Itoa(n))
 		}},
-		{"replay", budgetReplay, func() error {
+		{"replay", budgets.replay, func() error {
 			resp, err := g.create(paid)
 			if err == nil && !resp.(*paymentsv1.CreateMultiCardPaymentResponse).GetReplayed() {
 				t.Fatalf("CreateMultiCardPayment(%q) was not replayed", paid)
 			}
 			return err
 		}},
-		{"get", budgetGet, func() error {
+		{"get", budgets.get, func() error {
 			_, err := g.get(paid)
 			return err
 		}},
@@ -141,18 +168,13 @@ func TestAllocationBudgets(t *testing.T) {
 			for range 50 {
 				f()
 			}
-			// Allocations only add up: the least of three counts is the
-			// one least disturbed by anything else the process did.
-			got := testing.AllocsPerRun(allocRuns, f)
-			for range 2 {
-				got = min(got, testing.AllocsPerRun(allocRuns, f))
-			}
+			got := count(f)
 			if callErr != nil {
 				t.Fatalf("call failed: %v", callErr)
 			}
-			t.Logf("%s: %.0f allocations per call (budget %.0f)", tc.name, got, tc.budget)
+			t.Logf("%s: %.2f per call (budget %.0f)", tc.name, got, tc.budget)
 			if got > tc.budget {
-				t.Errorf("%s allocates %.0f times per call, over its budget of %.0f: find what allocates (go test -run='^$' -bench=. -benchmem -memprofile), or raise the budget in allocs_test.go and say why in the commit", tc.name, got, tc.budget)
+				t.Errorf("%s counts %.2f per call, over its budget of %.0f: find what allocates (go test -run='^$' -bench=. -benchmem -memprofile) or what added a round trip, or raise the budget in allocs_test.go and say why in the commit", tc.name, got, tc.budget)
 			}
 		})
 	}
@@ -265,4 +287,81 @@ type restFailure struct {
 
 func (e *restFailure) Error() string {
 	return "POST /v1/multi-card-payments: " + strconv.Itoa(e.code) + " " + e.body
+}
+
+// Budgets of the hot paths on PostgreSQL, straight to the server
+// (PAYMENTS_TEST_POSTGRES_URL, a fresh database), counted as
+// TestAllocationBudgets counts them: pgx's encoding and decoding of each
+// statement, and its round trips, take the place of SQLite's. Each was
+// set from the count on the commit that last changed it plus about 3%.
+const (
+	// budgetCreateGRPCPostgres: measured 284.
+	budgetCreateGRPCPostgres = 293
+	// budgetCreateGRPCDeadlinePostgres: measured 298.
+	budgetCreateGRPCDeadlinePostgres = 307
+	// budgetCreateRESTPostgres: measured 393.
+	budgetCreateRESTPostgres = 405
+	// budgetReplayPostgres: measured 242, the claim's write transaction
+	// (rolled back: it wrote nothing).
+	budgetReplayPostgres = 249
+	// budgetGetPostgres: measured 237.
+	budgetGetPostgres = 244
+)
+
+// TestAllocationBudgetsPostgres is TestAllocationBudgets on PostgreSQL.
+// Without PAYMENTS_TEST_POSTGRES_URL it skips, except under CI=true, where
+// it fails.
+func TestAllocationBudgetsPostgres(t *testing.T) {
+	if testenv.RaceEnabled {
+		t.Skip("the race detector's instrumentation allocates, so counts under -race are not paymentsd's; CI runs this test without -race (go test -run Alloc)")
+	}
+	checkHotPaths(t, newBenchService(t, storetest.PostgresURL(t)), hotPathBudgets{
+		createGRPC: budgetCreateGRPCPostgres, createGRPCDeadline: budgetCreateGRPCDeadlinePostgres,
+		createREST: budgetCreateRESTPostgres, replay: budgetReplayPostgres, get: budgetGetPostgres,
+	}, allocsPerCall)
+}
+
+// Round trips to PostgreSQL per call of each hot path
+// (TestRoundTripsPostgres), one call at a time: exact counts, straight to
+// the server and through PgBouncer in transaction mode, where each write
+// transaction also sets its statement timeout.
+//
+// A create is two write transactions (the claim, the outcome), each
+// BEGIN, set_config('statement_timeout'), SELECT now(), its statement and
+// COMMIT; a replay is the claim's transaction, whose INSERT finds the key
+// taken and whose locked read finds it succeeded, rolled back; a lookup
+// reads the record, then its attempts.
+var (
+	roundTripsDirect = hotPathBudgets{createGRPC: 10, createGRPCDeadline: 10, createREST: 10, replay: 6, get: 2}
+	roundTripsPooled = hotPathBudgets{createGRPC: 10, createGRPCDeadline: 10, createREST: 10, replay: 6, get: 2}
+)
+
+// TestRoundTripsPostgres fails when a hot path makes more round trips to
+// PostgreSQL than its budget: it counts the requests the store's
+// connections send (storetest.CountRoundTrips), leaving pgx's pings of a
+// connection idle for over a second out. Round trips, like allocations,
+// don't drift with the machine's load. Without PAYMENTS_TEST_POSTGRES_URL
+// it skips, except under CI=true, where it fails; without PgBouncer, the
+// same for its half.
+func TestRoundTripsPostgres(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		url     func(testing.TB) string
+		budgets hotPathBudgets
+	}{
+		{"direct", storetest.PostgresURL, roundTripsDirect},
+		{"pgbouncer", func(t testing.TB) string { return storetest.PooledPostgresURL(t, 2) }, roundTripsPooled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt, url := storetest.CountRoundTrips(t, tc.url(t))
+			checkHotPaths(t, newBenchService(t, url), tc.budgets, func(f func()) float64 {
+				const calls = 50
+				before := rt.Requests()
+				for range calls {
+					f()
+				}
+				return float64(rt.Requests()-before) / calls
+			})
+		})
+	}
 }
