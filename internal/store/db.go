@@ -123,8 +123,8 @@ const readOnlySQLTransaction = "25006"
 // transaction), which lends each transaction whichever server session is
 // free, would lose or hand to another client:
 //   - no startup parameters (PgBouncer refuses them): statementTimeout is
-//     set in each transaction (transact), and as a startup parameter only
-//     once detectPooler has found the connections direct;
+//     a startup parameter only once detectPooler has found the connections
+//     direct, and otherwise is set in each transaction (transact);
 //   - no named prepared statements through a pooler: the store prepares
 //     nothing itself (Store.prepared), and pgx runs every query as the
 //     unnamed statement (QueryExecModeExec) until detectPooler has found

@@ -96,6 +96,13 @@ func (s *Store) detectPooler(ctx context.Context, logger *slog.Logger) error {
 	s.pg.v.Store(int64(mode))
 	s.pg.pooled.Store(pooled)
 	s.pg.direct.Store(!pooled)
+	// Every connection opened from now on gets the mode, and a direct one
+	// its statement timeout as a startup parameter, on which transact
+	// counts: none opened before may stay in the pool. (Open's ping opened
+	// one, which this function took and dropped; no other is in use yet.)
+	conns := s.w.Stats().MaxOpenConnections
+	s.w.SetMaxIdleConns(0)
+	s.w.SetMaxIdleConns(conns)
 	if !pooled {
 		logger.Info("PostgreSQL is reached directly (or through a proxy that keeps a server session per connection)",
 			"queries", how, "query_exec_mode", modeName(mode), "statement_timeout", statementTimeout.String())

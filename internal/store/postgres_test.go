@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,30 +17,52 @@ import (
 
 // TestPostgresStatementTimeout: every statement of the store's
 // transactions, the batcher's and the others, is bounded (retention's
-// grace period relies on it), by a setting that ends with the transaction:
-// behind a pooler in transaction mode, a session setting would stay with
-// the server connection, for whichever client gets it next, and a startup
-// parameter is refused.
+// grace period relies on it), by a setting that ends with the transaction
+// or the connection: behind a pooler in transaction mode, a session
+// setting would stay with the server connection, for whichever client gets
+// it next, and a startup parameter is refused, so each transaction sets it;
+// straight to PostgreSQL, every connection has it as a startup parameter,
+// and no transaction spends a round trip on it.
 func TestPostgresStatementTimeout(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	s, err := Open(ctx, storetest.PostgresURL(t), "sandbox", Options{MaxConns: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	show := func(tx *sql.Tx, into *string) error {
-		return tx.QueryRowContext(ctx, `SHOW statement_timeout`).Scan(into)
-	}
-	var inTransact, inBatch string
-	if err := s.transact(ctx, func(tx *sql.Tx) error { return show(tx, &inTransact) }); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.batch.run(ctx, func(_ context.Context, tx *sql.Tx, _ time.Time) error { return show(tx, &inBatch) }); err != nil {
-		t.Fatal(err)
-	}
-	if inTransact != "30s" || inBatch != "30s" {
-		t.Errorf("statement_timeout in a transaction = %q, in a batch = %q; want 30s", inTransact, inBatch)
+	for _, tc := range []struct {
+		name string
+		url  func(testing.TB) string
+	}{
+		{"direct", storetest.PostgresURL},
+		{"pgbouncer", func(t testing.TB) string { return storetest.PooledPostgresURL(t, 2) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s, err := Open(ctx, tc.url(t), "sandbox", Options{MaxConns: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			show := func(tx *sql.Tx, into *string) error {
+				return tx.QueryRowContext(ctx, `SHOW statement_timeout`).Scan(into)
+			}
+			// Three at once, so that the pool's every connection is seen.
+			var wg sync.WaitGroup
+			var inTransact, inBatch [3]string
+			for i := range inTransact {
+				wg.Go(func() {
+					if err := s.transact(ctx, func(tx *sql.Tx) error { return show(tx, &inTransact[i]) }); err != nil {
+						t.Error(err)
+					}
+					if err := s.batch.run(ctx, func(_ context.Context, tx *sql.Tx, _ time.Time) error { return show(tx, &inBatch[i]) }); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			for i := range inTransact {
+				if inTransact[i] != "30s" || inBatch[i] != "30s" {
+					t.Errorf("statement_timeout in a transaction = %q, in a batch = %q; want 30s", inTransact[i], inBatch[i])
+				}
+			}
+		})
 	}
 }
 

@@ -40,7 +40,10 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 		s.noteWrite(err)
 		return fmt.Errorf("begin transaction: %w", err)
 	}
-	if s.d.name == "postgres" {
+	if s.pg != nil && !s.pg.direct.Load() {
+		// Through a pooler the connection may have no timeout of its own
+		// (openPostgres); straight to PostgreSQL it has it as a startup
+		// parameter, and this would be a round trip for nothing.
 		if _, err := tx.ExecContext(ctx, setStatementTimeout); err != nil {
 			tx.Rollback()
 			tc.end()
