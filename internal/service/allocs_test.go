@@ -295,15 +295,15 @@ func (e *restFailure) Error() string {
 // statement, and its round trips, take the place of SQLite's. Each was
 // set from the count on the commit that last changed it plus about 3%.
 const (
-	// budgetCreateGRPCPostgres: measured 276.
-	budgetCreateGRPCPostgres = 284
-	// budgetCreateGRPCDeadlinePostgres: measured 290.
-	budgetCreateGRPCDeadlinePostgres = 299
-	// budgetCreateRESTPostgres: measured 385.
-	budgetCreateRESTPostgres = 397
-	// budgetReplayPostgres: measured 238, the claim's write transaction
+	// budgetCreateGRPCPostgres: measured 248.
+	budgetCreateGRPCPostgres = 256
+	// budgetCreateGRPCDeadlinePostgres: measured 262.
+	budgetCreateGRPCDeadlinePostgres = 270
+	// budgetCreateRESTPostgres: measured 357.
+	budgetCreateRESTPostgres = 368
+	// budgetReplayPostgres: measured 224, the claim's write transaction
 	// (rolled back: it wrote nothing).
-	budgetReplayPostgres = 245
+	budgetReplayPostgres = 231
 	// budgetGetPostgres: measured 237.
 	budgetGetPostgres = 244
 )
@@ -326,15 +326,15 @@ func TestAllocationBudgetsPostgres(t *testing.T) {
 // the server and through PgBouncer in transaction mode, where each write
 // transaction also sets its statement timeout.
 //
-// A create is two write transactions (the claim, the outcome), each
-// BEGIN, SELECT now(), its statement and COMMIT, and through a pooler
-// set_config('statement_timeout') too; a replay is the claim's
-// transaction, whose INSERT finds the key taken and whose locked read
-// finds it succeeded, rolled back; a lookup reads the record, then its
-// attempts.
+// A create is two write transactions (the claim, the outcome), each the
+// round trip that begins it and reads the server's clock (and, through a
+// pooler, sets the statement timeout), its statement, and COMMIT; a
+// replay is the claim's transaction, whose INSERT finds the key taken and
+// whose locked read finds it succeeded, rolled back; a lookup reads the
+// record, then its attempts.
 var (
-	roundTripsDirect = hotPathBudgets{createGRPC: 8, createGRPCDeadline: 8, createREST: 8, replay: 5, get: 2}
-	roundTripsPooled = hotPathBudgets{createGRPC: 10, createGRPCDeadline: 10, createREST: 10, replay: 6, get: 2}
+	roundTripsDirect = hotPathBudgets{createGRPC: 6, createGRPCDeadline: 6, createREST: 6, replay: 4, get: 2}
+	roundTripsPooled = hotPathBudgets{createGRPC: 6, createGRPCDeadline: 6, createREST: 6, replay: 4, get: 2}
 )
 
 // TestRoundTripsPostgres fails when a hot path makes more round trips to

@@ -37,6 +37,19 @@ type pgMode struct {
 	urlMode  pgx.QueryExecMode
 }
 
+// The queries that begin the store's transactions (pgtx.go).
+var beginDirect, beginPooled = beginQuery(false), beginQuery(true)
+
+// begin is the query that begins the store's transactions: through a
+// pooler, or before detectPooler has found none, it sets the statement
+// timeout too.
+func (m *pgMode) begin() string {
+	if m.direct.Load() {
+		return beginDirect
+	}
+	return beginPooled
+}
+
 // detectPooler finds out whether the pool's connections reach PostgreSQL
 // through a pooler and sets pgMode accordingly, before any query but its
 // own has run: a pooler answers a connection with a cancel key of its own

@@ -48,7 +48,7 @@ func TestPostgresStatementTimeout(t *testing.T) {
 			var inTransact, inBatch [3]string
 			for i := range inTransact {
 				wg.Go(func() {
-					if err := s.transact(ctx, func(tx *sql.Tx) error { return show(tx, &inTransact[i]) }); err != nil {
+					if err := s.transact(ctx, func(tx *sql.Tx, _ time.Time) error { return show(tx, &inTransact[i]) }); err != nil {
 						t.Error(err)
 					}
 					if err := s.batch.run(ctx, func(_ context.Context, tx *sql.Tx, _ time.Time) error { return show(tx, &inBatch[i]) }); err != nil {
@@ -60,6 +60,49 @@ func TestPostgresStatementTimeout(t *testing.T) {
 			for i := range inTransact {
 				if inTransact[i] != "30s" || inBatch[i] != "30s" {
 					t.Errorf("statement_timeout in a transaction = %q, in a batch = %q; want 30s", inTransact[i], inBatch[i])
+				}
+			}
+		})
+	}
+}
+
+// TestPostgresTransactionClock: the clock a store's transaction decides by,
+// read by the round trip that begins it (pgtx.go), is the transaction's
+// now(), to the microsecond, directly and through a pooler, in a batch as
+// in any other transaction.
+func TestPostgresTransactionClock(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		url  func(testing.TB) string
+	}{
+		{"direct", storetest.PostgresURL},
+		{"pgbouncer", func(t testing.TB) string { return storetest.PooledPostgresURL(t, 2) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s, err := Open(ctx, tc.url(t), "sandbox", Options{MaxConns: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			check := func(what string, tx *sql.Tx, now time.Time) error {
+				var server time.Time
+				if err := tx.QueryRowContext(ctx, `SELECT now()`).Scan(&server); err != nil {
+					return err
+				}
+				if !now.Equal(server) || now.Location() != time.UTC {
+					t.Errorf("%s: the store's clock = %v, want the transaction's now() %v, in UTC", what, now, server.UTC())
+				}
+				return nil
+			}
+			for range 3 {
+				if err := s.transact(ctx, func(tx *sql.Tx, now time.Time) error { return check("transact", tx, now) }); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.batch.run(ctx, func(_ context.Context, tx *sql.Tx, now time.Time) error { return check("batch", tx, now) }); err != nil {
+					t.Fatal(err)
 				}
 			}
 		})

@@ -27,8 +27,8 @@ func TestPostgresRoundTrips(t *testing.T) {
 		url                   func(t testing.TB) string
 		payment, replay, look int64
 	}{
-		{"direct", storetest.PostgresURL, 8, 5, 1},
-		{"pgbouncer", func(t testing.TB) string { return storetest.PooledPostgresURL(t, 2) }, 10, 6, 1},
+		{"direct", storetest.PostgresURL, 6, 4, 1},
+		{"pgbouncer", func(t testing.TB) string { return storetest.PooledPostgresURL(t, 2) }, 6, 4, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

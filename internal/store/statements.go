@@ -190,12 +190,8 @@ func (s *Store) buildStatements() statements {
 // Open.
 func (s *Store) writerQueries() []string {
 	st := s.stmts
-	qs := []string{st.insert, st.acquire, st.abandon, st.giveUp, st.late, st.resolve, st.finish, st.journal, st.rewrite,
+	return []string{st.insert, st.acquire, st.abandon, st.giveUp, st.late, st.resolve, st.finish, st.journal, st.rewrite,
 		st.ownRow, st.locked, st.held, st.dueUnknown, st.dueLeases, st.audit}
-	if s.clock == nil {
-		qs = append(qs, nowQuery)
-	}
-	return qs
 }
 
 // insertQuery inserts a new record, unless the key has one or a
