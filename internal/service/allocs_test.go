@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -356,13 +357,25 @@ func TestRoundTripsPostgres(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rt, url := storetest.CountRoundTrips(t, tc.url(t))
 			checkHotPaths(t, newBenchService(t, url), tc.budgets, func(f func()) float64 {
-				const calls = 50
-				before := rt.Requests()
-				for range calls {
-					f()
-				}
-				return float64(rt.Requests()-before) / calls
+				return roundTripsPerCall(rt, f)
 			})
 		})
 	}
+}
+
+// roundTripsPerCall counts f's round trips per call: the least of five
+// rounds of ten calls. The store commits a heartbeat of its own after half
+// a second without a write (three round trips), which a round of reads
+// may catch; the least round is the calls' own.
+func roundTripsPerCall(rt *storetest.RoundTrips, f func()) float64 {
+	const rounds, calls = 5, 10
+	least := math.Inf(1)
+	for range rounds {
+		before := rt.Requests()
+		for range calls {
+			f()
+		}
+		least = min(least, float64(rt.Requests()-before)/calls)
+	}
+	return least
 }
