@@ -253,11 +253,7 @@ func (s *Store) runBatch(ops []*batchOp) {
 	var failed error
 	var wrote atomic.Bool
 	ctx := context.WithValue(context.Background(), wroteKey{}, &wrote)
-	err := s.transact(ctx, func(tx *sql.Tx) error {
-		now, err := s.txNow(ctx, tx)
-		if err != nil {
-			return err
-		}
+	err := s.transact(ctx, func(tx *sql.Tx, now time.Time) error {
 		for i, op := range ops {
 			if !op.take() {
 				errs[i] = op.abandoned()
@@ -283,11 +279,7 @@ func (s *Store) runBatch(ops []*batchOp) {
 			if op.state.CompareAndSwap(opTaken, opRetaken) || op.take() {
 				var wrote atomic.Bool
 				ctx := context.WithValue(context.Background(), wroteKey{}, &wrote)
-				op.finish(s.transact(ctx, func(tx *sql.Tx) error {
-					now, err := s.txNow(ctx, tx)
-					if err != nil {
-						return err
-					}
+				op.finish(s.transact(ctx, func(tx *sql.Tx, now time.Time) error {
 					if err := op.fn(ctx, tx, now); err != nil {
 						return err
 					}

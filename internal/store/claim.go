@@ -132,6 +132,97 @@ func (s *Store) Begin(ctx context.Context, c record.Claim, late func(Began, erro
 	return b, nil
 }
 
+// BeginRead answers c's claim from the key's record as the reader pool
+// reads it, with no write transaction, when record.Step's answer can't be
+// changed by anything that may happen to the record later: Replay (its
+// payment succeeded), Reused (it holds another request) or NotOwned
+// (another caller's key, with c.OwnKeysOnly). It reports false, and Begin
+// must decide, for anything else: no record, a tombstone, or a record
+// whose answer may yet change (in progress, unknown, not created), on
+// which Step's verdict depends on the clock, leases, the writes' health
+// and the caller's own outbox, and which Begin reads locked.
+//
+// Why a read is enough for those three, whatever a replica, the database
+// or a person does next:
+//   - A Succeeded record is final: no event leaves Succeeded (a claim
+//     replays it; settlement leaves it; a 2xx learnt late keeps its first
+//     reply; a person resolves only an unknown record). Retention deletes
+//     it, and its tombstone says Succeeded. So the reply a replay tells is
+//     what the record says, and will.
+//   - A record's request hash and caller are written once, with the
+//     record (WriteInsert), and never changed.
+//   - The read sees only what is durable. On PostgreSQL the reader pool
+//     is the writer's own, on the same server (not a replica): a commit
+//     becomes visible to other sessions only once its synchronous standby
+//     has it, as the locked read of Begin relies on too; a COMMIT whose
+//     wait someone else cancels is visible without a standby for both
+//     alike (commit.go). On SQLite the readers see a commit once its WAL
+//     is on disk.
+//   - A read that comes before a change another transaction is making
+//     (retention tombstoning the record) answers as a claim ordered
+//     before it would.
+//
+// Nothing is sent and nothing is written, so no claim, lease or outbox
+// is involved. A new key costs one narrow read (state, request hash and
+// caller, which Step's first checks use); the whole record is read only
+// for Replay and Reused, and Step decides again on it.
+func (s *Store) BeginRead(ctx context.Context, c record.Claim) (Began, bool, error) {
+	if !s.d.storable(c.Key) {
+		return Began{}, false, nil
+	}
+	c.AnswerBy = time.Time{}
+	r, err := s.claimFacts(ctx, c.Key)
+	if err != nil || r == nil {
+		return Began{}, false, err
+	}
+	switch _, eff := record.Step(r, c, time.Time{}); eff.Verdict {
+	case record.NotOwned:
+		return Began{Verdict: record.NotOwned}, true, nil
+	case record.Replay, record.Reused:
+		full, err := s.Get(ctx, c.Key)
+		if errors.Is(err, ErrNotFound) {
+			// Deleted since (retention): Begin finds its tombstone.
+			return Began{}, false, nil
+		}
+		if err != nil {
+			return Began{}, false, err
+		}
+		n, again := record.Step(&full, c, full.ReadAt)
+		if again.Verdict != eff.Verdict || again.Write != record.WriteNone {
+			return Began{}, false, nil
+		}
+		return Began{Verdict: again.Verdict, Record: n}, true, nil
+	}
+	return Began{}, false, nil
+}
+
+// claimFacts reads what Step's first checks of a claim read of key's
+// record: its state, request hash and caller (and its key); nil when it
+// has no record, or a tombstoned one. A key with no record, a new
+// payment's, allocates nothing here.
+func (s *Store) claimFacts(ctx context.Context, key string) (*record.Record, error) {
+	st, err := s.prepared(ctx, s.r, s.stmts.claimFacts)
+	if err != nil {
+		return nil, s.wrap(fmt.Errorf("read %.64q: %w", key, err))
+	}
+	rows, err := st.QueryContext(ctx, s.d.k(key))
+	if err != nil {
+		return nil, s.wrap(fmt.Errorf("read %.64q: %w", key, err))
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return nil, s.wrap(fmt.Errorf("read %.64q: %w", key, err))
+		}
+		return nil, nil
+	}
+	r := &record.Record{Key: key}
+	if err := rows.Scan(byteCol[record.State]{&r.State}, shaCol{&r.BodySHA256}, &r.Caller); err != nil {
+		return nil, s.wrap(fmt.Errorf("read %.64q: %w", key, err))
+	}
+	return r, nil
+}
+
 // begin is Begin's operation in tx, which began at now, run from ran (this
 // process's clock); it notes in saw what it read. Step decides on a record
 // read at the store's clock as it was read (readNow): the read may come

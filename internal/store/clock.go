@@ -2,40 +2,19 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"time"
 )
 
 // The store's clock. Every time the store decides by (leases, settlement
 // windows, quiet periods, retention) comes from one clock, read as each
-// write transaction begins: for SQLite, whose database lives on this host,
-// this process's (Options.Now, by default time.Now); for PostgreSQL, whose
-// replicas may run on hosts whose clocks disagree, the database server's
-// (now(), the transaction's start). So two replicas whose clocks are apart
+// write transaction begins (transact): for SQLite, whose database lives on
+// this host, this process's (Options.Now, by default time.Now); for
+// PostgreSQL, whose replicas may run on hosts whose clocks disagree, the
+// database server's (now(), the transaction's start, read by the round
+// trip that begins it: pgtx.go). So two replicas whose clocks are apart
 // still agree on whether a lease has expired, and never both hold a key.
 // Callers pass durations, never times, and compare a record's times only
 // with its ReadAt.
-
-// nowQuery reads the database server's clock: in a transaction, the time
-// it began.
-const nowQuery = `SELECT now()`
-
-// txNow is the store's clock for tx, truncated to the microsecond both
-// backends keep.
-func (s *Store) txNow(ctx context.Context, tx *sql.Tx) (time.Time, error) {
-	if s.clock != nil {
-		return s.clock().Truncate(time.Microsecond).UTC(), nil
-	}
-	st, err := s.txStmt(ctx, tx, nowQuery)
-	if err != nil {
-		return time.Time{}, err
-	}
-	var t time.Time
-	if err := st.QueryRowContext(ctx).Scan(&t); err != nil {
-		return time.Time{}, err
-	}
-	return t.UTC(), nil
-}
 
 // readNow is the store's clock as a read in a transaction that began at
 // now came back, a read run from ran (this process's clock, taken once

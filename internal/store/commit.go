@@ -109,7 +109,7 @@ func (c transactionContext) end() {
 // commit commits tx, which began with tc for a caller with ctx, and notes
 // nothing in the write health (transact does, or, for a commit its caller
 // stopped waiting for, the goroutine that gets its answer).
-func (s *Store) commit(ctx context.Context, tx *sql.Tx, tc transactionContext, watch *commitWatch) error {
+func (s *Store) commit(ctx context.Context, tx *sql.Tx, tc transactionContext, watch *pgTx) error {
 	if !tc.hold() {
 		tx.Rollback()
 		tc.end()
@@ -143,7 +143,7 @@ func (s *Store) commit(ctx context.Context, tx *sql.Tx, tc transactionContext, w
 }
 
 // sendCommit sends tx's COMMIT and waits for its answer.
-func (s *Store) sendCommit(tx *sql.Tx, watch *commitWatch) error {
+func (s *Store) sendCommit(tx *sql.Tx, watch *pgTx) error {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w: %w", ErrCommitUnknown, err)
 	}
@@ -209,29 +209,18 @@ func (u *unansweredCommits) wait(ctx context.Context) error {
 	}
 }
 
-// commitWatch is a transaction's COMMIT, watched for a WARNING. It is
-// written and read only on the goroutine that sends the COMMIT: pgx calls
-// the tracer and OnNotice there.
-type commitWatch struct {
-	// warning is the message of the WARNING the COMMIT got, if any.
-	warning string
-}
-
-// commitWatchKey is the context key of a transaction's commitWatch.
-type commitWatchKey struct{}
-
-// commitWatchData is the connection's pgconn.CustomData key of the
-// commitWatch of the COMMIT it is running.
+// commitWatchData is the connection's pgconn.CustomData key of the pgTx
+// whose COMMIT it is running.
 const commitWatchData = "paymentsd.commitWatch"
 
-// commitTracer lends a COMMIT's watch to its connection while it runs, for
-// onNotice. pgx's database/sql driver commits with the context the
-// transaction began with, which carries the watch.
+// commitTracer lends a COMMIT's pgTx to its connection while it runs, for
+// onNotice. The store's transactions commit with the context they began
+// with, which carries it (pgtx.go).
 type commitTracer struct{}
 
 func (commitTracer) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if d.SQL == "commit" {
-		if w, ok := ctx.Value(commitWatchKey{}).(*commitWatch); ok {
+		if w, ok := ctx.Value(pgTxKey{}).(*pgTx); ok {
 			c.PgConn().CustomData()[commitWatchData] = w
 		}
 	}
@@ -244,7 +233,7 @@ func (commitTracer) TraceQueryEnd(_ context.Context, c *pgx.Conn, _ pgx.TraceQue
 
 // onNotice notes a WARNING that comes while a watched COMMIT runs.
 func onNotice(c *pgconn.PgConn, n *pgconn.Notice) {
-	w, ok := c.CustomData()[commitWatchData].(*commitWatch)
+	w, ok := c.CustomData()[commitWatchData].(*pgTx)
 	if ok && w.warning == "" && n.SeverityUnlocalized == "WARNING" {
 		w.warning = n.Message
 	}

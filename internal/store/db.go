@@ -109,9 +109,6 @@ func sqliteParams(immediate bool, pragmas []string, param func(string) string) s
 // transactions but migrations'.
 const statementTimeout = 30 * time.Second
 
-// setStatementTimeout sets statementTimeout for the rest of a transaction.
-var setStatementTimeout = fmt.Sprintf(`SELECT set_config('statement_timeout', '%d', true)`, statementTimeout.Milliseconds())
-
 // readOnlySQLTransaction is PostgreSQL's SQLSTATE for a write refused by a
 // server that takes none: a standby, or a primary being demoted.
 const readOnlySQLTransaction = "25006"
@@ -123,8 +120,9 @@ const readOnlySQLTransaction = "25006"
 // transaction), which lends each transaction whichever server session is
 // free, would lose or hand to another client:
 //   - no startup parameters (PgBouncer refuses them): statementTimeout is
-//     set in each transaction (transact), and as a startup parameter only
-//     once detectPooler has found the connections direct;
+//     a startup parameter only once detectPooler has found the connections
+//     direct, and otherwise is set by the query that begins each
+//     transaction (beginQuery);
 //   - no named prepared statements through a pooler: the store prepares
 //     nothing itself (Store.prepared), and pgx runs every query as the
 //     unnamed statement (QueryExecModeExec) until detectPooler has found
@@ -171,12 +169,11 @@ func openPostgres(rawURL string, opts Options) (*sql.DB, *pgMode, error) {
 		}
 		return nil
 	})
-	var db *sql.DB
+	var c driver.Connector = pgConnector{stdlib.GetConnector(*cfg, beforeConnect)}
 	if opts.WrapConnector != nil {
-		db = sql.OpenDB(opts.WrapConnector(stdlib.GetConnector(*cfg, beforeConnect)))
-	} else {
-		db = stdlib.OpenDB(*cfg, beforeConnect)
+		c = opts.WrapConnector(c)
 	}
+	db := sql.OpenDB(c)
 	db.SetMaxOpenConns(opts.postgresConns())
 	db.SetMaxIdleConns(opts.postgresConns())
 	db.SetConnMaxIdleTime(5 * time.Minute)

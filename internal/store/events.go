@@ -65,7 +65,7 @@ func (s *Store) AppendEvent(ctx context.Context, e Event) (Event, error) {
 		return Event{}, s.wrap(fmt.Errorf("append event: %w", err))
 	}
 	e.ReceivedAt = e.ReceivedAt.Truncate(time.Microsecond).UTC()
-	err = s.transact(ctx, func(tx *sql.Tx) error {
+	err = s.transact(ctx, func(tx *sql.Tx, _ time.Time) error {
 		// The counter row's lock is held until commit, so the next append
 		// can't take a sequence until this one is visible, and the quota is
 		// checked against every append before this one.

@@ -20,7 +20,7 @@ import (
 // readiness turns NOT_SERVING while commits wait, rather than reporting a
 // write that no standby has.
 func (s *Store) CheckWrite(ctx context.Context) error {
-	err := s.transact(ctx, func(tx *sql.Tx) error {
+	err := s.transact(ctx, func(tx *sql.Tx, _ time.Time) error {
 		_, err := tx.ExecContext(ctx, s.d.q(`
 			INSERT INTO meta (name, value) VALUES ('write_check', $1)
 			ON CONFLICT (name) DO UPDATE SET value = excluded.value`), s.now().UTC().Format(time.RFC3339Nano))
@@ -192,7 +192,7 @@ func (s *Store) heartbeat(stop <-chan struct{}) {
 func (s *Store) beat(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return s.transact(ctx, func(tx *sql.Tx) error {
+	return s.transact(ctx, func(tx *sql.Tx, _ time.Time) error {
 		if s.d.name != "postgres" {
 			return nil
 		}

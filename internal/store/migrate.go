@@ -77,7 +77,7 @@ func (s *Store) migrate(ctx context.Context, env string, logger *slog.Logger) er
 	var applied []string
 	var current int
 	start := time.Now()
-	err = s.transact(ctx, func(tx *sql.Tx) error {
+	err = s.transact(ctx, func(tx *sql.Tx, _ time.Time) error {
 		applied = applied[:0]
 		if s.d.name == "postgres" {
 			// A migration may rewrite a large table: it is bounded by ctx,

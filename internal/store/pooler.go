@@ -37,6 +37,19 @@ type pgMode struct {
 	urlMode  pgx.QueryExecMode
 }
 
+// The queries that begin the store's transactions (pgtx.go).
+var beginDirect, beginPooled = beginQuery(false), beginQuery(true)
+
+// begin is the query that begins the store's transactions: through a
+// pooler, or before detectPooler has found none, it sets the statement
+// timeout too.
+func (m *pgMode) begin() string {
+	if m.direct.Load() {
+		return beginDirect
+	}
+	return beginPooled
+}
+
 // detectPooler finds out whether the pool's connections reach PostgreSQL
 // through a pooler and sets pgMode accordingly, before any query but its
 // own has run: a pooler answers a connection with a cancel key of its own
@@ -96,6 +109,13 @@ func (s *Store) detectPooler(ctx context.Context, logger *slog.Logger) error {
 	s.pg.v.Store(int64(mode))
 	s.pg.pooled.Store(pooled)
 	s.pg.direct.Store(!pooled)
+	// Every connection opened from now on gets the mode, and a direct one
+	// its statement timeout as a startup parameter, on which transact
+	// counts: none opened before may stay in the pool. (Open's ping opened
+	// one, which this function took and dropped; no other is in use yet.)
+	conns := s.w.Stats().MaxOpenConnections
+	s.w.SetMaxIdleConns(0)
+	s.w.SetMaxIdleConns(conns)
 	if !pooled {
 		logger.Info("PostgreSQL is reached directly (or through a proxy that keeps a server session per connection)",
 			"queries", how, "query_exec_mode", modeName(mode), "statement_timeout", statementTimeout.String())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,30 +17,95 @@ import (
 
 // TestPostgresStatementTimeout: every statement of the store's
 // transactions, the batcher's and the others, is bounded (retention's
-// grace period relies on it), by a setting that ends with the transaction:
-// behind a pooler in transaction mode, a session setting would stay with
-// the server connection, for whichever client gets it next, and a startup
-// parameter is refused.
+// grace period relies on it), by a setting that ends with the transaction
+// or the connection: behind a pooler in transaction mode, a session
+// setting would stay with the server connection, for whichever client gets
+// it next, and a startup parameter is refused, so each transaction sets it;
+// straight to PostgreSQL, every connection has it as a startup parameter,
+// and no transaction spends a round trip on it.
 func TestPostgresStatementTimeout(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	s, err := Open(ctx, storetest.PostgresURL(t), "sandbox", Options{MaxConns: 3})
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name string
+		url  func(testing.TB) string
+	}{
+		{"direct", storetest.PostgresURL},
+		{"pgbouncer", func(t testing.TB) string { return storetest.PooledPostgresURL(t, 2) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s, err := Open(ctx, tc.url(t), "sandbox", Options{MaxConns: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			show := func(tx *sql.Tx, into *string) error {
+				return tx.QueryRowContext(ctx, `SHOW statement_timeout`).Scan(into)
+			}
+			// Three at once, so that the pool's every connection is seen.
+			var wg sync.WaitGroup
+			var inTransact, inBatch [3]string
+			for i := range inTransact {
+				wg.Go(func() {
+					if err := s.transact(ctx, func(tx *sql.Tx, _ time.Time) error { return show(tx, &inTransact[i]) }); err != nil {
+						t.Error(err)
+					}
+					if err := s.batch.run(ctx, func(_ context.Context, tx *sql.Tx, _ time.Time) error { return show(tx, &inBatch[i]) }); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			for i := range inTransact {
+				if inTransact[i] != "30s" || inBatch[i] != "30s" {
+					t.Errorf("statement_timeout in a transaction = %q, in a batch = %q; want 30s", inTransact[i], inBatch[i])
+				}
+			}
+		})
 	}
-	defer s.Close()
-	show := func(tx *sql.Tx, into *string) error {
-		return tx.QueryRowContext(ctx, `SHOW statement_timeout`).Scan(into)
-	}
-	var inTransact, inBatch string
-	if err := s.transact(ctx, func(tx *sql.Tx) error { return show(tx, &inTransact) }); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.batch.run(ctx, func(_ context.Context, tx *sql.Tx, _ time.Time) error { return show(tx, &inBatch) }); err != nil {
-		t.Fatal(err)
-	}
-	if inTransact != "30s" || inBatch != "30s" {
-		t.Errorf("statement_timeout in a transaction = %q, in a batch = %q; want 30s", inTransact, inBatch)
+}
+
+// TestPostgresTransactionClock: the clock a store's transaction decides by,
+// read by the round trip that begins it (pgtx.go), is the transaction's
+// now(), to the microsecond, directly and through a pooler, in a batch as
+// in any other transaction.
+func TestPostgresTransactionClock(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		url  func(testing.TB) string
+	}{
+		{"direct", storetest.PostgresURL},
+		{"pgbouncer", func(t testing.TB) string { return storetest.PooledPostgresURL(t, 2) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s, err := Open(ctx, tc.url(t), "sandbox", Options{MaxConns: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			check := func(what string, tx *sql.Tx, now time.Time) error {
+				var server time.Time
+				if err := tx.QueryRowContext(ctx, `SELECT now()`).Scan(&server); err != nil {
+					return err
+				}
+				if !now.Equal(server) || now.Location() != time.UTC {
+					t.Errorf("%s: the store's clock = %v, want the transaction's now() %v, in UTC", what, now, server.UTC())
+				}
+				return nil
+			}
+			for range 3 {
+				if err := s.transact(ctx, func(tx *sql.Tx, now time.Time) error { return check("transact", tx, now) }); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.batch.run(ctx, func(_ context.Context, tx *sql.Tx, now time.Time) error { return check("batch", tx, now) }); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

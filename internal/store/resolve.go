@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"example.com/paymentsd/internal/record"
 )
@@ -64,11 +65,7 @@ func (s *Store) Resolve(ctx context.Context, key string, res record.Resolve, aud
 		return Resolved{}, fmt.Errorf("resolve %.64q: %w", key, ErrNotFound)
 	}
 	var out Resolved
-	err := s.transact(ctx, func(tx *sql.Tx) error {
-		now, err := s.txNow(ctx, tx)
-		if err != nil {
-			return err
-		}
+	err := s.transact(ctx, func(tx *sql.Tx, now time.Time) error {
 		r, err := s.lockedRecord(ctx, tx, key, now)
 		var found *record.Record
 		switch {

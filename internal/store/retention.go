@@ -66,11 +66,8 @@ func (s *Store) DeleteExpired(ctx context.Context, r Retention, limit int) (int,
 		}
 		sctx, cancel := context.WithTimeout(ctx, tombstoneTxTimeout)
 		var n int64
-		err := s.transact(sctx, func(tx *sql.Tx) error {
-			now, err := s.txNow(sctx, tx)
-			if err != nil {
-				return err
-			}
+		err := s.transact(sctx, func(tx *sql.Tx, now time.Time) error {
+			var err error
 			n, err = step.run(sctx, tx, now)
 			if err == nil && n == 0 {
 				return errNoWrite

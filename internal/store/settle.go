@@ -33,13 +33,9 @@ const (
 // the others waiting. In PostgreSQL a replica skips the records another
 // has locked; no record is acquired by two at once.
 func (s *Store) SettleDue(ctx context.Context, ev record.Settle, pending func(key string) bool, acquire int) (acquired, gaveUp []record.Record, err error) {
-	err = s.transact(ctx, func(tx *sql.Tx) error {
+	err = s.transact(ctx, func(tx *sql.Tx, now time.Time) error {
 		acquired, gaveUp = nil, nil
 		wrote := false
-		now, err := s.txNow(ctx, tx)
-		if err != nil {
-			return err
-		}
 		ev.Settled = s.writesSettled()
 		full := func() bool { return acquire > 0 && len(acquired) >= acquire }
 		for _, q := range []string{s.stmts.dueLeases, s.stmts.dueUnknown} {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // transact runs fn in a transaction on the writer, committing if fn returns
@@ -12,9 +13,12 @@ import (
 // SQLite the transaction starts with BEGIN IMMEDIATE, taking the write lock
 // at once.
 //
-// fn's statements run with ctx, and stop when it ends; the COMMIT, once
-// sent, is never cancelled (commit.go): a caller whose ctx ends while it
-// waits is told ErrCommitUnknown, and the store waits on for the answer.
+// fn gets the store's clock as the transaction began (clock.go): on
+// PostgreSQL the server's, read by the round trip that began the
+// transaction (pgtx.go). Its statements run with ctx, and stop when it
+// ends; the COMMIT, once sent, is never cancelled (commit.go): a caller
+// whose ctx ends while it waits is told ErrCommitUnknown, and the store
+// waits on for the answer.
 // A caller whose ctx can end first waits for the answers of the COMMITs
 // other callers left.
 //
@@ -23,16 +27,16 @@ import (
 // errNoWrite when it wrote nothing, and then the transaction is rolled
 // back, transact returns nil, and only on SQLite (whose transaction took
 // the write lock) does it count as a commit.
-func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error) {
+func (s *Store) transact(ctx context.Context, fn func(tx *sql.Tx, now time.Time) error) (err error) {
 	if err := s.unanswered.wait(ctx); err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	tc := newTransactionContext(ctx)
 	tctx := tc.ctx
-	var watch *commitWatch
-	if s.d.name == "postgres" {
-		watch = new(commitWatch)
-		tctx = context.WithValue(tctx, commitWatchKey{}, watch)
+	var pt *pgTx
+	if s.pg != nil {
+		pt = &pgTx{begin: s.pg.begin()}
+		tctx = context.WithValue(tctx, pgTxKey{}, pt)
 	}
 	tx, err := s.w.BeginTx(tctx, nil)
 	if err != nil {
@@ -40,12 +44,19 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 		s.noteWrite(err)
 		return fmt.Errorf("begin transaction: %w", err)
 	}
-	if s.d.name == "postgres" {
-		if _, err := tx.ExecContext(ctx, setStatementTimeout); err != nil {
-			tx.Rollback()
-			tc.end()
-			return fmt.Errorf("begin transaction: set statement_timeout: %w", err)
-		}
+	var now time.Time
+	switch {
+	case s.clock != nil:
+		now = s.clock().Truncate(time.Microsecond).UTC()
+	case pt.now.IsZero():
+		// Begun by a connection that is not the store's (pgConn), so
+		// without the clock (nor, through a pooler, the statement
+		// timeout): nothing may run in it.
+		tx.Rollback()
+		tc.end()
+		return errors.New("begin transaction: the transaction began without reading the server's clock")
+	default:
+		now = pt.now
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -64,14 +75,14 @@ func (s *Store) transact(ctx context.Context, fn func(*sql.Tx) error) (err error
 			return
 		}
 		if err == nil {
-			err = s.commit(ctx, tx, tc, watch)
+			err = s.commit(ctx, tx, tc, pt)
 		} else {
 			tx.Rollback()
 			tc.end()
 		}
 		s.noteWrite(err)
 	}()
-	return fn(tx)
+	return fn(tx, now)
 }
 
 // errNoWrite is what a transaction's fn returns when it wrote nothing (a
