@@ -116,20 +116,12 @@ func (e *Engine) claim(ctx context.Context, p Payment) (*attempt, Answer) {
 		OwnKeysOnly: p.OwnKeysOnly,
 		LeaseTTL:    e.leaseTTL, Window: e.window, Quiet: e.quiet, MinSend: e.minSend(),
 	}
-	for first := true; ; first = false {
+	for {
 		// An outcome this process holds for the key is written first, so
 		// that the claim sees it (record.Claim.Pending covers one that
 		// comes between).
 		if !e.Await(ctx, p.Key) {
 			return nil, Answer{Told: record.TellInProgress}
-		}
-		if first {
-			// A replay, a reused key or another caller's is answered from
-			// a read, without a claim: the store's one writer, and its
-			// queue, are for what may write.
-			if a, ok := e.answerFromRead(ctx, c); ok {
-				return nil, a
-			}
 		}
 		c.Owner = e.owner()
 		c.Pending = e.outbox.pendingFor(p.Key) != nil
@@ -185,26 +177,6 @@ func (e *Engine) busy(ctx context.Context, key string, held *record.Record) (a A
 		return Answer{}, true
 	}
 	return Answer{From: record.Busy, Record: &rec}, false
-}
-
-// answerFromRead answers c's call from its key's record as the store's
-// reader pool reads it, when that answer can't change (store.BeginRead:
-// Replay, Reused, NotOwned). A read that fails, or finds anything else,
-// leaves the call to its claim.
-func (e *Engine) answerFromRead(ctx context.Context, c record.Claim) (Answer, bool) {
-	start := time.Now()
-	b, ok, err := e.store.BeginRead(ctx, c)
-	e.metrics.StoreOp(OpBeginRead, start, err)
-	if err != nil || !ok {
-		return Answer{}, false
-	}
-	switch b.Verdict {
-	case record.Replay:
-		e.metrics.replays.Inc()
-	case record.Reused:
-		e.metrics.reuses.Inc()
-	}
-	return Answer{From: b.Verdict, Record: &b.Record}, true
 }
 
 // claimFailed is the answer of a call whose claim of key, as owner,

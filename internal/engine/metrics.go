@@ -145,12 +145,7 @@ const (
 	OpAttempts = "attempts"
 )
 
-// OpBeginRead is a call's read of its key's record on the reader pool,
-// which answers a replay, a reused key or another caller's key without a
-// claim.
-const OpBeginRead = "begin_read"
-
-var storeOps = []string{OpBegin, OpBeginRead, OpFinish, OpGet, OpAudit, OpAttempts, OpList, OpResolve, OpSettle, OpRelease, OpStats, OpDelete}
+var storeOps = []string{OpBegin, OpFinish, OpGet, OpAudit, OpAttempts, OpList, OpResolve, OpSettle, OpRelease, OpStats, OpDelete}
 
 // storeAnswers are the store's answers about a record: each is the store
 // working, and each is answered to the caller as such, so none counts as a

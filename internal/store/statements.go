@@ -138,9 +138,6 @@ type statements struct {
 	// locked reads and locks a key's record; get reads it with the
 	// store's clock; held reads and locks the records one owner holds.
 	locked, get, held string
-	// claimFacts reads what a claim is answered by without a write
-	// (BeginRead): a record's state, request hash and caller.
-	claimFacts string
 	// dueUnknown and dueLeases read and lock a page of SettleDue's
 	// candidates.
 	dueUnknown, dueLeases string
@@ -164,9 +161,8 @@ func (s *Store) buildStatements() statements {
 			error = $7, abandoned = $8 WHERE id = $1 AND abandoned = $9`),
 		ownRow: d.q(`SELECT id, ` + attemptColumns + ` FROM attempts WHERE ` + d.keyCol + ` = $1 AND owner = $2
 			ORDER BY id DESC LIMIT 1`),
-		locked:     d.q(`SELECT ` + recordColumns + ` FROM records WHERE ` + d.keyCol + ` = $1 ` + d.lockRows),
-		get:        d.q(`SELECT ` + recordColumns + `, ` + s.readClock() + ` FROM records WHERE ` + d.keyCol + ` = $1 AND tombstoned_at IS NULL`),
-		claimFacts: d.q(`SELECT state, body_sha256, caller FROM records WHERE ` + d.keyCol + ` = $1 AND tombstoned_at IS NULL`),
+		locked: d.q(`SELECT ` + recordColumns + ` FROM records WHERE ` + d.keyCol + ` = $1 ` + d.lockRows),
+		get:    d.q(`SELECT ` + recordColumns + `, ` + s.readClock() + ` FROM records WHERE ` + d.keyCol + ` = $1 AND tombstoned_at IS NULL`),
 		held: d.q(`SELECT ` + recordColumns + ` FROM records WHERE state = ` + inProgress + ` AND lease_owner = $1
 			ORDER BY ` + d.keyCol + ` ` + d.lockRows),
 		// Candidates are narrowed by index and time alone: Step decides.

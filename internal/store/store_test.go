@@ -390,74 +390,6 @@ func testStore(t *testing.T, b backend) {
 		}
 	})
 
-	// BeginRead answers a claim without a write only where no later
-	// change to the record can alter the answer, and then exactly as
-	// Begin does.
-	t.Run("BeginReadOnlyWhatIsFinal", func(t *testing.T) {
-		t.Parallel()
-		s, clk := fresh(t)
-		setups := map[string]func(key string){
-			"InProgress": func(key string) { begin(t, s, claim(key, "body", "a"), record.Acquired) },
-			"Succeeded": func(key string) {
-				begin(t, s, claim(key, "body", "a"), record.Acquired)
-				finish(t, s, key, paid(200, `{"id":"p"}`))
-			},
-			"ResolvedSucceeded": func(key string) {
-				makeUnknown(t, s, claim(key, "body", "a"), 0)
-				res := record.Resolve{To: record.Succeeded, Reply: []byte(`{"id":"r"}`)}
-				if _, err := s.Resolve(ctx, key, res, store.AuditInfo{Actor: "p", Evidence: "e"}); err != nil {
-					t.Fatalf("Resolve(%s): %v", key, err)
-				}
-			},
-			"NotCreated": func(key string) {
-				begin(t, s, claim(key, "body", "a"), record.Acquired)
-				finish(t, s, key, refused(400))
-			},
-			"OutcomeUnknown": func(key string) { makeUnknown(t, s, claim(key, "body", "a"), 0) },
-			"Quiet": func(key string) {
-				begin(t, s, claim(key, "body", "a"), record.Acquired)
-				finish(t, s, key, record.Outcome{Result: record.Unknown, QuietFor: 3 * window})
-			},
-		}
-		for name, setup := range setups {
-			clk.Set(t0)
-			setup(name)
-			// The same request, by its own caller, replays a success and is
-			// left to Begin otherwise.
-			var same record.Verdict
-			if strings.HasSuffix(name, "Succeeded") {
-				same = record.Replay
-			}
-			for _, tc := range []struct {
-				how  string
-				c    record.Claim
-				want record.Verdict // 0: left to Begin
-			}{
-				{"same request", claim(name, "body", "b"), same},
-				{"another request", claim(name, "other body", "b"), record.Reused},
-				{"another caller's key", func() record.Claim { c := claim(name, "body", "b"); c.OwnKeysOnly = true; return c }(), record.NotOwned},
-				{"its own key", func() record.Claim { c := claim(name, "body", "a"); c.OwnKeysOnly = true; return c }(), same},
-			} {
-				clk.Set(t0.Add(lease + time.Second))
-				got, ok, err := s.BeginRead(ctx, tc.c)
-				if err != nil || ok != (tc.want != 0) || got.Verdict != tc.want {
-					t.Errorf("%s, %s: BeginRead = %v, %v, %v; want %v, %v", name, tc.how, got.Verdict, ok, err, tc.want, tc.want != 0)
-					continue
-				}
-				if !ok {
-					continue
-				}
-				want := begin(t, s, tc.c, tc.want)
-				if diff := cmp.Diff(want, got); diff != "" {
-					t.Errorf("%s, %s: BeginRead mismatch with Begin (-Begin +BeginRead):\n%s", name, tc.how, diff)
-				}
-			}
-		}
-		if got, ok, err := s.BeginRead(ctx, claim("none", "body", "b")); ok || err != nil {
-			t.Errorf("BeginRead(a key with no record) = %v, %v, %v; want false", got.Verdict, ok, err)
-		}
-	})
-
 	t.Run("ReusedInEveryState", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
@@ -1774,9 +1706,6 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 					t.Helper()
 					if _, err := s.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
 						t.Errorf("%s: Get error = %v, want ErrNotFound", when, err)
-					}
-					if got, ok, err := s.BeginRead(ctx, c); ok || err != nil {
-						t.Errorf("%s: BeginRead = %v, %v, %v; want it left to Begin", when, got.Verdict, ok, err)
 					}
 					if got, err := s.Tombstone(ctx, "k"); err != nil || !cmp.Equal(want, got) {
 						t.Errorf("%s: Tombstone = %+v, %v; want %+v", when, got, err, want)
