@@ -210,8 +210,8 @@ func (e *Engine) claimFailed(ctx context.Context, key, owner string, err error) 
 // caller stopped waiting before the claim's commit was known: a claim that
 // committed after all is released, nothing sent; one whose commit is
 // unknown is released if it holds the record.
-func (e *Engine) afterCaller(key, owner string) func(store.Began, error) {
-	return func(b store.Began, err error) {
+func (e *Engine) afterCaller(key, owner string) func(*store.Began, error) {
+	return func(b *store.Began, err error) {
 		switch {
 		case err == nil && b.Verdict == record.Acquired:
 			rec := b.Record

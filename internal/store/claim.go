@@ -81,14 +81,14 @@ const (
 //
 // It returns ErrKeyNotStorable for a key the backend can't hold exactly,
 // and ErrCommitUnknown when the commit was sent and no answer came.
-func (s *Store) Begin(ctx context.Context, c record.Claim, late func(Began, error)) (Began, error) {
+func (s *Store) Begin(ctx context.Context, c record.Claim, late func(*Began, error)) (*Began, error) {
 	if !s.d.storable(c.Key) {
-		return Began{}, fmt.Errorf("begin %.64q: %w", c.Key, ErrKeyNotStorable)
+		return nil, fmt.Errorf("begin %.64q: %w", c.Key, ErrKeyNotStorable)
 	}
-	var (
-		b   Began
-		saw atomic.Int32
-	)
+	var saw atomic.Int32
+	// On the heap, as the operation that fills it is: the caller's frame
+	// holds a pointer, not the 700 bytes of a record and a tombstone.
+	b := new(Began)
 	op := &batchOp{ctx: ctx, errc: make(chan error, 1)}
 	deadline, hasDeadline := ctx.Deadline()
 	op.fn = func(ctx context.Context, tx *sql.Tx, now time.Time) error {
@@ -101,7 +101,7 @@ func (s *Store) Begin(ctx context.Context, c record.Claim, late func(Began, erro
 			c.AnswerBy = s.readNow(now, ran).Add(time.Until(deadline))
 		}
 		var err error
-		b, err = s.begin(ctx, tx, c, now, ran, &saw)
+		*b, err = s.begin(ctx, tx, c, now, ran, &saw)
 		return err
 	}
 	op.late = func(err error) {
@@ -109,7 +109,7 @@ func (s *Store) Begin(ctx context.Context, c record.Claim, late func(Began, erro
 			return
 		}
 		if err != nil {
-			late(Began{}, s.wrap(fmt.Errorf("begin %.64q: %w", c.Key, err)))
+			late(nil, s.wrap(fmt.Errorf("begin %.64q: %w", c.Key, err)))
 			return
 		}
 		late(b, nil)
@@ -117,17 +117,17 @@ func (s *Store) Begin(ctx context.Context, c record.Claim, late func(Began, erro
 	err, state := s.batch.wait(ctx, op)
 	switch {
 	case state == opAbandoned:
-		return Began{}, fmt.Errorf("begin %.64q: %w", c.Key, &ClaimPendingError{Err: err})
+		return nil, fmt.Errorf("begin %.64q: %w", c.Key, &ClaimPendingError{Err: err})
 	case state == opDetached:
 		pending := &ClaimPendingError{Ran: true, SawMaybe: saw.Load() != sawNone, Err: err}
-		return Began{}, fmt.Errorf("begin %.64q: %w", c.Key, pending)
+		return nil, fmt.Errorf("begin %.64q: %w", c.Key, pending)
 	case errors.Is(err, ErrCommitUnknown):
 		// The claim may hold the record; what it read says what the
 		// caller may be told.
 		pending := &ClaimPendingError{Ran: true, SawMaybe: saw.Load() != sawNone, Err: err}
-		return Began{}, s.wrap(fmt.Errorf("begin %.64q: %w", c.Key, pending))
+		return nil, s.wrap(fmt.Errorf("begin %.64q: %w", c.Key, pending))
 	case err != nil:
-		return Began{}, s.wrap(fmt.Errorf("begin %.64q: %w", c.Key, err))
+		return nil, s.wrap(fmt.Errorf("begin %.64q: %w", c.Key, err))
 	}
 	return b, nil
 }

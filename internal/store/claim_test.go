@@ -59,7 +59,7 @@ func pendingError(t *testing.T, err error) *store.ClaimPendingError {
 
 // lateResult is what Begin's late got.
 type lateResult struct {
-	b   store.Began
+	b   *store.Began
 	err error
 }
 
@@ -82,7 +82,7 @@ func TestBeginContinuation(t *testing.T) {
 				ctx, cancel := context.WithCancel(context.Background())
 				errc := make(chan error, 1)
 				go func() {
-					_, err := s.Begin(ctx, claim("k", "body", "p/1"), func(store.Began, error) {
+					_, err := s.Begin(ctx, claim("k", "body", "p/1"), func(*store.Began, error) {
 						t.Errorf("late called for a claim that never ran")
 					})
 					errc <- err
@@ -125,7 +125,7 @@ func TestBeginContinuation(t *testing.T) {
 					late := make(chan lateResult, 2)
 					errc := make(chan error, 1)
 					go func() {
-						_, err := s.Begin(ctx, claim("k", "body", "p/1"), func(b store.Began, err error) { late <- lateResult{b, err} })
+						_, err := s.Begin(ctx, claim("k", "body", "p/1"), func(b *store.Began, err error) { late <- lateResult{b, err} })
 						errc <- err
 					}()
 					waitQueued(t, s, 1)
@@ -151,9 +151,9 @@ func TestBeginContinuation(t *testing.T) {
 					got := <-late
 					switch {
 					case tc.lose && !errors.Is(got.err, store.ErrCommitUnknown):
-						t.Errorf("late() = %v, %v; want ErrCommitUnknown", got.b.Verdict, got.err)
+						t.Errorf("late() = %+v, %v; want ErrCommitUnknown", got.b, got.err)
 					case !tc.lose && (got.err != nil || got.b.Verdict != record.Acquired || got.b.Record.LeaseOwner != "p/1"):
-						t.Errorf("late() = %v %+v, %v; want Acquired by p/1", got.b.Verdict, got.b.Record, got.err)
+						t.Errorf("late() = %+v, %v; want Acquired by p/1", got.b, got.err)
 					}
 					select {
 					case again := <-late:
@@ -198,7 +198,7 @@ func TestDetachedBeginInFailedBatch(t *testing.T) {
 			late := make(chan lateResult, 2)
 			detached := make(chan error, 1)
 			go func() {
-				_, err := s.Begin(dctx, claim("d", "body", "p/1"), func(b store.Began, err error) { late <- lateResult{b, err} })
+				_, err := s.Begin(dctx, claim("d", "body", "p/1"), func(b *store.Began, err error) { late <- lateResult{b, err} })
 				detached <- err
 			}()
 			waitQueued(t, s, 1)
@@ -227,8 +227,8 @@ func TestDetachedBeginInFailedBatch(t *testing.T) {
 			}
 			waitFired(t, f, "fail statement")
 			got := <-late
-			if got.err == nil || errors.Is(got.err, store.ErrCommitUnknown) || got.b.Verdict != 0 {
-				t.Errorf("late() = %v, %v; want an error saying nothing was written", got.b.Verdict, got.err)
+			if got.err == nil || errors.Is(got.err, store.ErrCommitUnknown) || got.b != nil {
+				t.Errorf("late() = %+v, %v; want no result, and an error saying nothing was written", got.b, got.err)
 			}
 			if _, err := s.Get(ctx, "d"); !errors.Is(err, store.ErrNotFound) {
 				t.Errorf("Get(d) error = %v, want ErrNotFound: the detached claim ran again on its own", err)
@@ -294,7 +294,7 @@ func TestBeginReadPastDeadline(t *testing.T) {
 			late := make(chan lateResult, 1)
 			began := make(chan error, 1)
 			go func() {
-				_, err := s.Begin(ctx, claim("k", "body", "p/2"), func(b store.Began, err error) { late <- lateResult{b, err} })
+				_, err := s.Begin(ctx, claim("k", "body", "p/2"), func(b *store.Began, err error) { late <- lateResult{b, err} })
 				began <- err
 			}()
 			waitFired(t, f, "hang statement")
@@ -305,7 +305,7 @@ func TestBeginReadPastDeadline(t *testing.T) {
 			release()
 			got := <-late
 			if got.err != nil || got.b.Verdict != record.Left {
-				t.Errorf("late() = %v, %v; want Left: the record was read after the caller's deadline", got.b.Verdict, got.err)
+				t.Errorf("late() = %+v, %v; want Left: the record was read after the caller's deadline", got.b, got.err)
 			}
 			if r := get(t, s, "k"); r.State != record.NotCreated || r.LeaseOwner != "" {
 				t.Errorf("record = %v held by %q, want NotCreated, held by no one", r.State, r.LeaseOwner)

@@ -127,7 +127,7 @@ func quiet(c record.Claim, q time.Duration) record.Claim {
 	return c
 }
 
-func begin(t *testing.T, s *store.Store, c record.Claim, want record.Verdict) store.Began {
+func begin(t *testing.T, s *store.Store, c record.Claim, want record.Verdict) *store.Began {
 	t.Helper()
 	b, err := s.Begin(context.Background(), c, nil)
 	if err != nil {
@@ -1534,7 +1534,7 @@ func testClockAndReads(t *testing.T, fresh func(*testing.T) (*store.Store, *cloc
 	t.Run("PriorStateAndAttemptStartedAt", func(t *testing.T) {
 		t.Parallel()
 		s, clk := fresh(t)
-		check := func(what string, b store.Began, prior record.State, started time.Time) {
+		check := func(what string, b *store.Began, prior record.State, started time.Time) {
 			t.Helper()
 			if b.Record.PriorState != prior || !b.Record.AttemptStartedAt.Equal(us(started)) {
 				t.Errorf("%s: PriorState %v AttemptStartedAt %v, want %v, %v", what, b.Record.PriorState, b.Record.AttemptStartedAt, prior, us(started))
@@ -1922,7 +1922,7 @@ func testRetention(t *testing.T, b backend, fresh func(*testing.T) (*store.Store
 			makeUnknown(t, s, c, 0)
 		}
 		clk.Set(t0.Add(keep + time.Second))
-		outcomes := make([]store.Began, n)
+		outcomes := make([]*store.Began, n)
 		var wg sync.WaitGroup
 		errs := make(chan error, n+1)
 		for i := range n {

@@ -170,7 +170,7 @@ func TestCommitWaitNeverCancelled(t *testing.T) {
 	p.waitForStandby(t)
 
 	type began struct {
-		b   store.Began
+		b   *store.Began
 		err error
 	}
 	lateBegan := make(chan began, 1)
@@ -215,7 +215,7 @@ func TestCommitWaitNeverCancelled(t *testing.T) {
 		// what the claim did once its commit's answer comes.
 		name: "Begin",
 		write: func(ctx context.Context) error {
-			_, err := s.Begin(ctx, claim("begun", "body", "p/2"), func(b store.Began, err error) { lateBegan <- began{b, err} })
+			_, err := s.Begin(ctx, claim("begun", "body", "p/2"), func(b *store.Began, err error) { lateBegan <- began{b, err} })
 			return err
 		},
 		wantErr: func(err error) bool {
@@ -270,7 +270,7 @@ func TestCommitWaitNeverCancelled(t *testing.T) {
 		p.waitFor(t, tc.name+"'s write visible", func() bool { return tc.visible() > 0 })
 	}
 	if got := <-lateBegan; got.err != nil || got.b.Verdict != record.Acquired {
-		t.Errorf("Begin's late = %v, %v; want Acquired", got.b.Verdict, got.err)
+		t.Errorf("Begin's late = %+v, %v; want Acquired", got.b, got.err)
 	}
 	if err := s.CheckWrite(ctx); err != nil {
 		t.Errorf("CheckWrite() once commits land = %v, want nil", err)
