@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"time"
 )
 
@@ -32,3 +33,16 @@ func QueuedOps(s *Store) int {
 
 // Beat commits one heartbeat, giving up after timeout.
 func Beat(s *Store, timeout time.Duration) error { return s.beat(timeout) }
+
+// SnapshotSettings is what a PostgreSQL list page's transaction
+// (readSnapshot) runs with: its isolation level and whether it is read
+// only, as the server reports them.
+func SnapshotSettings(ctx context.Context, s *Store) (isolation, readOnly string, err error) {
+	err = s.readSnapshot(ctx, func(tx *sql.Tx) error {
+		if err := tx.QueryRowContext(ctx, `SHOW transaction_isolation`).Scan(&isolation); err != nil {
+			return err
+		}
+		return tx.QueryRowContext(ctx, `SHOW transaction_read_only`).Scan(&readOnly)
+	})
+	return isolation, readOnly, err
+}

@@ -355,8 +355,10 @@ func (s *Store) readSnapshot(ctx context.Context, fn func(*sql.Tx) error) error 
 	if !s.d.intTimes {
 		opts.Isolation = sql.LevelRepeatableRead
 	}
-	if s.r == s.w {
+	if s.r == s.w && s.d.name == "sqlite" {
 		// An in-memory SQLite database: one connection, which writes too.
+		// (PostgreSQL's readers are its writer's pool as well, and take
+		// the options.)
 		opts = nil
 	}
 	tx, err := s.r.BeginTx(ctx, opts)

@@ -13,6 +13,7 @@ import (
 
 	"example.com/paymentsd/internal/record"
 	"example.com/paymentsd/internal/store"
+	"example.com/paymentsd/internal/store/storetest"
 )
 
 // seedList writes n records one second apart (every fourth shares its
@@ -501,4 +502,24 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 			t.Errorf("Begin(own tombstone) tombstone caller %q (known %v), want %q", b.Tombstone.Caller, b.Tombstone.CallerKnown, c.Caller)
 		}
 	})
+}
+
+// TestPostgresListSnapshot: a list page's queries on PostgreSQL run in
+// one read-only REPEATABLE READ transaction, so that they see one
+// snapshot (its readers are its writer's pool, which once made the page
+// take the options of SQLite in memory: none).
+func TestPostgresListSnapshot(t *testing.T) {
+	t.Parallel()
+	s, err := store.Open(context.Background(), storetest.PostgresURL(t), "sandbox", store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	isolation, readOnly, err := store.SnapshotSettings(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if isolation != "repeatable read" || readOnly != "on" {
+		t.Errorf("a list page's transaction: isolation %q, read only %q; want repeatable read, on", isolation, readOnly)
+	}
 }
