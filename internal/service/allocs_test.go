@@ -61,8 +61,9 @@ const (
 	// issue 34 began, 257 with its changes (the body decoded by
 	// decodeCreate, serveCreate passing no header metadata, one context
 	// value per HTTP request, each method's chain bound once, and the
-	// changes above).
-	budgetCreateREST = 265
+	// changes above); 247 routed straight to serveCreate, not through the
+	// gateway's mux.
+	budgetCreateREST = 255
 	// budgetReplay is a CreateMultiCardPayment over gRPC, as
 	// budgetCreateGRPC, with a key whose payment succeeded: answered from
 	// its record. Measured 227: the claim's INSERT, which finds the key
@@ -313,8 +314,8 @@ const (
 	// budgetCreateGRPCDeadlinePostgres: measured 298, 262; 246.
 	budgetCreateGRPCDeadlinePostgres = 254
 	// budgetCreateRESTPostgres: measured 393, 357; 270 with the
-	// REST create's own decoder and handler.
-	budgetCreateRESTPostgres = 279
+	// REST create's own decoder and handler; 260 routed straight to it.
+	budgetCreateRESTPostgres = 268
 	// budgetReplayPostgres: measured 242, 224: the claim's write
 	// transaction (rolled back: it wrote nothing).
 	budgetReplayPostgres = 231

@@ -21,9 +21,11 @@ import (
 )
 
 // serveCreate is CreateMultiCardPayment's REST handler. NewServer
-// registers it on the gateway's mux after the generated handlers, so that
-// the mux routes POST /v1/multi-card-payments to it, through the same
-// middlewares, rather than to the generated one. It does what the
+// routes POST /v1/multi-card-payments to it straight from the HTTP port's
+// mux, with the gateway mux's middleware (requireJSON); and registers it on
+// the gateway's mux after the generated handlers, for the paths only that
+// mux matches (a path not in its plain encoding, or with tracing on), so
+// that the mux routes them to it rather than to the generated one. It does what the
 // generated handler does, with the gateway's own parts: the marshalers the
 // mux picks for the request (restJSON: its decoder reads the body,
 // decodeCreate in the shape callers send), the mux's error handler

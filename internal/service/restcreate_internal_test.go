@@ -3,6 +3,7 @@ package service
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -10,10 +11,13 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -25,22 +29,27 @@ import (
 // key, by a header) as the generated gateway handler did, byte for byte.
 func TestServeCreateAnswersAsGenerated(t *testing.T) {
 	t.Parallel()
-	newHandler := func(generated bool) http.Handler {
+	newHandler := func(generated, traced bool) http.Handler {
 		reg := prometheus.NewRegistry()
-		srv, err := NewServer(newBenchService(t, "sqlite::memory:"), Options{
+		opts := Options{
 			Logger:          slog.New(slog.NewJSONHandler(io.Discard, nil)),
 			Registerer:      reg,
 			Gatherer:        reg,
 			MaxRequestBytes: 4096,
 			generatedCreate: generated,
-		})
+		}
+		if traced {
+			opts.TracerProvider, opts.Propagator = noop.NewTracerProvider(), propagation.TraceContext{}
+		}
+		srv, err := NewServer(newBenchService(t, "sqlite::memory:"), opts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(srv.GRPC.Stop)
 		return srv.HTTP
 	}
-	ours, generated := newHandler(false), newHandler(true)
+	ours, generated := newHandler(false, false), newHandler(true, false)
+	oursTraced := newHandler(false, true)
 
 	const valid = `{"amountMoney":{"currency":"USD","amount":1250},"idempotencyKey":"k-1"}`
 	json := http.Header{"Content-Type": {"application/json"}}
@@ -85,25 +94,70 @@ func TestServeCreateAnswersAsGenerated(t *testing.T) {
 		{"trailers accepted, refused", `{"amountMoney":{"currency":"usd","amount":1},"idempotencyKey":"k-16"}`, with("TE", "trailers")},
 		{"metadata headers", `{"amountMoney":{"currency":"USD","amount":1},"idempotencyKey":"k-17"}`, with("Grpc-Metadata-Tenant", "a", "Authorization", "Bearer x", "X-Forwarded-For", "10.0.0.1", "Accept", "application/json")},
 	} {
-		serve := func(h http.Handler) *httptest.ResponseRecorder {
-			req := httptest.NewRequest(http.MethodPost, createPath, strings.NewReader(tc.body))
-			maps.Copy(req.Header, tc.header.Clone())
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, req)
-			return rec
+		// The create's path as callers write it, in another encoding of
+		// the same path (which the gateway's mux matches), and with a
+		// query (which a create does not read).
+		for _, path := range []string{createPath, "/v1/multi-card%2Dpayments", createPath + "?idempotencyKey=q-1&empty="} {
+			serve := func(h http.Handler) *httptest.ResponseRecorder {
+				req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(tc.body))
+				maps.Copy(req.Header, tc.header.Clone())
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				return rec
+			}
+			// Each handler has a record store of its own, and is sent the
+			// same calls in the same order.
+			want := serve(generated)
+			for _, h := range []struct {
+				name string
+				h    http.Handler
+			}{{"serveCreate", ours}, {"serveCreate, traced", oursTraced}} {
+				got := serve(h.h)
+				if got.Code != want.Code || !bytes.Equal(got.Body.Bytes(), want.Body.Bytes()) {
+					t.Errorf("%s, %s: %s answered %d %s\nthe generated handler %d %s", tc.name, path, h.name, got.Code, got.Body, want.Code, want.Body)
+				}
+				gh, wh := got.Header().Clone(), want.Header().Clone()
+				if tc.header.Get("X-Request-Id") != "caller-7" {
+					// paymentsd's own, different for each call.
+					gh.Del("X-Request-Id")
+					wh.Del("X-Request-Id")
+				}
+				if !maps.EqualFunc(gh, wh, slices.Equal) {
+					t.Errorf("%s, %s: %s's header %v, the generated handler's %v", tc.name, path, h.name, gh, wh)
+				}
+			}
 		}
-		got, want := serve(ours), serve(generated)
-		if got.Code != want.Code || !bytes.Equal(got.Body.Bytes(), want.Body.Bytes()) {
-			t.Errorf("%s: serveCreate answered %d %s\nthe generated handler %d %s", tc.name, got.Code, got.Body, want.Code, want.Body)
+	}
+}
+
+// TestCreateDecodedForItsShape: a REST create's body reaches decodeCreate
+// (as limitBody's restBody), with tracing off and on.
+func TestCreateDecodedForItsShape(t *testing.T) {
+	var decoded atomic.Int64
+	testHookDecodedCreate = func() { decoded.Add(1) }
+	t.Cleanup(func() { testHookDecodedCreate = nil })
+	for _, traced := range []bool{false, true} {
+		reg := prometheus.NewRegistry()
+		opts := Options{
+			Logger:          slog.New(slog.NewJSONHandler(io.Discard, nil)),
+			Registerer:      reg,
+			Gatherer:        reg,
+			MaxRequestBytes: 4096,
 		}
-		gh, wh := got.Header().Clone(), want.Header().Clone()
-		if tc.header.Get("X-Request-Id") != "caller-7" {
-			// paymentsd's own, different for each call.
-			gh.Del("X-Request-Id")
-			wh.Del("X-Request-Id")
+		if traced {
+			opts.TracerProvider, opts.Propagator = noop.NewTracerProvider(), propagation.TraceContext{}
 		}
-		if !maps.EqualFunc(gh, wh, slices.Equal) {
-			t.Errorf("%s: serveCreate's header %v, the generated handler's %v", tc.name, gh, wh)
+		srv, err := NewServer(newBenchService(t, "sqlite::memory:"), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.GRPC.Stop)
+		before := decoded.Load()
+		if err := restCreate(srv.HTTP, fmt.Sprintf("shape-%v", traced)); err != nil {
+			t.Fatalf("traced %v: %v", traced, err)
+		}
+		if decoded.Load() != before+1 {
+			t.Errorf("traced %v: the create's body was decoded by protojson, not decodeCreate", traced)
 		}
 	}
 }

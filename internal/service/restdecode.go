@@ -56,11 +56,18 @@ func (d *restDecoder) Decode(v any) error {
 	if req, ok := v.(*paymentsv1.CreateMultiCardPaymentRequest); ok {
 		if body, ok := d.r.(*restBody); ok && decodeCreate(body.b[body.off:], req) {
 			body.off = len(body.b)
+			if testHookDecodedCreate != nil {
+				testHookDecodedCreate()
+			}
 			return nil
 		}
 	}
 	return strictDecoder{runtime.DecoderWrapper{Decoder: json.NewDecoder(d.r), UnmarshalOptions: d.m.UnmarshalOptions}}.Decode(v)
 }
+
+// testHookDecodedCreate, if set, is called when decodeCreate decoded a
+// create (tests: that the body reached it, as restBody).
+var testHookDecodedCreate func()
 
 // decodeCreate decodes b, a CreateMultiCardPaymentRequest as the REST API
 // takes it, into req, which must be empty, and reports true, if b is
