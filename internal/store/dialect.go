@@ -34,8 +34,8 @@ type dialect struct {
 	// records_due's condition is, so that the planner matches it.
 	no string
 	// dueIndex follows "FROM records" in settlement's query: SQLite's
-	// planner, with no statistics, prefers records_state, which holds
-	// every given-up record too.
+	// planner, with no statistics, prefers an index that begins with
+	// state (records_list_state), which holds every given-up record too.
 	dueIndex string
 }
 
