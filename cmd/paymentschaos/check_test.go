@@ -266,6 +266,20 @@ func TestCheckViolations(t *testing.T) {
 			resent: []string{resendKilledCommitWindow},
 		},
 		{
+			// CI's run of 2026-11-29: the 2xx was delivered 30 ms before
+			// the store froze, so its commit could not land within the
+			// grace; the replica's drain ended inside the freeze.
+			name: "sent again after the store froze just after the 2xx, its replica drained inside",
+			in: checkInput{
+				Calls:    []call{failedCall("k", 0, 0, 1, codes.Unavailable, "")},
+				Provider: map[string]keyFacts{"k": sentAgain(paid("r0", 0.1, 0.97), "r1", 57)},
+				Records:  map[string]record{"k": succeeded()},
+				Faults: []fault{{Kind: faultPostgresFreezeTerm, Start: at(1), Undone: at(46.5),
+					Kills: []kill{{Target: "r0", Termed: at(7.6), At: at(28.6), Killed: true}}}},
+			},
+			resent: []string{resendKilledCommitWindow},
+		},
+		{
 			// The same replica's drain, had the store come back first: it
 			// could have written the 2xx, and a re-send is counted.
 			name: "sent again after its replica drained with the store back",

@@ -110,20 +110,28 @@ var storeFaults = []string{faultPostgresKill, faultPostgresStop, faultPostgresFr
 var failoverFaults = []string{faultPrimaryKill, faultLoseCommits, faultFreezePrimary, faultFailoverAfterUnknown}
 
 // commitBy is the latest a replica that received a 2xx at t could have
-// committed it: t plus the grace, or, if the store was down at t, the
-// store's return plus the grace.
+// committed it: t plus the grace; or, if the store was down at any time
+// before then (at t, or from a fault that began within the grace), the
+// store's return plus the grace, and so on while another store fault
+// begins before that.
 func commitBy(in checkInput, t time.Time) time.Time {
 	by := t.Add(in.CommitGrace)
-	for _, f := range in.Faults {
-		if !slices.Contains(storeFaults, f.Kind) || t.Before(f.Start) {
-			continue
-		}
-		back := f.Undone
-		if back.IsZero() {
-			back = in.End
-		}
-		if !t.After(back) {
-			by = maxTime(by, back.Add(in.CommitGrace))
+	for changed := true; changed; {
+		changed = false
+		for _, f := range in.Faults {
+			if !slices.Contains(storeFaults, f.Kind) || !f.Start.Before(by) {
+				continue
+			}
+			back := f.Undone
+			if back.IsZero() {
+				back = in.End
+			}
+			if t.After(back) {
+				continue
+			}
+			if next := back.Add(in.CommitGrace); next.After(by) {
+				by, changed = next, true
+			}
 		}
 	}
 	return by
