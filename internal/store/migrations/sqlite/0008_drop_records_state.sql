@@ -5,4 +5,11 @@
 -- every payment's claim and outcome wrote, and no query needed. Measured
 -- (store BenchmarkPayment, SQLite, 32 at once), Begin and Finish took
 -- 12-20% less CPU without it.
+--
+-- SQLite only. On PostgreSQL, DROP INDEX takes an ACCESS EXCLUSIVE lock on
+-- records, which waits behind any open reader of the table (a pg_dump), and
+-- every later read and write of records by the replicas still serving
+-- queues behind it until the migration's timeout (attack34b); there the
+-- index stays until it can be dropped CONCURRENTLY, outside a migration's
+-- transaction.
 DROP INDEX IF EXISTS records_state;
