@@ -36,13 +36,16 @@ func Beat(s *Store, timeout time.Duration) error { return s.beat(timeout) }
 
 // SnapshotSettings is what a PostgreSQL list page's transaction
 // (readSnapshot) runs with: its isolation level and whether it is read
-// only, as the server reports them.
-func SnapshotSettings(ctx context.Context, s *Store) (isolation, readOnly string, err error) {
+// only, and its statement timeout, as the server reports them.
+func SnapshotSettings(ctx context.Context, s *Store) (isolation, readOnly, timeout string, err error) {
 	err = s.readSnapshot(ctx, func(tx *sql.Tx) error {
 		if err := tx.QueryRowContext(ctx, `SHOW transaction_isolation`).Scan(&isolation); err != nil {
 			return err
 		}
-		return tx.QueryRowContext(ctx, `SHOW transaction_read_only`).Scan(&readOnly)
+		if err := tx.QueryRowContext(ctx, `SHOW transaction_read_only`).Scan(&readOnly); err != nil {
+			return err
+		}
+		return tx.QueryRowContext(ctx, `SHOW statement_timeout`).Scan(&timeout)
 	})
-	return isolation, readOnly, err
+	return isolation, readOnly, timeout, err
 }

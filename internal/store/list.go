@@ -366,5 +366,14 @@ func (s *Store) readSnapshot(ctx context.Context, fn func(*sql.Tx) error) error 
 		return fmt.Errorf("begin read: %w", err)
 	}
 	defer tx.Rollback()
+	if s.pg != nil && !s.pg.direct.Load() {
+		// Through a pooler, or before detectPooler found none: the
+		// statement timeout is the transaction's to set, as the store's
+		// own transactions set it (beginQuery), which a transaction with
+		// options does not begin with.
+		if _, err := tx.ExecContext(ctx, `SELECT set_config('statement_timeout', $1, true)`, strconv.FormatInt(statementTimeout.Milliseconds(), 10)); err != nil {
+			return fmt.Errorf("begin read: %w", err)
+		}
+	}
 	return fn(tx)
 }

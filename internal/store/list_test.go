@@ -507,19 +507,28 @@ func testResolve(t *testing.T, fresh func(*testing.T) (*store.Store, *clock)) {
 // TestPostgresListSnapshot: a list page's queries on PostgreSQL run in
 // one read-only REPEATABLE READ transaction, so that they see one
 // snapshot (its readers are its writer's pool, which once made the page
-// take the options of SQLite in memory: none).
+// take the options of SQLite in memory: none), with the store's statement
+// timeout, straight to the server and through PgBouncer in transaction
+// mode (where the timeout is the transaction's to set: attack34b).
 func TestPostgresListSnapshot(t *testing.T) {
 	t.Parallel()
-	s, err := store.Open(context.Background(), storetest.PostgresURL(t), "sandbox", store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	isolation, readOnly, err := store.SnapshotSettings(context.Background(), s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if isolation != "repeatable read" || readOnly != "on" {
-		t.Errorf("a list page's transaction: isolation %q, read only %q; want repeatable read, on", isolation, readOnly)
+	direct := storetest.PostgresURL(t)
+	bouncer := storetest.StartPgBouncer(t, direct, 2)
+	for _, c := range []struct{ name, url string }{
+		{"direct", direct},
+		{"pgbouncer", bouncer.URL(storetest.PostgresURL(t))},
+	} {
+		s, err := store.Open(context.Background(), c.url, "sandbox", store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		isolation, readOnly, timeout, err := store.SnapshotSettings(context.Background(), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if isolation != "repeatable read" || readOnly != "on" || timeout != "30s" {
+			t.Errorf("%s: a list page's transaction: isolation %q, read only %q, statement timeout %q; want repeatable read, on, 30s", c.name, isolation, readOnly, timeout)
+		}
 	}
 }
